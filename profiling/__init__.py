@@ -1,0 +1,4 @@
+"""Profiler, research memory, UCB1 selector and early-abort gate for autoresearch.
+
+Everything here except `capture` is pure Python and never imports torch.
+"""

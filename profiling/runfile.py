@@ -1,0 +1,119 @@
+"""run.json: the machine-readable twin of train.py's printed summary. Defined once, here.
+
+train.py writes it beside the `---` block; `research log` and the early-abort gate read it, so no
+number is ever copied by hand. Pure Python, no torch.
+"""
+import json
+import math
+import os
+import tempfile
+
+from profiling.errors import UserError
+
+VERSION = 1
+
+# The printed summary block, in order (upstream's fields). Values are numbers.
+SUMMARY_FIELDS = (
+    "val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
+    "total_tokens_M", "num_steps", "num_params_M", "depth",
+)
+STATUSES = ("ok", "crash", "fail", "early_abort")  # fail: NaN or exploding loss
+# Top-level keys, in the order they are written. `summary` holds SUMMARY_FIELDS; `settings` the effective
+# evaluation protocol from prepare.py (runs compare only when settings and dataset are equal);
+# `hyperparameters` train.py's knobs; `loss_curve` {"fractions": [...], "loss": [...]} of TIME_BUDGET.
+RUN_KEYS = (
+    "version", "status", "time", "commit", "device", "torch", "dataset", "summary", "settings",
+    "hyperparameters", "loss_curve", "profile", "gate", "error",
+)
+LOSS_CURVE_POINTS = 20  # at least this many evenly spaced fractions of the time budget
+
+
+def curve_fractions(points=LOSS_CURVE_POINTS):
+    """The fractions of TIME_BUDGET at which the loss curve is sampled: 1/points, 2/points, ..., 1."""
+    return [round((i + 1) / points, 6) for i in range(points)]
+
+
+def make_run(status, summary, settings, dataset, **extra):
+    """A run record with every key present, in the documented order."""
+    run = dict.fromkeys(RUN_KEYS)
+    run.update(version=VERSION, status=status, summary=summary, settings=settings, dataset=dataset, **extra)
+    problems = validate_run(run)
+    if problems:
+        raise ValueError("invalid run record: " + "; ".join(problems))
+    return run
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def validate_run(run):
+    """Return a list of problems (empty when `run` is a valid run record)."""
+    if not isinstance(run, dict):
+        return ["not a JSON object"]
+    problems = [f"missing key {k!r}" for k in RUN_KEYS if k not in run]
+    if problems:
+        return problems
+    if run["version"] != VERSION:
+        problems.append(f"version {run['version']!r}, expected {VERSION}")
+    if run["status"] not in STATUSES:
+        problems.append(f"status {run['status']!r} is not one of {', '.join(STATUSES)}")
+    summary = run["summary"]
+    if not isinstance(summary, dict):
+        return problems + ["summary is not an object"]
+    for key in SUMMARY_FIELDS:
+        value = summary.get(key)
+        if value is not None and not _is_number(value):
+            problems.append(f"summary.{key} is not a number: {value!r}")
+    if run["status"] == "ok":
+        bpb = summary.get("val_bpb")
+        if not _is_number(bpb) or not math.isfinite(bpb) or bpb <= 0:
+            problems.append(f"status ok but val_bpb is {bpb!r} (expected a finite positive number)")
+    if not isinstance(run["settings"], dict):
+        problems.append("settings is not an object")
+    if not isinstance(run["dataset"], str):
+        problems.append("dataset is not a string")
+    curve = run["loss_curve"]
+    if curve is not None:
+        if not (isinstance(curve, dict) and isinstance(curve.get("fractions"), list)
+                and isinstance(curve.get("loss"), list) and len(curve["fractions"]) == len(curve["loss"])):
+            problems.append("loss_curve must be {fractions: [...], loss: [...]} of equal lengths")
+    return problems
+
+
+def read_run(path):
+    """Load and validate a run.json; raise UserError with a one-line reason otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            run = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such run file; run `uv run train.py` first, or pass --run PATH") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e}); rerun train.py to rewrite it") from None
+    problems = validate_run(run)
+    if problems:
+        raise UserError(f"{path}: not a valid run.json ({problems[0]}); rerun train.py to rewrite it")
+    return run
+
+
+def atomic_write_text(path, text):
+    """Write `text` to `path` so that readers see the old file or the new one, never half of one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_run(path, run):
+    problems = validate_run(run)
+    if problems:
+        raise ValueError("invalid run record: " + "; ".join(problems))
+    atomic_write_text(path, json.dumps(run, indent=2, allow_nan=False) + "\n")
