@@ -28,6 +28,28 @@ RUN_KEYS = (
 LOSS_CURVE_POINTS = 20  # at least this many evenly spaced fractions of the time budget
 
 
+# How each summary field is printed (upstream's formats); None prints as n/a.
+SUMMARY_FORMATS = {
+    "val_bpb": ".6f", "training_seconds": ".1f", "total_seconds": ".1f", "peak_vram_mb": ".1f",
+    "mfu_percent": ".2f", "total_tokens_M": ".1f", "num_steps": "d", "num_params_M": ".1f", "depth": "d",
+}
+
+
+def format_summary(summary, status="ok", extra=()):
+    """The `---` block the agent greps: one `key: value` per line, keys padded so values align.
+
+    `extra` is a sequence of (key, value) lines printed after the summary fields (e.g. the gate's numbers).
+    """
+    lines = ["---"]
+    rows = [(k, summary.get(k), SUMMARY_FORMATS[k]) for k in SUMMARY_FIELDS]
+    rows += [(k, v, "") for k, v in extra] + [("status", status, "")]
+    width = max(len(k) for k, _, _ in rows) + 2
+    for key, value, fmt in rows:
+        text = "n/a" if value is None else format(value, fmt)
+        lines.append(f"{key + ':':<{width}}{text}")
+    return "\n".join(lines)
+
+
 def curve_fractions(points=LOSS_CURVE_POINTS):
     """The fractions of TIME_BUDGET at which the loss curve is sampled: 1/points, 2/points, ..., 1."""
     return [round((i + 1) / points, 6) for i in range(points)]
