@@ -1,0 +1,168 @@
+"""Kernel and operator names -> readable names and step-budget categories. Pure, no torch.
+
+Categories (the rules, applied in this order; the first that matches wins):
+
+1. `optimizer`: launched inside an optimizer annotation window (decided by the caller, see summary.py),
+   or a name that names an optimizer (adam, muon, lamb, lion, sgd, optimizer).
+2. `memory`: device memcpy/memset records (`gpu_memcpy`, `gpu_memset`); on CPU, allocation and copy ops.
+3. `attention`: flex/flash/fused attention kernels, including Triton kernels that fused an attention op.
+4. `GEMM`: cuBLAS/cuBLASLt (nvjet, xmma, gemm, splitKreduce), CUTLASS, Triton mm templates; on CPU
+   the matmul ops (aten::mm, addmm, bmm, ...).
+5. `other compute`: every other kernel we recognise: Triton (fused elementwise, norms, loss), PyTorch's
+   own kernels (at::native, cub, ...), or names with elementwise/reduce/norm/softmax/loss words.
+6. `other`: anything else. The report lists these by name, so nothing is hidden.
+"""
+import functools
+import re
+
+CATEGORIES = ("GEMM", "attention", "other compute", "optimizer", "memory", "other")
+
+_OPTIMIZER = re.compile(r"adam|muon|optimizer|(?<![a-z])(lamb|lion|sgd)(?![a-z])", re.IGNORECASE)
+_ATTENTION = re.compile(r"attention|attn|flash|fmha|sdpa|_mha|mha_", re.IGNORECASE)
+_GEMM = re.compile(r"gemm|gemv|nvjet|cutlass|cublas|xmma|wgmma|hmma|splitkreduce|matmul|"
+                   r"^(ampere|volta|turing|hopper|sm\d+)_", re.IGNORECASE)
+_TRITON_MM = {"mm", "addmm", "bmm", "baddbmm", "scaled"}
+_OTHER_COMPUTE = re.compile(r"^triton_|at::|c10::|cub::|thrust::|at_cuda_detail|elementwise|reduce|norm|"
+                            r"softmax|loss|embedding|index|gather|scatter|copy|fill|cat_|sort", re.IGNORECASE)
+_CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|_scaled_mm|mkldnn_|convolution|"
+                       r"_convolution|conv\w*|linear)", re.IGNORECASE)
+_CPU_MEMORY = re.compile(r"^aten::(copy_|to|_to_copy|empty\w*|zero_|zeros\w*|ones\w*|fill_|clone|"
+                         r"contiguous|new_\w+|full\w*|resize_)$", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)
+def classify_kernel(raw, device_cat="kernel", in_optimizer=False):
+    """The category of one device event: its raw kernel name, its trace `cat`, and where it was launched."""
+    if in_optimizer or _OPTIMIZER.search(raw):
+        return "optimizer"
+    if device_cat in ("gpu_memcpy", "gpu_memset", "memcpy", "memset"):
+        return "memory"
+    if _ATTENTION.search(raw):
+        return "attention"
+    if _GEMM.search(raw) or _is_triton_mm(raw):
+        return "GEMM"
+    if raw.startswith("nccl"):  # communication: not compute, shown by name
+        return "other"
+    if _OTHER_COMPUTE.search(raw):
+        return "other compute"
+    return "other"
+
+
+@functools.lru_cache(maxsize=4096)
+def classify_cpu_op(name, in_optimizer=False):
+    """The category of one CPU operator (the CPU-profile twin of classify_kernel)."""
+    if in_optimizer or _OPTIMIZER.search(name):
+        return "optimizer"
+    if _CPU_MEMORY.match(name):
+        return "memory"
+    if _ATTENTION.search(name):
+        return "attention"
+    if _CPU_GEMM.match(name):
+        return "GEMM"
+    return "other compute"
+
+
+def _is_triton_mm(raw):
+    return raw.startswith("triton_tem_") and bool(_TRITON_MM & set(raw.split("_")))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Readable names
+# ---------------------------------------------------------------------------------------------------------
+
+MAX_NAME = 72
+_TRITON = re.compile(r"^triton_(poi|per|red|tem|for)_fused_(.*?)(?:_(\d+))?$")
+# Ops in Inductor kernel names that say nothing about the work: views and dtype casts.
+_NOISE_OPS = ("_unsafe_view", "_to_copy", "unsafe_view", "as_strided", "lift_fresh", "scalar_tensor",
+              "unsqueeze", "transpose", "permute", "squeeze", "reshape", "expand", "select", "detach",
+              "arange", "alias", "clone", "slice", "view", "t")
+_KEEP_AFTER = r"(?!(?:backward|forward|data|scatter|default)(?:_|$))"
+_NOISE = [re.compile("_" + re.escape(op) + r"(?=_" + _KEEP_AFTER + r"|$)") for op in _NOISE_OPS]
+_ARCH = re.compile(r"(?:(?<=_)|^)sm\d{2,3}[a-z]?_")
+_WRAPPERS = {"Kernel", "Kernel2", "device_kernel"}  # CUTLASS: the template argument is the kernel
+_GENERIC = _WRAPPERS | {"kernel", "multi_tensor_apply_kernel",
+            "vectorized_elementwise_kernel", "unrolled_elementwise_kernel", "elementwise_kernel",
+            "reduce_kernel", "index_elementwise_kernel", "elementwise_kernel_with_index"}
+_HINTS = (re.compile(r"\w*(?:Functor|functor)\w*"),
+          re.compile(r"\blaunch_\w+|\bcutlass_\w+|\w+Sm\d+\w*|\w+_kernel_impl|\w+Op\b"))
+
+
+def short_name(raw):
+    """A readable kernel name: no `void`, templates, arguments, namespaces or arch noise.
+
+    Different raw names may shorten to the same name; `unique_names` disambiguates them.
+    """
+    raw = raw.strip()
+    m = _TRITON.match(raw)
+    if m:
+        name = _short_triton(*m.groups())
+    elif raw.startswith("void ") or "<" in raw or "::" in raw:
+        name = _short_cpp(raw)
+    else:
+        name = raw
+    name = _ARCH.sub("", name).lstrip("_") or raw
+    if len(name) > MAX_NAME:
+        name = name[:MAX_NAME - 1] + "…"
+    return name
+
+
+def _short_triton(kind, ops, idx):
+    s = "_" + ops
+    for pat in _NOISE:
+        s = pat.sub("", s)
+    s = s.replace("__fused_", "_").replace("__", "_").strip("_") or ops.replace("__", "_").strip("_")
+    name = f"triton_{kind}_fused_{s}"
+    tail = f"_{idx}" if idx else ""
+    if len(name) + len(tail) > MAX_NAME:
+        name = name[:MAX_NAME - len(tail) - 1] + "…"
+    return name + tail
+
+
+def _short_cpp(raw):
+    s = raw.removeprefix("void ")
+    base, args = _split_templates(s)
+    parts = [p for p in base.split("::") if p.strip()]
+    name = parts[-1].strip() if parts else s
+    if name in _GENERIC and args:
+        hint = next((m.group(0) for pat in _HINTS for m in [pat.search(args)] if m), None)
+        if hint:
+            name = hint if name in _WRAPPERS else f"{name}[{hint}]"
+    return name
+
+
+def _split_templates(s):
+    """(the name with every <...>, (...) and {...} group removed, the text of the first <...> group)."""
+    base, first, depth, start = [], None, 0, 0
+    opening, closing = "<({", ">)}"
+    for i, ch in enumerate(s):
+        if ch in opening:
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch in closing and depth > 0:
+            depth -= 1
+            if depth == 0 and ch == ">" and first is None:
+                first = s[start + 1:i]
+        elif depth == 0:
+            base.append(ch)
+    return "".join(base), first or ""
+
+
+def unique_names(raws):
+    """Map each raw name to a readable name; two different raw names never get the same one.
+
+    `raws` is ordered (most time first): the first of a clash keeps `#1`, the next `#2`, and so on.
+    """
+    shorts = {raw: short_name(raw) for raw in raws}
+    clashes = {}
+    for raw in raws:
+        clashes.setdefault(shorts[raw], []).append(raw)
+    names, used = {}, set()
+    for raw in raws:
+        group = clashes[shorts[raw]]
+        name = shorts[raw] if len(group) == 1 else f"{shorts[raw]} #{group.index(raw) + 1}"
+        while name in used:  # a raw name that already looks like "x #2"
+            name += "'"
+        used.add(name)
+        names[raw] = name
+    return names

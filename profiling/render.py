@@ -1,0 +1,156 @@
+"""Pure: a profile summary (profiling.summary) -> the Markdown report the agent reads, or JSON.
+
+The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
+header line (device, torch, steps profiled, tokens/step), then 1. the step budget (parts that add up to
+the step; MFU; peak memory), 2. the top kernels, 3. the checks, 4. what changed since the previous profile.
+Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
+"""
+import json
+
+from tabulate import tabulate
+
+from profiling.summary import diff
+
+PART_LABELS = {
+    "GEMM": "GEMM",
+    "attention": "attention",
+    "other compute": "other compute (fused elementwise, norms, loss)",
+    "optimizer": "optimizer",
+    "memory": "memory (copy/set)",
+    "idle": "GPU idle (waiting on the CPU)",
+    "outside ops": "outside operators (Python, data, waiting)",
+    "overlap": "overlap (concurrent kernels, counted once)",
+}
+CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
+            "self times per step.")
+
+
+def to_json(summary):
+    """The summary as indented JSON; json.loads gives back an equal dict."""
+    return json.dumps(summary, indent=2, allow_nan=False)
+
+
+def to_markdown(summary, previous=None, top=10):
+    """The report as Markdown. `previous`: an earlier summary to compare with (section 4), or None."""
+    cpu = summary.get("kind") == "cpu"
+    lines = [f"CHECK FAILED: {c['name']}: {c['detail']}" for c in summary.get("checks", []) if not c["ok"]]
+    if cpu:
+        lines.append(CPU_NOTE)
+    if lines:
+        lines.append("")
+    lines += [f"# Profile: {_ms(summary['step_ms'])} ms/step" + (" (CPU)" if cpu else ""), _header(summary), ""]
+    lines += _budget(summary) + [""] + _kernels(summary, top) + [""] + _checks(summary)
+    if previous is not None:
+        lines += [""] + _changes(diff(previous, summary))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------------------
+
+def _header(s):
+    tokens = s.get("tokens_per_step")
+    parts = [s.get("device") or "unknown device", f"torch {s.get('torch') or 'unknown'}",
+             f"{s['steps']} steps profiled",
+             f"{tokens:,} tokens/step" if isinstance(tokens, int) else "tokens/step unknown"]
+    if s.get("commit"):
+        parts.append(f"commit {s['commit']}")
+    return " · ".join(parts)
+
+
+def _budget(s):
+    step = s["step_ms"]
+    rows = []
+    for name, ms in s["categories"].items():
+        if name == "other" and round(ms, 2) == 0 or name == "overlap" and abs(ms) < 1e-3 * step:
+            continue  # overlap under 0.1% of the step is timestamp noise
+        label = _cell(PART_LABELS.get(name, name))
+        if name == "other" and s.get("other_kernels"):
+            label = "other: " + _names(s["other_kernels"])
+        rows.append([label, _ms(ms), _pct(ms, step)])
+    rows.append(["**step**", f"**{_ms(step)}**", "**100.0**"])
+    extras = [f"MFU {_num(s.get('mfu_percent'), '.1f')}%" if s.get("mfu_percent") is not None else "MFU n/a",
+              f"peak memory {_num(s.get('peak_memory_mb'), ',.0f')} MB"
+              if s.get("peak_memory_mb") is not None else "peak memory n/a"]
+    if s.get("tokens_per_second"):
+        extras.append(f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s")
+    return ["## 1. Step budget", _table(["part", "ms/step", "% of step"], rows), "", " · ".join(extras)]
+
+
+def _kernels(s, top):
+    what = "CPU ops (self time)" if s.get("kind") == "cpu" else "kernels"
+    shown = s["kernels"][:top]
+    rows = [[str(i), f"`{_code(k['name'])}`", k["category"], _ms(k["ms_per_step"]),
+             f"{k['pct_of_step']:.1f}", _calls(k["calls_per_step"])] for i, k in enumerate(shown, 1)]
+    head = ["#", "op" if s.get("kind") == "cpu" else "kernel", "category", "ms/step", "% of step", "calls/step"]
+    title = f"## 2. Top {len(shown)} {what} per step (of {s.get('kernels_total', len(s['kernels']))})"
+    return [title, _table(head, rows) if rows else "(none)"]
+
+
+def _checks(s):
+    rows = [[_cell(c["name"]), "ok" if c["ok"] else "FAILED", _cell(c["detail"])] for c in s.get("checks", [])]
+    return ["## 3. Checks", _table(["check", "result", "detail"], rows)]
+
+
+def _changes(d):
+    step = d["step_ms"]
+    title = f"## 4. Changes since the previous profile ({d['previous_commit'] or '?'} -> " \
+            f"{d['current_commit'] or '?'})"
+    moved = f"({step['change_ms']:+.2f} ms{_signed_pct(step['change_pct'])})"
+    lines = [title, f"step: {_ms(step['previous'])} -> {_ms(step['current'])} ms/step {moved}"]
+    lines += [f"note: {n}" for n in d.get("notes", [])]
+    rows = [[_cell(f"category: {c['name']}"), _ms(c["previous"]), _ms(c["current"]), f"{c['change_ms']:+.2f}"]
+            for c in d["categories"][:5] if round(c["change_ms"], 2) != 0]
+    rows += [[f"kernel: `{_code(k['name'])}`", _ms(k["previous"]), _ms(k["current"]), f"{k['change_ms']:+.2f}"]
+             for k in d["kernels"] if round(k["change_ms"], 2) != 0]
+    if rows:
+        lines += ["", _table(["what", "before ms/step", "now ms/step", "change ms/step"], rows)]
+    else:
+        lines.append("no category or kernel moved by 0.01 ms/step or more")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------------------
+
+def _table(headers, rows):
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _ms(x):
+    if x is None:
+        return "n/a"
+    return f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.3f}"
+
+
+def _pct(ms, step):
+    return f"{100 * ms / step:.1f}" if step else "n/a"
+
+
+def _signed_pct(p):
+    return "" if p is None else f", {p:+.1f}%"
+
+
+def _num(x, fmt):
+    return format(x, fmt)
+
+
+def _calls(x):
+    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+
+
+def _cell(text):
+    """Text safe inside a Markdown table cell: one line, pipes escaped."""
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+
+def _code(text):
+    """Text safe inside a `code span` inside a table cell."""
+    return _cell(text).replace("`", "'")
+
+
+def _names(names, limit=3):
+    shown = ", ".join(f"`{_code(n)}`" for n in names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")

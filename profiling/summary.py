@@ -1,0 +1,412 @@
+"""Pure: a torch.profiler Chrome trace -> a per-step summary (plain data). Stdlib only, never torch.
+
+    trace = load_trace("trace.json.gz")      # gzip or plain; bad input -> UserError (one line)
+    s = summarize(trace)                     # dict: steps, step_ms, idle_ms, categories, kernels, checks
+    d = diff(previous_summary, s)            # what moved since the previous profile
+
+How the numbers are made (so they add up and can be trusted):
+
+- Steps are the `ProfilerStep#N` CPU windows. Each device event (kernel, memcpy, memset) belongs to the
+  step whose CPU window contains its launch (the cuda_runtime/cuda_driver event with the same
+  `correlation`), whatever thread launched it. Device events launched before the profiled steps (warm-up
+  work still running, whose launch was never recorded: correlation below every recorded launch) or
+  outside every step window are not counted; they are reported in the checks.
+- Step time is measured on the GPU timeline: a step runs from its first device event to the next step's
+  first device event (the last step: to its last device event, or its CPU window length if that is
+  longer). So steps tile the timeline, and the gap while the GPU waits is idle of the step before it.
+  `step_ms` is the mean over the profiled steps.
+- Per step: categories = the summed device time of its events by category (classify.py has the rules;
+  events launched inside an annotation window whose name starts with "optimizer"/"Optimizer." -- torch's
+  own `Optimizer.step#...` and `Optimizer.zero_grad#...` or a `record_function("optimizer")` -- count as
+  optimizer); idle = step time minus the union of its busy intervals; `overlap` (zero or negative) removes
+  time counted twice when kernels ran concurrently. categories + idle + overlap = step, exactly.
+- A trace without device events is a CPU profile: the same summary over CPU operators' self time
+  (kind "cpu"); step time is the ProfilerStep window; idle becomes "outside ops" (Python, data, waiting).
+
+The summary (plain JSON data; `render.to_json` writes it as is):
+    version, kind ("cuda" or "cpu"), device, torch, commit, tokens_per_step, tokens_per_second,
+    mfu_percent, peak_memory_mb, unprofiled_step_ms   header; None where unknown
+    steps, step_ms, step_ms_each                      profiled steps; mean and per-step ms
+    idle_ms, idle_percent, device_ms                  per step (device_ms: None for a CPU profile)
+    categories                                        part -> ms/step: GEMM, attention, other compute,
+                                                      optimizer, memory, other, idle ("outside ops" on
+                                                      CPU), overlap; they sum to step_ms
+    other_kernels                                     names of the kernels in "other"
+    kernels, kernels_total                            [{name, raw_name, category, ms_per_step,
+                                                      pct_of_step, calls_per_step}], ms/step descending
+                                                      (CPU profile: operators by self time)
+    not_counted                                       device events left out, by reason
+    checks                                            [{name, ok, detail}]
+    regions                                           None; the model-region table of issue #8 goes here
+
+The capture adds its measurements to the trace as a top-level key (`prof.add_metadata_json(META_KEY,
+json.dumps(meta))`); every field is optional and None means unknown:
+
+    "autoresearch": {
+        "version": 1,
+        "unprofiled_step_ms": 88.5,      # mean ms/step measured just before profiling, same process
+        "tokens_per_step": 131072,       # tokens processed per optimizer step
+        "device": "NVIDIA H100 80GB HBM3",
+        "torch": "2.11.0+cu130",
+        "commit": "6efc013",             # git commit of train.py (add "-dirty" when modified)
+        "peak_memory_mb": 45060.2,       # torch.cuda.max_memory_allocated() / 2**20 over the run
+        "mfu_percent": 36.1,             # from the unprofiled step time
+        "flops_per_step": 3.2e14,        # model FLOPs per step (used for MFU when mfu_percent is absent)
+        "peak_flops": 9.895e14,          # device peak FLOP/s (bf16 dense), None when unknown
+        "warmup_steps": 2, "active_steps": 5
+    }
+"""
+from profiling.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
+from profiling.errors import UserError
+from profiling.traceio import (
+    check_content,
+    check_events,
+    check_trace,
+    corr,
+    find,
+    index,
+    load_trace,
+    num,
+    read_json,
+    self_times,
+    union_length,
+)
+
+__all__ = ["META_KEY", "check_trace", "diff", "load_summary", "load_trace", "summarize"]
+
+VERSION = 1
+META_KEY = "autoresearch"
+STEP_TOLERANCE = 0.03   # profiled vs unprofiled step time
+OTHER_LIMIT = 0.01      # at most this share of device time may stay uncategorised
+LAUNCH_WORDS = ("launch", "memcpy", "memset")  # runtime calls that must produce a device event
+LAUNCH_SLACK_US = 1.0   # CPU and GPU clocks agree to better than this
+
+
+def load_summary(path):
+    """A summary from a file holding either a summary (JSON, as `research profile --json` writes) or a trace."""
+    data = read_json(path)
+    if isinstance(data, dict) and "step_ms" in data and "kernels" in data:
+        return data
+    check_trace(data, source=str(path))
+    return summarize(data)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Device (GPU) profile
+# ---------------------------------------------------------------------------------------------------------
+
+def _bogus(e, launch, span):
+    """Why a device event's timestamps cannot be true (pytorch/pytorch#192021), or None."""
+    ts, dur = e.get("ts"), e.get("dur")
+    if not (num(ts) and num(dur)):
+        return "no timestamp"
+    if ts <= 0:
+        return "zero timestamp"
+    if dur <= 0:
+        return "end before start" if dur < 0 else "zero duration"
+    if launch is not None and ts < launch["ts"] - LAUNCH_SLACK_US:
+        return "starts before its launch"
+    if span is not None and not span[0] <= ts <= span[1]:
+        return "starts outside the trace span"
+    if span is not None and dur > span[1] - span[0]:
+        return "longer than the whole trace"
+    return None
+
+
+def _attribute(ix):
+    """Device events per step, by launch; plus what was not counted and why."""
+    starts = [s[0] for s in ix.steps]
+    first_launch = min((c for c in ix.launches if num(c)), default=None)
+    per_step = [[] for _ in ix.steps]
+    out = {"bogus": [], "unlaunched": [], "before": 0, "outside": 0, "seen": set()}
+    for e in ix.device:
+        c = corr(e)
+        launch = ix.launches.get(c)
+        reason = _bogus(e, launch, ix.span)
+        out["seen"].add(c)
+        if reason:
+            out["bogus"].append((e, reason))
+        elif launch is None:
+            early = first_launch is not None and num(c) and c < first_launch
+            if early:
+                out["before"] += 1
+            else:
+                out["unlaunched"].append(e)
+        else:
+            k = find(ix.steps, starts, launch["ts"])
+            if k is None:
+                out["outside"] += 1
+            else:
+                per_step[k].append((e, launch))
+    return per_step, out
+
+
+def _windows(ix, per_step):
+    """(start, end) of each step on the device timeline; see the module docstring."""
+    firsts = [min(e["ts"] for e, _ in evs) if evs else None for evs in per_step]
+    windows = []
+    for k, evs in enumerate(per_step):
+        cpu_len = ix.steps[k][1] - ix.steps[k][0]
+        if not evs:
+            windows.append((0.0, cpu_len))
+            continue
+        last_end = max(e["ts"] + e["dur"] for e, _ in evs)
+        following = firsts[k + 1] if k + 1 < len(per_step) else None
+        end = max(following, last_end) if following is not None else max(last_end, firsts[k] + cpu_len)
+        windows.append((firsts[k], end))
+    return windows
+
+
+def _device_tables(ix, per_step, windows):
+    """Per-step means: categories (with idle and overlap), busy; and per-kernel totals."""
+    n, opt_starts = len(per_step), [w[0] for w in ix.optimizer]
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    rows, busy, counts = {}, 0.0, []
+    for evs in per_step:
+        counts.append(len(evs))
+        busy += union_length([(e["ts"], e["ts"] + e["dur"]) for e, _ in evs])
+        for e, launch in evs:
+            in_opt = find(ix.optimizer, opt_starts, launch["ts"]) is not None
+            cat = classify_kernel(str(e.get("name", "")), str(e.get("cat", "")).lower(), in_opt)
+            cats[cat] += e["dur"]
+            row = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0])
+            row[0] += e["dur"]
+            row[1] += 1
+    step_us = sum(end - start for start, end in windows)
+    device_us = sum(cats.values())
+    cats = {k: v / n / 1e3 for k, v in cats.items()}
+    cats["idle"] = (step_us - busy) / n / 1e3
+    cats["overlap"] = (busy - device_us) / n / 1e3
+    return cats, rows, counts
+
+
+def _kernel_rows(rows, n, step_ms, readable=True):
+    """The kernel (or CPU op) table: unique readable names, by ms/step descending."""
+    order = sorted(rows, key=lambda key: (-rows[key][0], key))
+    raws = list(dict.fromkeys(raw for raw, _ in order))
+    names = unique_names(raws) if readable else {raw: raw for raw in raws}
+    split = {raw for raw in raws if sum(1 for r, _ in order if r == raw) > 1}
+    table = []
+    for raw, cat in order:
+        total, calls = rows[(raw, cat)]
+        ms = total / n / 1e3
+        table.append({
+            "name": names[raw] + (f" ({cat})" if raw in split else ""), "raw_name": raw, "category": cat,
+            "ms_per_step": _r(ms), "pct_of_step": _r(100 * ms / step_ms if step_ms else 0.0),
+            "calls_per_step": _r(calls / n),
+        })
+    return table
+
+
+def _summarize_device(ix, meta):
+    if not ix.launches:
+        raise UserError("trace has device events but no CUDA runtime/driver launch events; record with "
+                        "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
+    per_step, out = _attribute(ix)
+    windows = _windows(ix, per_step)
+    n = len(per_step)
+    cats, rows, counts = _device_tables(ix, per_step, windows)
+    each = [(end - start) / 1e3 for start, end in windows]
+    step_ms = sum(each) / n
+    kernels = _kernel_rows(rows, n, step_ms)
+    s = _header("cuda", meta, n, step_ms, each)
+    s.update(idle_ms=_r(cats["idle"]), idle_percent=_r(100 * cats["idle"] / step_ms if step_ms else 0.0),
+             device_ms=_r(sum(cats[c] for c in CATEGORIES)), categories={k: _r(v) for k, v in cats.items()},
+             other_kernels=[k["name"] for k in kernels if k["category"] == "other"],
+             kernels=kernels, kernels_total=len(kernels),
+             not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
+                          "bogus_timestamps": len(out["bogus"])},
+             regions=None)
+    s["checks"] = [
+        _check_counts(counts, "device events"),
+        _check_step_time(step_ms, meta),
+        _check_bogus(out["bogus"]),
+        _check_unlaunched(out),
+        _check_launches(ix, out["seen"]),
+        _check_coverage(cats, s["other_kernels"]),
+    ]
+    return s
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU profile (no device events)
+# ---------------------------------------------------------------------------------------------------------
+
+def _summarize_cpu(ix, meta):
+    starts, opt_starts = [s[0] for s in ix.steps], [w[0] for w in ix.optimizer]
+    n = len(ix.steps)
+    cats, rows, counts = dict.fromkeys(CATEGORIES, 0.0), {}, [0] * n
+    tops = [[] for _ in range(n)]
+    for e, self_us, top in self_times(ix.cpu_ops):
+        k = find(ix.steps, starts, e["ts"])
+        if k is None:
+            continue
+        cat = classify_cpu_op(str(e.get("name", "")), find(ix.optimizer, opt_starts, e["ts"]) is not None)
+        cats[cat] += self_us
+        row = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0])
+        row[0] += self_us
+        row[1] += 1
+        counts[k] += 1
+        if top:
+            tops[k].append((e["ts"], e["ts"] + e["dur"]))
+    each = [(end - start) / 1e3 for start, end, _ in ix.steps]
+    step_ms = sum(each) / n
+    busy = sum(union_length(t) for t in tops) / n / 1e3
+    ops_ms = sum(cats.values()) / n / 1e3
+    cats = {k: v / n / 1e3 for k, v in cats.items()}
+    cats["outside ops"], cats["overlap"] = step_ms - busy, busy - ops_ms
+    s = _header("cpu", meta, n, step_ms, each)
+    s.update(idle_ms=_r(cats["outside ops"]),
+             idle_percent=_r(100 * cats["outside ops"] / step_ms if step_ms else 0.0),
+             device_ms=None, categories={k: _r(v) for k, v in cats.items()}, other_kernels=[],
+             kernels=_kernel_rows(rows, n, step_ms, readable=False), kernels_total=len(rows),
+             not_counted={}, regions=None)
+    s["checks"] = [_check_counts(counts, "CPU ops"), _check_step_time(step_ms, meta)]
+    return s
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Header, checks, entry points
+# ---------------------------------------------------------------------------------------------------------
+
+def _r(x):
+    return None if x is None else round(float(x), 4)
+
+
+def _metadata(trace):
+    meta = trace.get(META_KEY)
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    props = trace.get("deviceProperties")
+    if not meta.get("device") and isinstance(props, list) and props and isinstance(props[0], dict):
+        meta["device"] = props[0].get("name")
+    return meta
+
+
+def _header(kind, meta, n, step_ms, each):
+    tokens = meta.get("tokens_per_step")
+    mfu = meta.get("mfu_percent")
+    flops, peak = meta.get("flops_per_step"), meta.get("peak_flops")
+    if mfu is None and num(flops) and num(peak) and peak > 0 and step_ms > 0:
+        mfu = 100 * flops / (step_ms / 1e3) / peak
+    return {
+        "version": VERSION, "kind": kind, "device": meta.get("device") or ("CPU" if kind == "cpu" else None),
+        "torch": meta.get("torch"), "commit": meta.get("commit"), "tokens_per_step": tokens,
+        "tokens_per_second": _r(tokens / (step_ms / 1e3)) if num(tokens) and step_ms > 0 else None,
+        "mfu_percent": _r(mfu) if num(mfu) else None, "peak_memory_mb": meta.get("peak_memory_mb"),
+        "unprofiled_step_ms": meta.get("unprofiled_step_ms"),
+        "steps": n, "step_ms": _r(step_ms), "step_ms_each": [_r(x) for x in each],
+    }
+
+
+def _check(name, ok, detail):
+    return {"name": name, "ok": bool(ok), "detail": detail}
+
+
+def _check_counts(counts, what):
+    if len(set(counts)) <= 1:
+        return _check(f"{what} per step", True, f"{counts[0] if counts else 0} in each of {len(counts)} steps")
+    return _check(f"{what} per step", False, "differ across steps: " + ", ".join(map(str, counts)))
+
+
+def _check_step_time(step_ms, meta):
+    ref = meta.get("unprofiled_step_ms")
+    name = "profiled vs unprofiled step time"
+    if not num(ref) or ref <= 0:
+        return _check(name, True, f"not measured (no {META_KEY}.unprofiled_step_ms in the trace)")
+    change = step_ms / ref - 1
+    return _check(name, abs(change) <= STEP_TOLERANCE, f"{step_ms:.2f} ms profiled vs {ref:.2f} ms "
+                  f"unprofiled ({100 * change:+.1f}%, limit ±{100 * STEP_TOLERANCE:.0f}%)")
+
+
+def _check_bogus(bogus):
+    if not bogus:
+        return _check("bogus timestamps", True, "none")
+    e, reason = bogus[0]
+    return _check("bogus timestamps", False, f"{len(bogus)} device events ignored, e.g. "
+                  f"{str(e.get('name', ''))[:60]!r}: {reason} (pytorch/pytorch#192021)")
+
+
+def _check_unlaunched(out):
+    skipped = f"not counted: {out['before']} launched before the profiled steps"
+    if out["outside"]:
+        skipped += f", {out['outside']} launched outside every ProfilerStep window"
+    if not out["unlaunched"]:
+        return _check("device events without a launch", True, f"none; {skipped}")
+    example = str(out["unlaunched"][0].get("name", ""))[:60]
+    return _check("device events without a launch", False,
+                  f"{len(out['unlaunched'])} (launch records dropped), e.g. {example!r}; {skipped}")
+
+
+def _check_launches(ix, seen):
+    starts = [s[0] for s in ix.steps]
+    missing = [e for c, e in ix.launches.items() if c not in seen
+               and any(w in str(e.get("name", "")).lower() for w in LAUNCH_WORDS)
+               and find(ix.steps, starts, e["ts"]) is not None]
+    if not missing:
+        return _check("launches without a device event", True, "none")
+    return _check("launches without a device event", False, f"{len(missing)} device records dropped, e.g. "
+                  f"{missing[0].get('name')} at correlation {corr(missing[0])}")
+
+
+def _check_coverage(cats, other_names):
+    device = sum(cats[c] for c in CATEGORIES)
+    share = cats["other"] / device if device else 0.0
+    detail = f"{100 * (1 - share):.1f}% of device time in named categories"
+    if other_names:
+        detail += "; other: " + ", ".join(other_names[:5]) + (" ..." if len(other_names) > 5 else "")
+    return _check("categories cover device time", share <= OTHER_LIMIT, detail)
+
+
+def summarize(trace, top=None):
+    """The per-step summary of a torch.profiler trace (plain data; see the module docstring).
+
+    `top` keeps only the first `top` kernel rows (`kernels_total` still counts all of them).
+    """
+    check_events(trace)
+    ix = index(trace["traceEvents"])
+    check_content(bool(ix.steps), bool(ix.device or ix.cpu_ops))
+    meta = _metadata(trace)
+    s = _summarize_device(ix, meta) if ix.device else _summarize_cpu(ix, meta)
+    if top is not None:
+        s["kernels"] = s["kernels"][:max(0, top)]
+    return s
+
+
+def _change(before, now):
+    before, now = before or 0.0, now or 0.0
+    return {"previous": _r(before), "current": _r(now), "change_ms": _r(now - before),
+            "change_pct": _r(100 * (now - before) / before) if before else None}
+
+
+def diff(previous, current, top=5):
+    """What changed between two summaries: step time, and the categories and kernels that moved most.
+
+    Kernels are matched by raw name and category, never by their display name. Plain data.
+    """
+    notes = []
+    for key in ("kind", "device"):
+        if previous.get(key) != current.get(key):
+            notes.append(f"{key} differs: {previous.get(key)} -> {current.get(key)}; not comparable")
+    if previous.get("kernels_total", 0) > len(previous.get("kernels", [])):
+        notes.append("previous summary lists only its top kernels; others show as new")
+    names = list(dict.fromkeys(list(previous.get("categories", {})) + list(current.get("categories", {}))))
+    cats = [dict(name=c, **_change(previous["categories"].get(c), current["categories"].get(c)))
+            for c in names]
+    before = {(k.get("raw_name", k["name"]), k["category"]): k for k in previous.get("kernels", [])}
+    now = {(k.get("raw_name", k["name"]), k["category"]): k for k in current.get("kernels", [])}
+    kernels = []
+    for key in dict.fromkeys(list(now) + list(before)):
+        row = now.get(key) or before[key]
+        kernels.append(dict(name=row["name"], raw_name=key[0], category=key[1],
+                            **_change((before.get(key) or {}).get("ms_per_step"),
+                                      (now.get(key) or {}).get("ms_per_step"))))
+    def by_size(row):
+        return -abs(row["change_ms"])
+
+    return {
+        "previous_commit": previous.get("commit"), "current_commit": current.get("commit"),
+        "step_ms": _change(previous.get("step_ms"), current.get("step_ms")),
+        "categories": sorted(cats, key=by_size),
+        "kernels": sorted(kernels, key=by_size)[:top],
+        "notes": notes,
+    }

@@ -1,0 +1,186 @@
+"""Reading torch.profiler Chrome traces: load and check a file, then index its events in one pass. Stdlib only.
+
+Bad input raises UserError with a one-line message (the CLI prints it and exits 2).
+"""
+import bisect
+import gzip
+import json
+
+from profiling.errors import UserError
+
+STEP_PREFIX = "ProfilerStep#"
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+KNOWN_CATS = DEVICE_CATS | LAUNCH_CATS | {"cpu_op", "user_annotation", "gpu_user_annotation", "trace"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------
+
+def read_json(path):
+    """The JSON in a file, gzip or plain; UserError when unreadable or not JSON."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise UserError(f"{path}: not a valid gzip file ({e})") from None
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path}: not JSON ({reason}); expected a torch.profiler Chrome trace") from None
+
+
+def check_events(trace, source="trace"):
+    """Raise UserError unless `trace` is a dict with a traceEvents list."""
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise UserError(f"{source}: not a torch.profiler trace (no traceEvents list); "
+                        "export one with prof.export_chrome_trace(PATH)")
+
+
+def check_content(has_step, has_work, source="trace"):
+    """Raise UserError unless the trace has ProfilerStep markers and device events or CPU ops."""
+    if not has_step:
+        raise UserError(f"{source}: no ProfilerStep markers; profile with a schedule and call prof.step() "
+                        "once per training step")
+    if not has_work:
+        raise UserError(f"{source}: no device events and no CPU operators; nothing to summarize")
+
+
+def check_trace(trace, source="trace"):
+    """Raise UserError (one line) unless `trace` is a torch.profiler trace with steps and something to sum."""
+    check_events(trace, source)
+    has_step = has_work = False
+    for e in trace["traceEvents"]:
+        if not isinstance(e, dict):
+            continue
+        cat = str(e.get("cat", "")).lower()
+        if str(e.get("name", "")).startswith(STEP_PREFIX) and not cat.startswith("gpu_"):
+            has_step = True
+        elif cat in DEVICE_CATS or cat == "cpu_op":
+            has_work = True
+    check_content(has_step, has_work, source)
+
+
+def load_trace(path):
+    """Read a torch.profiler Chrome trace (gzip or plain JSON) and check it; bad input raises UserError."""
+    trace = read_json(path)
+    check_trace(trace, source=str(path))
+    return trace
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One pass over the events
+# ---------------------------------------------------------------------------------------------------------
+
+class Index:
+    """What the summary needs from a trace, found in one pass (see `index`)."""
+
+    def __init__(self):
+        self.steps = []        # (start, end, name), sorted by start
+        self.optimizer = []    # (start, end) of optimizer annotation windows, merged
+        self.launches = {}     # correlation -> launch event
+        self.device = []       # device events
+        self.cpu_ops = []
+        self.span = None       # (start, end) of the recorded window
+
+
+def num(x):
+    """True for an int or float (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def corr(e):
+    """The CUPTI correlation id linking a launch to its device events, or None."""
+    args = e.get("args")
+    return args.get("correlation") if isinstance(args, dict) else None
+
+
+def index(events):
+    """One pass over the events: steps, optimizer windows, launches by correlation, device events, CPU ops."""
+    ix, optimizer, lo, hi = Index(), [], None, None
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat", ""), e.get("name", "")
+        if cat not in KNOWN_CATS:
+            cat = str(cat).lower()
+        if not isinstance(name, str):
+            name = str(name)
+        if cat in DEVICE_CATS:
+            ix.device.append(e)
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if not (num(ts) and num(dur)) or cat.startswith("gpu_"):
+            continue
+        if cat == "trace":
+            ix.span = (ts, ts + dur)
+            continue
+        lo, hi = (ts, ts + dur) if lo is None else (min(lo, ts), max(hi, ts + dur))
+        if cat in LAUNCH_CATS and corr(e) is not None:
+            ix.launches[corr(e)] = e
+        elif name.startswith(STEP_PREFIX):
+            ix.steps.append((ts, ts + dur, name))
+        elif name.lower().startswith("optimizer"):
+            optimizer.append((ts, ts + dur))
+        elif cat == "cpu_op":
+            ix.cpu_ops.append(e)
+    ix.steps.sort()
+    ix.optimizer = merge(optimizer)
+    if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
+        ix.span = (lo, hi + max(hi - lo, 1e6))
+    return ix
+
+
+def merge(intervals):
+    """Sorted, disjoint (start, end) intervals covering the same time."""
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def union_length(intervals):
+    """Total time covered by (start, end) intervals, overlaps counted once."""
+    return sum(end - start for start, end in merge(intervals))
+
+
+def find(windows, starts, t):
+    """Index of the window (start, end, ...) containing time t, or None."""
+    i = bisect.bisect_right(starts, t) - 1
+    return i if i >= 0 and t <= windows[i][1] else None
+
+
+def self_times(ops):
+    """[(op, self_us, top_level)] with self time = duration minus direct children, per thread."""
+    by_thread = {}
+    for e in ops:
+        if num(e.get("ts")) and num(e.get("dur")):
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    result = []
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # [event, children_us]
+        for e in evs:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
+                result.append(_closed(stack.pop(), not stack))
+            if stack:
+                stack[-1][1] += e["dur"]
+            stack.append([e, 0.0])
+        while stack:
+            result.append(_closed(stack.pop(), not stack))
+    return result
+
+
+def _closed(entry, top_level):
+    e, children = entry
+    return e, max(0.0, e["dur"] - children), top_level
