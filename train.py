@@ -482,13 +482,32 @@ def sample_curve(points, fractions):
 # ---------------------------------------------------------------------------
 
 EXCLUDED_STEPS = 10  # the first steps (compilation) are not counted against the time budget
+PROFILE_AT = 5       # profile from this step on: compiled, with a few unprofiled steps timed before it
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Train the GPT for TIME_BUDGET seconds and report val_bpb.")
-    p.add_argument("--profile", action="store_true", help="profile a few steps, print the report, exit")
+    p = argparse.ArgumentParser(description="Train the GPT for TIME_BUDGET seconds and report val_bpb. "
+                                "Every run also profiles a few steps after compilation (outside the budget).")
+    p.add_argument("--profile", action="store_true",
+                   help="only profile: warm up, profile, print the report, exit (no TIME_BUDGET spent)")
+    p.add_argument("--warmup-steps", type=int, default=2, metavar="W", help="profiler warm-up steps (default 2)")
+    p.add_argument("--active-steps", type=positive_int, default=5, metavar="A",
+                   help="profiled steps (default 5)")
+    p.add_argument("--no-profile", action="store_true", help="skip the profile of a normal training run")
     p.add_argument("--run-file", default="run.json", help="where to write the run summary (default run.json)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.warmup_steps < 0:
+        p.error("--warmup-steps must be 0 or more")
+    if args.profile and args.no_profile:
+        p.error("--profile and --no-profile contradict each other; pick one")
+    return args
 
 
 def main(argv=None):
@@ -501,32 +520,28 @@ def main(argv=None):
     autocast = torch.autocast(device_type=DEVICE_TYPE, dtype=torch.bfloat16)
     device_name = torch.cuda.get_device_name() if DEVICE_TYPE == "cuda" else "cpu"
     peak_flops = hardware.peak_flops(device_name) if DEVICE_TYPE == "cuda" else None
-    run = dict(device=device_name, torch=torch.__version__, commit=git_commit(),
-               settings=prepare.settings(), hyperparameters=hyperparameters())
+    run = dict(device=device_name, torch=torch.__version__, commit=git_commit(), dataset="unknown",
+               settings=prepare.settings(), hyperparameters=hyperparameters(), loss_curve=None, profile=None)
+    summary = dict.fromkeys(runfile.SUMMARY_FIELDS)
+    summary["depth"] = DEPTH
 
-    def finish(status, summary, error=None, code=0):
-        record = runfile.make_run(status, summary, run["settings"], run.get("dataset", "unknown"),
-                                  time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), error=error,
-                                  **{k: run[k] for k in ("commit", "device", "torch", "hyperparameters")},
-                                  loss_curve=run.get("loss_curve"), profile=run.get("profile"))
+    def finish(status, error=None, code=0):
+        record = runfile.make_run(status, summary, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), error=error, **run)
         runfile.write_run(args.run_file, record)
         print(runfile.format_summary(summary, status))
         return code
 
-    summary = dict.fromkeys(runfile.SUMMARY_FIELDS)
-    summary["depth"] = DEPTH
     try:
         grad_accum_steps = check_batch_sizes()
         run["dataset"] = prepare.ensure_data()
     except (ValueError, prepare.PrepareError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return finish("crash", summary, error=str(e), code=2)
+        return finish("crash", error=str(e), code=2)
 
     print(f"Device: {device_name} | torch {torch.__version__} | dataset: {run['dataset']}")
     print("Settings: " + ", ".join(f"{k}={v}" for k, v in run["settings"].items()))
     print(f"Model: DEPTH={DEPTH} DEVICE_BATCH_SIZE={DEVICE_BATCH_SIZE} TOTAL_BATCH_SIZE={TOTAL_BATCH_SIZE} "
           f"(gradient accumulation {grad_accum_steps})")
-
     tokenizer = Tokenizer.from_directory()
     model = build_model(tokenizer.get_vocab_size(), device)
     num_params = sum(p.numel() for p in model.parameters())
@@ -537,43 +552,70 @@ def main(argv=None):
     loader = make_dataloader(tokenizer, DEVICE_BATCH_SIZE, MAX_SEQ_LEN, "train", device=device)
     train_step, forward = make_train_step(model, optimizer, loader, grad_accum_steps, autocast)
 
+    def profiler(first_step, step_times):
+        """Profile W + A steps from first_step on; print the report. Returns the steps it ran."""
+        from profiling import capture  # the only module that drives torch.profiler
+        steps = iter(range(first_step, first_step + args.warmup_steps + args.active_steps))
+        meta = dict(device=device_name, torch=torch.__version__, commit=run["commit"],
+                    tokens_per_step=TOTAL_BATCH_SIZE, flops_per_step=flops_per_token * TOTAL_BATCH_SIZE,
+                    peak_flops=peak_flops, unprofiled_step_ms=1000 * sorted(step_times)[len(step_times) // 2],
+                    peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if DEVICE_TYPE == "cuda" else None)
+        report, run["profile"] = capture.profile_training(lambda: train_step(next(steps), 0.0),
+                                                          args.warmup_steps, args.active_steps, meta)
+        print("\n" + report + f"\n(profile files: {run['profile']})")
+        return args.warmup_steps + args.active_steps
+
     try:
-        result = train(train_step, flops_per_token, peak_flops, summary, run)
+        result = train(train_step, flops_per_token, peak_flops, summary, run,
+                       profiler=None if args.no_profile else profiler, profile_only=args.profile)
+        if args.profile:
+            return 0
         if result is not None:
             print("FAIL")  # NaN or exploding loss
-            return finish("fail", summary, error=result, code=1)
+            return finish("fail", error=result, code=1)
         model.eval()
         with autocast:
             summary["val_bpb"] = evaluate_bpb(forward, tokenizer, DEVICE_BATCH_SIZE)
     except torch.OutOfMemoryError:
         msg = f"CUDA out of memory at DEVICE_BATCH_SIZE={DEVICE_BATCH_SIZE}: lower DEVICE_BATCH_SIZE"
         print(f"FAIL: {msg}", file=sys.stderr)
-        return finish("crash", summary, error=msg, code=1)
+        return finish("crash", error=msg, code=1)
 
     summary["total_seconds"] = round(time.time() - t_start, 1)
     if DEVICE_TYPE == "cuda":
         summary["peak_vram_mb"] = round(torch.cuda.max_memory_allocated() / 1024**2, 1)
-    return finish("ok", summary)
+    return finish("ok")
 
 
-def train(train_step, flops_per_token, peak_flops, summary, run):
-    """The training loop. Fills `summary` and run["loss_curve"]; returns an error string on divergence."""
-    t_train, smooth, step, points = 0.0, 0.0, 0, []
-    progress = 0.0
+def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, profile_only=False):
+    """The training loop. Fills `summary` and run["loss_curve"]; returns an error string on divergence.
+
+    At step PROFILE_AT the profiler (if any) runs its steps; they train the model like any other step and,
+    like compilation, are not counted against the time budget. With profile_only, stop right after it.
+    """
+    t_train, smooth, step, points, step_times = 0.0, 0.0, 0, [], []
+    progress, excluded = 0.0, EXCLUDED_STEPS
     while True:
+        if profiler is not None and step == PROFILE_AT:
+            print()
+            ran = profiler(step, step_times[2:] or step_times)  # steps 0-1 compile and warm up
+            step, excluded = step + ran, max(EXCLUDED_STEPS, step + ran)
+            if profile_only:
+                return None
         if DEVICE_TYPE == "cuda":
             torch.cuda.synchronize()
         t0 = time.time()
         loss = train_step(step, progress).item()
         dt = time.time() - t0
+        step_times.append(dt)
         if not math.isfinite(loss) or loss > 100:
             return f"loss {loss} at step {step}"
-        if step >= EXCLUDED_STEPS:
+        if step >= excluded:
             t_train += dt
         progress = min(t_train / TIME_BUDGET, 1.0)
         smooth = 0.9 * smooth + 0.1 * loss
-        smooth_debiased = smooth / (1 - 0.9 ** (step + 1))
-        if step >= EXCLUDED_STEPS:
+        smooth_debiased = smooth / (1 - 0.9 ** len(step_times))
+        if step >= excluded:
             points.append((progress, smooth_debiased))
         tok_per_s = TOTAL_BATCH_SIZE / dt
         mfu = f"{100 * flops_per_token * tok_per_s / peak_flops:.1f}%" if peak_flops else "n/a"
@@ -588,10 +630,10 @@ def train(train_step, flops_per_token, peak_flops, summary, run):
         elif (step + 1) % 5000 == 0:
             gc.collect()
         step += 1
-        if step > EXCLUDED_STEPS and t_train >= TIME_BUDGET:
+        if step > excluded and t_train >= TIME_BUDGET:
             break
     print()
-    counted = step - EXCLUDED_STEPS
+    counted = step - excluded
     summary.update(training_seconds=round(t_train, 1), num_steps=step,
                    total_tokens_M=round(step * TOTAL_BATCH_SIZE / 1e6, 1))
     if peak_flops:

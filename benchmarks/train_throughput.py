@@ -1,0 +1,78 @@
+"""Training throughput of train.py at its current config: tokens/s and MFU, compilation excluded.
+
+    python3 benchmarks/train_throughput.py [--steps 60] [--warmup 10]
+
+Builds the model, optimizer and dataloader exactly as train.py does, runs `--warmup` steps (compilation),
+then times `--steps` steps with the device synchronized at both ends. FLOPs accounting (as upstream):
+
+    FLOPs/token = 6 x (parameters - token embedding - value embeddings - per-layer scalars)
+                  + sum over layers of 12 x heads x head_dim x min(window, sequence length)
+    MFU = FLOPs/token x tokens/s / peak bf16 FLOP/s (989.5 TFLOP/s on an H100 SXM)
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import prepare  # noqa: E402
+import train  # noqa: E402
+from profiling import hardware  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--json", help="also write the results to this file")
+    args = p.parse_args()
+    device = torch.device(train.DEVICE_TYPE)
+    if train.DEVICE_TYPE == "cuda":
+        torch.set_float32_matmul_precision("high")
+    dataset = prepare.ensure_data()
+    tokenizer = prepare.Tokenizer.from_directory()
+    model = train.build_model(tokenizer.get_vocab_size(), device)
+    optimizer = train.make_optimizer(model)
+    loader = prepare.make_dataloader(tokenizer, train.DEVICE_BATCH_SIZE, prepare.MAX_SEQ_LEN, "train", device=device)
+    autocast = torch.autocast(device_type=train.DEVICE_TYPE, dtype=torch.bfloat16)
+    step_fn, _ = train.make_train_step(model, optimizer, loader, train.check_batch_sizes(), autocast)
+    sync = torch.cuda.synchronize if train.DEVICE_TYPE == "cuda" else (lambda: None)
+
+    t0 = time.time()
+    for step in range(args.warmup):
+        step_fn(step, 0.0).item()
+    sync()
+    warmup_s = time.time() - t0
+    t0 = time.time()
+    for step in range(args.warmup, args.warmup + args.steps):
+        loss = step_fn(step, 0.0).item()  # the same per-step sync train.py does (its NaN check)
+    sync()
+    elapsed = time.time() - t0
+
+    name = torch.cuda.get_device_name() if train.DEVICE_TYPE == "cuda" else "cpu"
+    peak = hardware.peak_flops(name)
+    fpt = model.flops_per_token()
+    tok_s = train.TOTAL_BATCH_SIZE * args.steps / elapsed
+    result = dict(
+        device=name, torch=torch.__version__, dataset=dataset, depth=train.DEPTH,
+        device_batch_size=train.DEVICE_BATCH_SIZE, total_batch_size=train.TOTAL_BATCH_SIZE,
+        seq_len=prepare.MAX_SEQ_LEN, num_params=sum(p.numel() for p in model.parameters()),
+        flops_per_token=fpt, steps=args.steps, warmup_steps=args.warmup, warmup_seconds=round(warmup_s, 1),
+        step_ms=round(1000 * elapsed / args.steps, 2), tokens_per_s=round(tok_s),
+        mfu_percent=round(100 * fpt * tok_s / peak, 2) if peak else None,
+        peak_memory_mb=round(torch.cuda.max_memory_allocated() / 2**20, 1) if train.DEVICE_TYPE == "cuda" else None,
+        last_loss=round(loss, 4), date=time.strftime("%Y-%m-%d"),
+    )
+    for k, v in result.items():
+        print(f"{k}: {v}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Profile a few training steps with torch.profiler and write the report. The only module that imports torch.
+
+One code path: the live profile exports a Chrome trace, and the report is made by reading that trace
+(profiling.summary), exactly as `research profile TRACE` does later on any machine.
+
+Files, under PROFILE_DIR (git-ignored), one folder per profile:
+    profiles/<time>-<commit>/report.md        the Markdown report printed to stdout
+    profiles/<time>-<commit>/summary.json     the same numbers as JSON
+    profiles/<time>-<commit>/trace.json.gz    the Chrome trace (open it in https://ui.perfetto.dev)
+    profiles/latest                           the name of the newest folder (the next report diffs against it)
+"""
+import gzip
+import json
+import os
+import tempfile
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from profiling import render, summary
+from profiling.errors import UserError
+from profiling.runfile import atomic_write_text
+
+PROFILE_DIR = os.environ.get("AUTORESEARCH_PROFILE_DIR", "profiles")
+
+
+def capture(step_fn, warmup, active, metadata):
+    """Run `warmup + active` calls of step_fn under the profiler; return the exported trace as a dict.
+
+    The device is synchronized after every step, so each window edge is a real edge: no kernel launched in
+    one step runs in the next, and nothing launched before the profiler starts runs inside it.
+    """
+    if active < 1 or warmup < 0:
+        raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
+                        "use at least 1 active step and 0 or more warm-up steps")
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        sync()
+        with profile(activities=activities, record_shapes=True,
+                     schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+            for _ in range(warmup + active):
+                step_fn()
+                sync()
+                prof.step()
+        with open(path, encoding="utf-8") as f:
+            trace = json.load(f)
+    trace["autoresearch"] = metadata
+    return trace
+
+
+def write_gzip_json(path, obj):
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json.gz")
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as f:
+            f.write(json.dumps(obj).encode())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def previous_summary(profile_dir=PROFILE_DIR):
+    """The newest earlier profile's summary, or None."""
+    try:
+        with open(os.path.join(profile_dir, "latest"), encoding="utf-8") as f:
+            name = f.read().strip()
+        with open(os.path.join(profile_dir, name, "summary.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def profile_training(step_fn, warmup, active, metadata, top=10, profile_dir=PROFILE_DIR):
+    """Capture, summarize, render and save one profile. Returns (markdown report, folder)."""
+    trace = capture(step_fn, warmup, active, metadata)
+    result = summary.summarize(trace)
+    previous = previous_summary(profile_dir)
+    report = render.to_markdown(result, previous=previous, top=top)
+    name = time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit")
+    folder = os.path.join(profile_dir, name)
+    os.makedirs(folder, exist_ok=True)
+    write_gzip_json(os.path.join(folder, "trace.json.gz"), trace)
+    atomic_write_text(os.path.join(folder, "summary.json"), render.to_json(result))
+    atomic_write_text(os.path.join(folder, "report.md"), report + "\n")
+    atomic_write_text(os.path.join(profile_dir, "latest"), name + "\n")
+    return report, folder
