@@ -1,0 +1,30 @@
+"""Shared fixtures. prepare.py reads its constants from the environment at import, so the test-scale
+defaults are set here, before any test module imports it (a value already in the environment wins)."""
+import os
+
+import pytest
+
+os.environ.setdefault("AUTORESEARCH_PRESET", "cpu")
+os.environ.setdefault("AUTORESEARCH_VOCAB_SIZE", "512")  # trains in about a second
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """No test touches the user's real cache: AUTORESEARCH_CACHE starts as an empty session directory.
+    A test that needs an empty cache of its own sets one with monkeypatch."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTORESEARCH_CACHE", str(tmp_path_factory.mktemp("empty-cache")))
+        yield
+
+
+@pytest.fixture(scope="session")
+def prepared_cache(tmp_path_factory, _isolated_cache):
+    """A cache holding the builtin corpus and its tokenizer (VOCAB_SIZE from the environment, 512 by
+    default), prepared once per session. Sets AUTORESEARCH_CACHE to it and returns the path."""
+    import prepare
+
+    cache = str(tmp_path_factory.mktemp("prepared-cache"))
+    prepare.prepare("builtin", cache=cache)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTORESEARCH_CACHE", cache)
+        yield cache
