@@ -558,7 +558,7 @@ def main(argv=None):
         steps = iter(range(first_step, first_step + args.warmup_steps + args.active_steps))
         meta = dict(device=device_name, torch=torch.__version__, commit=run["commit"],
                     tokens_per_step=TOTAL_BATCH_SIZE, flops_per_step=flops_per_token * TOTAL_BATCH_SIZE,
-                    peak_flops=peak_flops, unprofiled_step_ms=1000 * sorted(step_times)[len(step_times) // 2],
+                    peak_flops=peak_flops, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if DEVICE_TYPE == "cuda" else None)
         report, run["profile"] = capture.profile_training(lambda: train_step(next(steps), 0.0),
                                                           args.warmup_steps, args.active_steps, meta)
@@ -590,39 +590,54 @@ def main(argv=None):
 def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, profile_only=False):
     """The training loop. Fills `summary` and run["loss_curve"]; returns an error string on divergence.
 
-    At step PROFILE_AT the profiler (if any) runs its steps; they train the model like any other step and,
-    like compilation, are not counted against the time budget. With profile_only, stop right after it.
+    Step n's loss is read (a host sync) only after step n + 1 is launched, so the GPU always has queued work
+    and never waits for Python. At step PROFILE_AT the profiler (if any) runs its steps; they train the
+    model like any other step and, like compilation, are not counted against the time budget.
     """
     t_train, smooth, step, points, step_times = 0.0, 0.0, 0, [], []
-    progress, excluded = 0.0, EXCLUDED_STEPS
-    while True:
-        if profiler is not None and step == PROFILE_AT:
-            print()
-            ran = profiler(step, step_times[2:] or step_times)  # steps 0-1 compile and warm up
-            step, excluded = step + ran, max(EXCLUDED_STEPS, step + ran)
-            if profile_only:
-                return None
-        if DEVICE_TYPE == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.time()
-        loss = train_step(step, progress).item()
-        dt = time.time() - t0
+    progress, excluded, pending = 0.0, EXCLUDED_STEPS, None
+    t_last = time.time()
+
+    def finish_step(done, loss):
+        """Wait for step `done` and account for it; returns an error string on divergence."""
+        nonlocal t_train, progress, smooth, t_last
+        loss = loss.item()  # waits for the GPU to finish step `done`
+        now = time.time()
+        dt, t_last = now - t_last, now
         step_times.append(dt)
         if not math.isfinite(loss) or loss > 100:
-            return f"loss {loss} at step {step}"
-        if step >= excluded:
+            return f"loss {loss} at step {done}"
+        if done >= excluded:
             t_train += dt
-        progress = min(t_train / TIME_BUDGET, 1.0)
+            progress = min(t_train / TIME_BUDGET, 1.0)
         smooth = 0.9 * smooth + 0.1 * loss
         smooth_debiased = smooth / (1 - 0.9 ** len(step_times))
-        if step >= excluded:
+        if done >= excluded:
             points.append((progress, smooth_debiased))
         tok_per_s = TOTAL_BATCH_SIZE / dt
         mfu = f"{100 * flops_per_token * tok_per_s / peak_flops:.1f}%" if peak_flops else "n/a"
-        remaining = max(0.0, TIME_BUDGET - t_train)
-        print(f"\rstep {step:05d} ({100 * progress:.1f}%) | loss: {smooth_debiased:.6f} | "
+        print(f"\rstep {done:05d} ({100 * progress:.1f}%) | loss: {smooth_debiased:.6f} | "
               f"lrm: {lr_multiplier(progress):.2f} | dt: {dt * 1000:.0f}ms | tok/sec: {tok_per_s:,.0f} | "
-              f"mfu: {mfu} | remaining: {remaining:.0f}s    ", end="", flush=True)
+              f"mfu: {mfu} | remaining: {max(0.0, TIME_BUDGET - t_train):.0f}s    ", end="", flush=True)
+        return None
+
+    while True:
+        if profiler is not None and step == PROFILE_AT:
+            error = finish_step(*pending)
+            if error:
+                return error
+            pending = None
+            print()
+            ran = profiler(step, step_times[2:] or step_times)  # steps 0-1 compile and warm up
+            step, excluded, t_last = step + ran, max(EXCLUDED_STEPS, step + ran), time.time()
+            if profile_only:
+                return None
+        loss = train_step(step, progress)
+        if pending is not None:
+            error = finish_step(*pending)
+            if error:
+                return error
+        pending = (step, loss)
         if step == 0:  # Python's GC causes ~500ms stalls: collect once, then freeze what is alive
             gc.collect()
             gc.freeze()
@@ -632,6 +647,9 @@ def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, 
         step += 1
         if step > excluded and t_train >= TIME_BUDGET:
             break
+    error = finish_step(*pending)
+    if error:
+        return error
     print()
     counted = step - excluded
     summary.update(training_seconds=round(t_train, 1), num_steps=step,
