@@ -63,13 +63,20 @@ _NUMBERS = (int, float)
 _NUMBER_FIELDS = ("val_bpb", "baseline_bpb", "improvement", "noise_floor", "training_seconds")
 
 
-def _record_problem(rec, prev_id):
-    """The first problem with one experiment record, or None. Checks what the commands compute with."""
-    if type(rec) is not dict:
+def _id_problem(item, prev_id):
+    if type(item) is not dict:
         return "is not an object"
-    rid = rec.get("id")
+    rid = item.get("id")
     if type(rid) is not int or rid <= prev_id:
         return f"id {rid!r} is not an integer above the previous id {prev_id}"
+    return None
+
+
+def _record_problem(rec, prev_id):
+    """The first problem with one experiment record, or None. Checks what the commands compute with."""
+    problem = _id_problem(rec, prev_id)
+    if problem:
+        return problem
     if rec.get("status") not in STATUSES:
         return f"status {rec.get('status')!r} is not one of {', '.join(STATUSES)}"
     dim = rec.get("dimension")
@@ -89,11 +96,9 @@ def _record_problem(rec, prev_id):
 
 
 def _rescue_problem(entry, prev_id):
-    if type(entry) is not dict:
-        return "is not an object"
-    rid = entry.get("id")
-    if type(rid) is not int or rid <= prev_id:
-        return f"id {rid!r} is not an integer above the previous id {prev_id}"
+    problem = _id_problem(entry, prev_id)
+    if problem:
+        return problem
     if type(entry.get("dimension")) is not str or type(entry.get("mechanism")) is not str:
         return "dimension and mechanism must be strings"
     return None
