@@ -559,7 +559,8 @@ def main(argv=None):
         meta = dict(device=device_name, torch=torch.__version__, commit=run["commit"],
                     tokens_per_step=TOTAL_BATCH_SIZE, flops_per_step=flops_per_token * TOTAL_BATCH_SIZE,
                     peak_flops=peak_flops, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
-                    peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if DEVICE_TYPE == "cuda" else None)
+                    peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if DEVICE_TYPE == "cuda" else None,
+                    parameters={name: list(p.shape) for name, p in model.named_parameters()})
         report, run["profile"] = capture.profile_training(lambda: train_step(next(steps), 0.0),
                                                           args.warmup_steps, args.active_steps, meta)
         print("\n" + report + f"\n(profile files: {run['profile']})")
@@ -587,6 +588,38 @@ def main(argv=None):
     return finish("ok")
 
 
+class StepClock:
+    """Seconds per step without a host sync per step. A mark is taken right after each step is launched:
+    on CUDA an event (the GPU's own time between step ends), on the CPU the host time (steps run
+    synchronously there, so the step is done when its launch returns)."""
+
+    def __init__(self):
+        self.cuda = DEVICE_TYPE == "cuda"
+        self.restart()
+
+    def restart(self):
+        self.last = self.mark()
+        if self.cuda:
+            self.last.synchronize()
+
+    def mark(self):
+        if not self.cuda:
+            return time.time()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed(self, mark):
+        """Seconds from the previous mark to this one (waits for it)."""
+        if self.cuda:
+            mark.synchronize()
+            dt = self.last.elapsed_time(mark) / 1000
+        else:
+            dt = mark - self.last
+        self.last = mark
+        return dt
+
+
 def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, profile_only=False):
     """The training loop. Fills `summary` and run["loss_curve"]; returns an error string on divergence.
 
@@ -596,14 +629,13 @@ def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, 
     """
     t_train, smooth, step, points, step_times = 0.0, 0.0, 0, [], []
     progress, excluded, pending = 0.0, EXCLUDED_STEPS, None
-    t_last = time.time()
+    clock = StepClock()
 
-    def finish_step(done, loss):
+    def finish_step(done, loss, mark):
         """Wait for step `done` and account for it; returns an error string on divergence."""
-        nonlocal t_train, progress, smooth, t_last
+        nonlocal t_train, progress, smooth
         loss = loss.item()  # waits for the GPU to finish step `done`
-        now = time.time()
-        dt, t_last = now - t_last, now
+        dt = clock.elapsed(mark)
         step_times.append(dt)
         if not math.isfinite(loss) or loss > 100:
             return f"loss {loss} at step {done}"
@@ -629,15 +661,17 @@ def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, 
             pending = None
             print()
             ran = profiler(step, step_times[2:] or step_times)  # steps 0-1 compile and warm up
-            step, excluded, t_last = step + ran, max(EXCLUDED_STEPS, step + ran), time.time()
+            step, excluded = step + ran, max(EXCLUDED_STEPS, step + ran)
+            clock.restart()
             if profile_only:
                 return None
         loss = train_step(step, progress)
+        mark = clock.mark()
         if pending is not None:
             error = finish_step(*pending)
             if error:
                 return error
-        pending = (step, loss)
+        pending = (step, loss, mark)
         if step == 0:  # Python's GC causes ~500ms stalls: collect once, then freeze what is alive
             gc.collect()
             gc.freeze()

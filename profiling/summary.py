@@ -12,8 +12,8 @@ How the numbers are made (so they add up and can be trusted):
   work still running, whose launch was never recorded: correlation below every recorded launch) or
   outside every step window are not counted; they are reported in the checks.
 - Step time is measured on the GPU timeline: a step runs from its first device event to the next step's
-  first device event (the last step: to its last device event, or its CPU window length if that is
-  longer). So steps tile the timeline, and the gap while the GPU waits is idle of the step before it.
+  first device event (the last step: to its last device event). So steps tile the timeline, and the gap
+  while the GPU waits is idle of the step before it.
   `step_ms` is the mean over the profiled steps.
 - Per step: categories = the summed device time of its events by category (classify.py has the rules;
   events launched inside an annotation window whose name starts with "optimizer"/"Optimizer." -- torch's
@@ -152,7 +152,9 @@ def _windows(ix, per_step):
             continue
         last_end = max(e["ts"] + e["dur"] for e, _ in evs)
         following = firsts[k + 1] if k + 1 < len(per_step) else None
-        end = max(following, last_end) if following is not None else max(last_end, firsts[k] + cpu_len)
+        # the last step ends with its last device event: its CPU window also holds the final synchronize,
+        # which waits for queued work and would inflate the step (a 330 ms step read as 569 ms on an H200)
+        end = max(following, last_end) if following is not None else last_end
         windows.append((firsts[k], end))
     return windows
 
