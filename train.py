@@ -24,9 +24,11 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import prepare
 from prepare import MAX_SEQ_LEN, TIME_BUDGET, Tokenizer, evaluate_bpb, make_dataloader
-from profiling import hardware, runfile
+from profiling import gate, hardware, memory, runfile
 
 DEVICE_TYPE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE_TYPE == "cpu":  # torch 2.15 loads Triton for CUDA-only ops even on a CPU, and it prints noise at exit
+    os.environ.setdefault("TORCH_DISABLE_NATIVE_JIT", "1")
 COMPILE = DEVICE_TYPE == "cuda"  # torch.compile on CPU costs minutes of compile for a tiny model
 
 # ---------------------------------------------------------------------------
@@ -501,6 +503,8 @@ def parse_args(argv):
     p.add_argument("--active-steps", type=positive_int, default=5, metavar="A",
                    help="profiled steps (default 5)")
     p.add_argument("--no-profile", action="store_true", help="skip the profile of a normal training run")
+    p.add_argument("--no-gate", action="store_true",
+                   help="never abort early (default: abort a run clearly worse than the best kept one)")
     p.add_argument("--run-file", default="run.json", help="where to write the run summary (default run.json)")
     args = p.parse_args(argv)
     if args.warmup_steps < 0:
@@ -525,10 +529,10 @@ def main(argv=None):
     summary = dict.fromkeys(runfile.SUMMARY_FIELDS)
     summary["depth"] = DEPTH
 
-    def finish(status, error=None, code=0):
+    def finish(status, error=None, code=0, extra=()):
         record = runfile.make_run(status, summary, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), error=error, **run)
         runfile.write_run(args.run_file, record)
-        print(runfile.format_summary(summary, status))
+        print(runfile.format_summary(summary, status, extra))
         return code
 
     try:
@@ -540,6 +544,12 @@ def main(argv=None):
 
     print(f"Device: {device_name} | torch {torch.__version__} | dataset: {run['dataset']}")
     print("Settings: " + ", ".join(f"{k}={v}" for k, v in run["settings"].items()))
+    reference, why_off = (None, "off (--no-gate)") if args.no_gate or args.profile else \
+        gate.find_reference(memory.default_path(), run["settings"], run["dataset"])
+    abort_gate = gate.Gate(reference) if reference else None
+    run["gate"] = {"status": abort_gate.describe() if abort_gate else why_off, "decisions": []}
+    if not args.profile:
+        print(f"Early-abort gate: {run['gate']['status']}")
     print(f"Model: DEPTH={DEPTH} DEVICE_BATCH_SIZE={DEVICE_BATCH_SIZE} TOTAL_BATCH_SIZE={TOTAL_BATCH_SIZE} "
           f"(gradient accumulation {grad_accum_steps})")
     tokenizer = Tokenizer.from_directory()
@@ -567,16 +577,22 @@ def main(argv=None):
         return args.warmup_steps + args.active_steps
 
     try:
-        result = train(train_step, flops_per_token, peak_flops, summary, run,
-                       profiler=None if args.no_profile else profiler, profile_only=args.profile)
+        train(train_step, flops_per_token, peak_flops, summary, run, abort_gate,
+              profiler=None if args.no_profile else profiler, profile_only=args.profile)
         if args.profile:
             return 0
-        if result is not None:
-            print("FAIL")  # NaN or exploding loss
-            return finish("fail", error=result, code=1)
         model.eval()
         with autocast:
             summary["val_bpb"] = evaluate_bpb(forward, tokenizer, DEVICE_BATCH_SIZE)
+    except Diverged as e:
+        print(f"\nFAIL: {e}")  # NaN or exploding loss
+        return finish("fail", error=str(e), code=1)
+    except EarlyAbort as e:
+        d = e.decision
+        print(f"\nEarly abort at {100 * d['fraction']:.0f}% of the budget: loss {d['loss']} is {d['ratio']}x the "
+              f"reference {d['reference_loss']} (threshold {d['threshold']}x)")
+        extra = [(f"gate_{k}", d[k]) for k in ("fraction", "loss", "reference_loss", "ratio", "threshold")]
+        return finish("early_abort", code=gate.EXIT_CODE, extra=extra)
     except torch.OutOfMemoryError:
         msg = f"CUDA out of memory at DEVICE_BATCH_SIZE={DEVICE_BATCH_SIZE}: lower DEVICE_BATCH_SIZE"
         print(f"FAIL: {msg}", file=sys.stderr)
@@ -620,8 +636,21 @@ class StepClock:
         return dt
 
 
-def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, profile_only=False):
-    """The training loop. Fills `summary` and run["loss_curve"]; returns an error string on divergence.
+class Diverged(Exception):
+    """NaN or exploding training loss."""
+
+
+class EarlyAbort(Exception):
+    """The early-abort gate found this run clearly worse than the reference run."""
+
+    def __init__(self, decision):
+        super().__init__(f"early abort: {decision}")
+        self.decision = decision
+
+
+def train(train_step, flops_per_token, peak_flops, summary, run, abort_gate=None, profiler=None,
+          profile_only=False):
+    """The training loop. Fills `summary` and run["loss_curve"]; raises Diverged or EarlyAbort.
 
     Step n's loss is read (a host sync) only after step n + 1 is launched, so the GPU always has queued work
     and never waits for Python. At step PROFILE_AT the profiler (if any) runs its steps; they train the
@@ -632,13 +661,13 @@ def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, 
     clock = StepClock()
 
     def finish_step(done, loss, mark):
-        """Wait for step `done` and account for it; returns an error string on divergence."""
+        """Wait for step `done` and account for it."""
         nonlocal t_train, progress, smooth
         loss = loss.item()  # waits for the GPU to finish step `done`
         dt = clock.elapsed(mark)
         step_times.append(dt)
         if not math.isfinite(loss) or loss > 100:
-            return f"loss {loss} at step {done}"
+            raise Diverged(f"loss {loss} at step {done}")
         if done >= excluded:
             t_train += dt
             progress = min(t_train / TIME_BUDGET, 1.0)
@@ -651,13 +680,23 @@ def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, 
         print(f"\rstep {done:05d} ({100 * progress:.1f}%) | loss: {smooth_debiased:.6f} | "
               f"lrm: {lr_multiplier(progress):.2f} | dt: {dt * 1000:.0f}ms | tok/sec: {tok_per_s:,.0f} | "
               f"mfu: {mfu} | remaining: {max(0.0, TIME_BUDGET - t_train):.0f}s    ", end="", flush=True)
-        return None
+        decision = abort_gate.check(progress, smooth_debiased) if abort_gate and done >= excluded else None
+        if decision:
+            run["gate"]["decisions"].append(decision)
+            if decision["abort"]:
+                raise EarlyAbort(decision)
+
+    def account():
+        counted = max(1, step - excluded)
+        summary.update(training_seconds=round(t_train, 1), num_steps=step,
+                       total_tokens_M=round(step * TOTAL_BATCH_SIZE / 1e6, 1))
+        if peak_flops and t_train > 0:
+            summary["mfu_percent"] = round(100 * flops_per_token * TOTAL_BATCH_SIZE * counted / t_train / peak_flops, 2)
+        run["loss_curve"] = sample_curve(points, runfile.curve_fractions())
 
     while True:
         if profiler is not None and step == PROFILE_AT:
-            error = finish_step(*pending)
-            if error:
-                return error
+            finish_step(*pending)
             pending = None
             print()
             ran = profiler(step, step_times[2:] or step_times)  # steps 0-1 compile and warm up
@@ -668,9 +707,12 @@ def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, 
         loss = train_step(step, progress)
         mark = clock.mark()
         if pending is not None:
-            error = finish_step(*pending)
-            if error:
-                return error
+            try:
+                finish_step(*pending)
+            except EarlyAbort:
+                step += 1  # the step launched before the abort has trained too
+                account()
+                raise
         pending = (step, loss, mark)
         if step == 0:  # Python's GC causes ~500ms stalls: collect once, then freeze what is alive
             gc.collect()
@@ -681,17 +723,9 @@ def train(train_step, flops_per_token, peak_flops, summary, run, profiler=None, 
         step += 1
         if step > excluded and t_train >= TIME_BUDGET:
             break
-    error = finish_step(*pending)
-    if error:
-        return error
+    finish_step(*pending)
     print()
-    counted = step - excluded
-    summary.update(training_seconds=round(t_train, 1), num_steps=step,
-                   total_tokens_M=round(step * TOTAL_BATCH_SIZE / 1e6, 1))
-    if peak_flops:
-        summary["mfu_percent"] = round(100 * flops_per_token * TOTAL_BATCH_SIZE * counted / t_train / peak_flops, 2)
-    run["loss_curve"] = sample_curve(points, runfile.curve_fractions())
-    return None
+    account()
 
 
 if __name__ == "__main__":

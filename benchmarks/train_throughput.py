@@ -48,8 +48,13 @@ def main():
     sync()
     warmup_s = time.time() - t0
     t0 = time.time()
+    prev = None
     for step in range(args.warmup, args.warmup + args.steps):
-        loss = step_fn(step, 0.0).item()  # the same per-step sync train.py does (its NaN check)
+        loss = step_fn(step, 0.0)
+        if prev is not None:
+            prev.item()  # as train.py: read step n's loss after launching step n + 1 (its NaN check)
+        prev = loss
+    loss = loss.item()
     sync()
     elapsed = time.time() - t0
 

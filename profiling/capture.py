@@ -3,7 +3,7 @@
 One code path: the live profile exports a Chrome trace, and the report is made by reading that trace
 (profiling.summary), exactly as `research profile TRACE` does later on any machine.
 
-Files, under PROFILE_DIR (git-ignored), one folder per profile:
+Files, under ./profiles (git-ignored; AUTORESEARCH_PROFILE_DIR names another), one folder per profile:
     profiles/<time>-<commit>/report.md        the Markdown report printed to stdout
     profiles/<time>-<commit>/summary.json     the same numbers as JSON
     profiles/<time>-<commit>/trace.json.gz    the Chrome trace (open it in https://ui.perfetto.dev)
@@ -23,7 +23,11 @@ from profiling import render, summary
 from profiling.errors import UserError
 from profiling.runfile import atomic_write_text
 
-PROFILE_DIR = os.environ.get("AUTORESEARCH_PROFILE_DIR", "profiles")
+
+
+def profile_dir():
+    """Where profiles go: $AUTORESEARCH_PROFILE_DIR, else ./profiles (git-ignored)."""
+    return os.environ.get("AUTORESEARCH_PROFILE_DIR", "profiles")
 
 
 def capture(step_fn, warmup, active, metadata):
@@ -70,28 +74,29 @@ def write_gzip_json(path, obj):
         raise
 
 
-def previous_summary(profile_dir=PROFILE_DIR):
-    """The newest earlier profile's summary, or None."""
+def previous_summary(folder):
+    """The newest earlier profile's summary under `folder`, or None."""
     try:
-        with open(os.path.join(profile_dir, "latest"), encoding="utf-8") as f:
+        with open(os.path.join(folder, "latest"), encoding="utf-8") as f:
             name = f.read().strip()
-        with open(os.path.join(profile_dir, name, "summary.json"), encoding="utf-8") as f:
+        with open(os.path.join(folder, name, "summary.json"), encoding="utf-8") as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
 
 
-def profile_training(step_fn, warmup, active, metadata, top=10, profile_dir=PROFILE_DIR):
+def profile_training(step_fn, warmup, active, metadata, top=10):
     """Capture, summarize, render and save one profile. Returns (markdown report, folder)."""
     trace = capture(step_fn, warmup, active, metadata)
     result = summary.summarize(trace)
-    previous = previous_summary(profile_dir)
+    root = profile_dir()
+    previous = previous_summary(root)
     report = render.to_markdown(result, previous=previous, top=top)
     name = time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit")
-    folder = os.path.join(profile_dir, name)
+    folder = os.path.join(root, name)
     os.makedirs(folder, exist_ok=True)
     write_gzip_json(os.path.join(folder, "trace.json.gz"), trace)
     atomic_write_text(os.path.join(folder, "summary.json"), render.to_json(result))
     atomic_write_text(os.path.join(folder, "report.md"), report + "\n")
-    atomic_write_text(os.path.join(profile_dir, "latest"), name + "\n")
+    atomic_write_text(os.path.join(root, "latest"), name + "\n")
     return report, folder

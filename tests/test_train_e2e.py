@@ -1,0 +1,178 @@
+"""train.py end to end on the CPU, at test scale: the summary, run.json, --profile, FAIL, the gate.
+
+Most runs call train.main() in-process (torch is imported once); one runs `python train.py` for real.
+Scale: the conftest's cpu preset (MAX_SEQ_LEN 256, VOCAB 512), a few seconds of budget, a tiny eval.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import prepare
+import train
+from profiling import cli, gate, runfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUDGET = 2.0
+
+
+@pytest.fixture
+def tiny(prepared_cache, tmp_path, monkeypatch):
+    """A tiny, fast run: short budget, small eval, files in a temp dir, a memory of its own."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "TIME_BUDGET", BUDGET)
+    monkeypatch.setattr(prepare, "EVAL_TOKENS", 2 * train.DEVICE_BATCH_SIZE * prepare.MAX_SEQ_LEN)
+    monkeypatch.setenv("AUTORESEARCH_MEMORY", str(tmp_path / "experiments.json"))
+    monkeypatch.setenv("AUTORESEARCH_PROFILE_DIR", str(tmp_path / "profiles"))
+    return tmp_path
+
+
+def summary_block(out):
+    block = out[out.rindex("\n---\n") + 1:]
+    return dict(line.split(":", 1) for line in block.splitlines()[1:] if ":" in line)
+
+
+def test_run_prints_every_summary_field_and_writes_run_json(tiny, capsys):
+    assert train.main(["--no-gate"]) == 0
+    out = capsys.readouterr().out
+    fields = summary_block(out)
+    for key in runfile.SUMMARY_FIELDS:
+        assert key in fields, key
+    assert re.search(r"^val_bpb:\s+\d+\.\d{6}$", out, re.M)
+    assert fields["status"].strip() == "ok"
+    run = runfile.read_run(tiny / "run.json")  # validates the schema
+    assert run["status"] == "ok" and run["dataset"] == "builtin"
+    assert 0 < run["summary"]["val_bpb"] < 20
+    assert run["summary"]["num_steps"] > train.EXCLUDED_STEPS
+    assert run["settings"] == prepare.settings()
+    assert run["hyperparameters"]["DEPTH"] == train.DEPTH
+    curve = run["loss_curve"]
+    assert len(curve["fractions"]) >= 15 and curve["fractions"] == runfile.curve_fractions()[:len(curve["fractions"])]
+    assert curve["loss"][-1] < curve["loss"][0]  # it learned
+    # the run profiled itself after compilation and points at its profile
+    assert os.path.isfile(os.path.join(run["profile"], "report.md"))
+    assert "CPU profile" in out
+
+
+def test_loss_falls_on_the_builtin_corpus(tiny, capsys):
+    assert train.main(["--no-gate", "--no-profile"]) == 0
+    losses = [float(m) for m in re.findall(r"loss: (\d+\.\d+)", capsys.readouterr().out)]
+    assert len(losses) > 20
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_profile_only_prints_report_and_writes_three_files(tiny, capsys):
+    assert train.main(["--profile", "--warmup-steps", "1", "--active-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "## 1. Step budget" in out and "CPU profile" in out
+    assert "val_bpb" not in out  # no training budget spent, no evaluation
+    folder = open(tiny / "profiles" / "latest").read().strip()
+    files = sorted(os.listdir(tiny / "profiles" / folder))
+    assert files == ["report.md", "summary.json", "trace.json.gz"]
+    summary = json.loads(open(tiny / "profiles" / folder / "summary.json").read())
+    assert summary["steps"] == 2
+
+
+def test_profile_with_zero_active_steps_is_refused(tiny, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--profile", "--active-steps", "0"])
+    assert e.value.code == 2
+    assert "--active-steps" in capsys.readouterr().err
+
+
+def test_nan_loss_prints_fail_and_exits_1(tiny, capsys, monkeypatch):
+    def nan_step(model, optimizer, loader, grad_accum_steps, autocast):
+        return (lambda step, progress: torch.tensor(float("nan"))), model
+    monkeypatch.setattr(train, "make_train_step", nan_step)
+    assert train.main(["--no-gate", "--no-profile"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert runfile.read_run(tiny / "run.json")["status"] == "fail"
+
+
+def test_batch_sizes_that_do_not_divide_fail_before_any_compute(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(train, "TOTAL_BATCH_SIZE", 1000)
+    monkeypatch.setattr(train, "build_model", lambda *a: pytest.fail("built a model"))
+    assert train.main([]) == 2
+    assert "TOTAL_BATCH_SIZE" in capsys.readouterr().err
+    assert runfile.read_run(tiny / "run.json")["status"] == "crash"
+
+
+def fabricated_memory(path, loss, tmp_path):
+    """A memory whose best kept run has a flat loss curve at `loss` (same settings and dataset)."""
+    fractions = runfile.curve_fractions()
+    summary = dict.fromkeys(runfile.SUMMARY_FIELDS, 1.0)
+    summary.update(val_bpb=0.5, num_steps=100, depth=2)
+    run = runfile.make_run("ok", summary, prepare.settings(), "builtin", commit="abc1234",
+                           time="2026-11-21T00:00:00+0000",
+                           loss_curve={"fractions": fractions, "loss": [loss] * len(fractions)})
+    fake = tmp_path / "reference-run.json"
+    runfile.write_run(fake, run)
+    assert cli.main(["--memory", str(path), "log", "--run", str(fake), "--dimension", "baseline",
+                     "--change", "fabricated reference"]) == 0
+
+
+def test_gate_aborts_a_run_far_worse_than_the_reference(tiny, capsys):
+    memory_path = tiny / "experiments.json"
+    fabricated_memory(memory_path, 0.01, tiny)  # unreachably good
+    capsys.readouterr()
+    assert train.main(["--no-profile"]) == gate.EXIT_CODE
+    out = capsys.readouterr().out
+    fields = summary_block(out)
+    assert fields["status"].strip() == "early_abort"
+    assert float(fields["gate_ratio"]) > gate.THRESHOLD
+    run = runfile.read_run(tiny / "run.json")
+    assert run["status"] == "early_abort" and run["summary"]["val_bpb"] is None
+    assert run["summary"]["training_seconds"] < BUDGET
+    decision = run["gate"]["decisions"][-1]
+    assert decision["abort"] and decision["fraction"] == gate.CHECKPOINTS[0]
+    assert cli.main(["--memory", str(memory_path), "log", "--dimension", "optimizer", "--change", "bad"]) == 0
+    records = json.loads(memory_path.read_text())["experiments"]
+    assert records[-1]["status"] == "early_abort"
+
+
+def test_gate_lets_a_run_better_than_the_reference_finish(tiny, capsys):
+    fabricated_memory(tiny / "experiments.json", 50.0, tiny)  # far worse than any real run
+    assert train.main(["--no-profile"]) == 0
+    run = runfile.read_run(tiny / "run.json")
+    assert run["status"] == "ok"
+    assert run["gate"]["decisions"] and not run["gate"]["decisions"][0]["abort"]
+
+
+def test_corrupt_memory_turns_the_gate_off_with_a_warning(tiny, capsys):
+    (tiny / "experiments.json").write_text("{ not json")
+    assert train.main(["--no-profile"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"Early-abort gate: off: the memory cannot be read", out)
+    assert runfile.read_run(tiny / "run.json")["status"] == "ok"
+    assert (tiny / "experiments.json").read_text() == "{ not json"  # untouched
+
+
+def test_gate_decision_math():
+    curve = {"fractions": [0.25, 0.5], "loss": [4.0, 2.0]}
+    assert gate.curve_at(curve, 0.25) == 4.0
+    assert gate.curve_at(curve, 0.375) == pytest.approx(3.0)
+    assert gate.curve_at(curve, 0.1) is None and gate.curve_at(curve, 0.6) is None
+    d = gate.decide(3.3, 0.375, {"loss_curve": curve, "id": 7})
+    assert d["ratio"] == pytest.approx(1.1) and d["abort"]
+    assert not gate.decide(3.1, 0.375, {"loss_curve": curve})["abort"]
+    g = gate.Gate({"loss_curve": curve}, checkpoints=(0.3,))
+    assert g.check(0.29, 100.0) is None  # before the checkpoint: nothing, whatever the loss
+    assert g.check(0.31, 3.0)["fraction"] == 0.3
+    assert g.check(0.9, 100.0) is None  # each checkpoint is looked at once
+
+
+@pytest.mark.slow
+def test_train_py_runs_as_a_script(prepared_cache, tmp_path):
+    env = dict(os.environ, AUTORESEARCH_TIME_BUDGET="2", AUTORESEARCH_EVAL_TOKENS="4096",
+               AUTORESEARCH_MEMORY=str(tmp_path / "experiments.json"), PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--no-profile"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    fields = summary_block(proc.stdout)
+    assert math.isfinite(float(fields["val_bpb"]))
+    assert runfile.read_run(tmp_path / "run.json")["settings"]["TIME_BUDGET"] == 2
