@@ -27,8 +27,6 @@ from prepare import MAX_SEQ_LEN, TIME_BUDGET, Tokenizer, evaluate_bpb, make_data
 from profiling import gate, hardware, memory, runfile
 
 DEVICE_TYPE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE_TYPE == "cpu":  # torch 2.15 loads Triton for CUDA-only ops even on a CPU, and it prints noise at exit
-    os.environ.setdefault("TORCH_DISABLE_NATIVE_JIT", "1")
 COMPILE = DEVICE_TYPE == "cuda"  # torch.compile on CPU costs minutes of compile for a tiny model
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import pytest
 
 os.environ.setdefault("AUTORESEARCH_PRESET", "cpu")
 os.environ.setdefault("AUTORESEARCH_VOCAB_SIZE", "512")  # trains in about a second
-os.environ.setdefault("TORCH_DISABLE_NATIVE_JIT", "1")  # as train.py on a CPU: no Triton import, no exit noise
 
 
 @pytest.fixture(scope="session", autouse=True)
