@@ -6,6 +6,7 @@
     research rescue add|list                    ideas worth another try later
     research import-tsv FILE / export-tsv       upstream's results.tsv, in and out
     research dimension add NAME                 a new research dimension
+    research report [--out DIR]                 the morning report: report.md and progress.png
 
 The memory is ./experiments.json unless --memory PATH or $AUTORESEARCH_MEMORY names another. Bad input
 exits 2 with one line, `research: error: ...`, on stderr. No torch here: this starts in ~0.1 s.
@@ -279,10 +280,10 @@ def _add_other_commands(sub, parent):
     p.set_defaults(func=cmd_dimension_add)
 
 
-# This module's own commands. Commands from other modules (cli_profile: `profile`) are registered only when
-# they can be needed: their command is named, no command is, or an unknown one is (so --help and argparse's
-# "invalid choice" list them all). Their imports (the trace summary, tabulate: ~130 ms measured) would
-# otherwise be paid by every `research log` and `research next`.
+# This module's own commands. Commands from other modules (cli_profile: `profile`; cli_report: `report`) are
+# registered only when they can be needed: their command is named, no command is, or an unknown one is (so
+# --help and argparse's "invalid choice" list them all). Their imports (the trace summary, tabulate: ~130 ms
+# measured) would otherwise be paid by every `research log` and `research next`.
 OWN_COMMANDS = ("log", "next", "show", "rescue", "import-tsv", "export-tsv", "dimension")
 
 
@@ -298,10 +299,16 @@ def _command(argv):
 
 
 def _add_other_modules(sub, command):
-    if command not in OWN_COMMANDS:
+    if command in OWN_COMMANDS:
+        return
+    if command != "report":
         from profiling import cli_profile
 
         cli_profile.add_subparser(sub)
+    if command != "profile":
+        from profiling import cli_report  # light: matplotlib is imported only when `report` runs
+
+        cli_report.add_subparser(sub)
 
 
 def build_parser(argv=None):
