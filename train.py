@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import prepare
@@ -97,10 +98,13 @@ def window_mask(window):
 
 
 def build_attention_masks(windows, seq_len, device):
-    """One mask per window size: a FlexAttention block mask on CUDA, a dense boolean mask elsewhere."""
+    """One mask per window size: None for a window that covers the sequence (plain causal), else a
+    FlexAttention block mask on CUDA and a dense boolean mask elsewhere."""
     masks = {}
     for w in set(windows):
-        if device.type == "cuda":
+        if w >= seq_len:
+            masks[w] = None
+        elif device.type == "cuda":
             masks[w] = create_block_mask(window_mask(w), None, None, seq_len, seq_len, device=device)
         else:
             i = torch.arange(seq_len, device=device)
@@ -108,9 +112,18 @@ def build_attention_masks(windows, seq_len, device):
     return masks
 
 
+# Plain causal attention: cuDNN's fused kernel first (fwd+bwd 4.8 ms vs FlexAttention's 6.5 ms at the
+# default shape on an H200, 2026-11-21, benchmarks/attention_variants.py), then the others as fallbacks.
+CAUSAL_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                   SDPBackend.MATH]
+
+
 def attend(q, k, v, mask):
-    """Causal sliding-window attention on [B, H, T, D] tensors."""
+    """Causal sliding-window attention on [B, H, T, D] tensors (mask None: plain causal)."""
     gqa = q.size(1) != k.size(1)
+    if mask is None:
+        with sdpa_kernel(CAUSAL_BACKENDS, set_priority=True):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)

@@ -29,7 +29,13 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a torch._inductor.config option for this run (experiments)")
     args = p.parse_args()
+    for item in args.inductor:
+        import torch._inductor.config as inductor_config
+        key, value = item.split("=", 1)
+        setattr(inductor_config, key, {"True": True, "False": False}.get(value, value))
     device = torch.device(train.DEVICE_TYPE)
     if train.DEVICE_TYPE == "cuda":
         torch.set_float32_matmul_precision("high")

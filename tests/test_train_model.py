@@ -27,7 +27,9 @@ def test_sliding_window_attention_equals_dense_reference(window):
     T = 64
     q, k, v = torch.randn(3, 2, 3, T, 16).unbind(0)
     ref = dense_reference(q, k, v, window)
-    dense = train.attend(q, k, v, train.build_attention_masks([window], T, torch.device("cpu"))[window])
+    mask = train.build_attention_masks([window], T, torch.device("cpu"))[window]
+    assert (mask is None) == (window >= T)  # a window covering the sequence is plain causal attention
+    dense = train.attend(q, k, v, mask)
     assert torch.allclose(dense.double(), ref, atol=1e-5)
     # the FlexAttention path (used on CUDA) with the same mask_mod gives the same values
     block_mask = create_block_mask(train.window_mask(window), None, None, T, T, device="cpu", BLOCK_SIZE=16)
