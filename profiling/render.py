@@ -2,7 +2,8 @@
 
 The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
 header line (device, torch, steps profiled, tokens/step), then 1. the step budget (parts that add up to
-the step; MFU; peak memory), 2. the top kernels, 3. the checks, 4. what changed since the previous profile.
+the step; MFU; peak memory) and where the step goes in the model (regions, forward and backward; see
+profiling/regions.py), 2. the top kernels, 3. the checks, 4. what changed since the previous profile.
 Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
 """
 import json
@@ -18,6 +19,13 @@ PART_LABELS = {
     "optimizer": "optimizer",
     "memory": "memory (copy/set)",
     "idle": "GPU idle (waiting on the CPU)",
+    "outside ops": "outside operators (Python, data, waiting)",
+    "overlap": "overlap (concurrent kernels, counted once)",
+}
+REGION_LABELS = {
+    "attention": "attention (projections, attention kernels)",
+    "data movement": "data movement (copies, sets)",
+    "GPU idle": "GPU idle (waiting on the CPU)",
     "outside ops": "outside operators (Python, data, waiting)",
     "overlap": "overlap (concurrent kernels, counted once)",
 }
@@ -39,7 +47,7 @@ def to_markdown(summary, previous=None, top=10):
     if lines:
         lines.append("")
     lines += [f"# Profile: {_ms(summary['step_ms'])} ms/step" + (" (CPU)" if cpu else ""), _header(summary), ""]
-    lines += _budget(summary) + [""] + _kernels(summary, top) + [""] + _checks(summary)
+    lines += _budget(summary) + _regions(summary) + [""] + _kernels(summary, top) + [""] + _checks(summary)
     if previous is not None:
         lines += [""] + _changes(diff(previous, summary))
     return "\n".join(lines)
@@ -78,6 +86,47 @@ def _budget(s):
     return ["## 1. Step budget", _table(["part", "ms/step", "% of step"], rows), "", " · ".join(extras)]
 
 
+def _regions(s):
+    """The region table (section 1, second part): where the step goes in the model, forward and backward."""
+    table = s.get("regions")
+    if not table:
+        return []
+    step, body, fwd, bwd = s["step_ms"], [], 0.0, 0.0
+    for row in table["rows"]:
+        if row["region"] == "overlap" and abs(row["ms_per_step"]) < 1e-3 * step:
+            continue  # as in the budget: timestamp noise
+        split = row["forward_ms"] is not None
+        fwd, bwd = fwd + (row["forward_ms"] or 0.0), bwd + (row["backward_ms"] or 0.0)
+        body.append([_cell(REGION_LABELS.get(row["region"], row["region"])),
+                     _ms(row["forward_ms"]) if split else "", _ms(row["backward_ms"]) if split else "",
+                     _ms(row["ms_per_step"]), _pct(row["ms_per_step"], step)])
+    body.append(["**step**", f"**{_ms(fwd)}**", f"**{_ms(bwd)}**", f"**{_ms(step)}**", "**100.0**"])
+    what = "device time" if s.get("kind") != "cpu" else "operator time"
+    basis = f"{table['parameters']} parameter shapes" if table["parameters"] else "no parameter shapes"
+    placed = f"{_share(table['attributed_percent'])}% of {what} placed in a named region ({basis}; rules: " \
+             "profiling/regions.py)"
+    return ["", "### Where the step goes in the model",
+            _table(["region", "forward ms", "backward ms", "ms/step", "% of step"], body), "", placed] \
+        + _region_notes(table, step)
+
+
+def _region_notes(table, step):
+    """One line per note, shape split (over 0.1% of the step), the unplaced parameters, and each reason for
+    unattributed time."""
+    lines = [f"note: {n}" for n in table.get("notes", [])]
+    lines += [f"shared shape {_shape(x['shape'])}: {_ms(x['ms_per_step'])} ms/step split by parameter count, "
+              + ", ".join(f"{r} {c}" for r, c in x["parameters"].items())
+              for x in table.get("shared_shapes", [])[:3] if x["ms_per_step"] >= 1e-3 * step]
+    if table.get("unplaced_parameters"):
+        lines.append(f"parameters of no known region ({table['unplaced_parameters_total']}): "
+                     + _names(table["unplaced_parameters"]))
+    by_reason = {}
+    for u in table.get("unattributed", []):
+        by_reason.setdefault(u["reason"], []).append(f"`{_code(u['name'])}` {_ms(u['ms_per_step'])} ms")
+    lines += [f"unattributed ({_cell(reason)}): " + ", ".join(names) for reason, names in by_reason.items()]
+    return lines
+
+
 def _kernels(s, top):
     what = "CPU ops (self time)" if s.get("kind") == "cpu" else "kernels"
     shown = s["kernels"][:top]
@@ -102,6 +151,8 @@ def _changes(d):
     lines += [f"note: {n}" for n in d.get("notes", [])]
     rows = [[_cell(f"category: {c['name']}"), _ms(c["previous"]), _ms(c["current"]), f"{c['change_ms']:+.2f}"]
             for c in d["categories"][:5] if round(c["change_ms"], 2) != 0]
+    rows += [[_cell(f"region: {r['name']}"), _ms(r["previous"]), _ms(r["current"]), f"{r['change_ms']:+.2f}"]
+             for r in d.get("regions", [])[:5] if round(r["change_ms"], 2) != 0]
     rows += [[f"kernel: `{_code(k['name'])}`", _ms(k["previous"]), _ms(k["current"]), f"{k['change_ms']:+.2f}"]
              for k in d["kernels"] if round(k["change_ms"], 2) != 0]
     if rows:
@@ -131,6 +182,16 @@ def _pct(ms, step):
 
 def _signed_pct(p):
     return "" if p is None else f", {p:+.1f}%"
+
+
+def _share(pct):
+    """A percentage with one decimal that never rounds a shortfall up to 100.0."""
+    text = f"{pct:.1f}"
+    return ">99.9" if text == "100.0" and pct < 100 else text
+
+
+def _shape(shape):
+    return "[" + ", ".join(map(str, shape)) + "]"
 
 
 def _num(x, fmt):

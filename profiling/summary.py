@@ -37,7 +37,10 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       (CPU profile: operators by self time)
     not_counted                                       device events left out, by reason
     checks                                            [{name, ok, detail}]
-    regions                                           None; the model-region table of issue #8 goes here
+    regions                                           where the step goes in the model (profiling/regions.py):
+                                                      rows [{region, forward_ms, backward_ms, ms_per_step,
+                                                      pct_of_step}] that sum to step_ms, attributed_percent,
+                                                      unattributed, shared_shapes, unplaced_parameters
 
 The capture adds its measurements to the trace as a top-level key (`prof.add_metadata_json(META_KEY,
 json.dumps(meta))`); every field is optional and None means unknown:
@@ -53,12 +56,15 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "mfu_percent": 36.1,             # from the unprofiled step time
         "flops_per_step": 3.2e14,        # model FLOPs per step (used for MFU when mfu_percent is absent)
         "peak_flops": 9.895e14,          # device peak FLOP/s (bf16 dense), None when unknown
-        "warmup_steps": 2, "active_steps": 5
+        "warmup_steps": 2, "active_steps": 5,
+        "parameters": {"blocks.0.mlp.c_fc.weight": [2048, 512], ...}  # name -> shape: the region table
     }
 """
+from profiling import regions
 from profiling.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.errors import UserError
 from profiling.traceio import (
+    attribute,
     check_content,
     check_events,
     check_trace,
@@ -69,6 +75,7 @@ from profiling.traceio import (
     num,
     read_json,
     self_times,
+    step_windows,
     union_length,
 )
 
@@ -79,7 +86,6 @@ META_KEY = "autoresearch"
 STEP_TOLERANCE = 0.03   # profiled vs unprofiled step time
 OTHER_LIMIT = 0.01      # at most this share of device time may stay uncategorised
 LAUNCH_WORDS = ("launch", "memcpy", "memset")  # runtime calls that must produce a device event
-LAUNCH_SLACK_US = 1.0   # CPU and GPU clocks agree to better than this
 
 
 def load_summary(path):
@@ -95,81 +101,19 @@ def load_summary(path):
 # Device (GPU) profile
 # ---------------------------------------------------------------------------------------------------------
 
-def _bogus(e, launch, span):
-    """Why a device event's timestamps cannot be true (pytorch/pytorch#192021), or None."""
-    ts, dur = e.get("ts"), e.get("dur")
-    if not (num(ts) and num(dur)):
-        return "no timestamp"
-    if ts <= 0:
-        return "zero timestamp"
-    if dur <= 0:
-        return "end before start" if dur < 0 else "zero duration"
-    if launch is not None and ts < launch["ts"] - LAUNCH_SLACK_US:
-        return "starts before its launch"
-    if span is not None and not span[0] <= ts <= span[1]:
-        return "starts outside the trace span"
-    if span is not None and dur > span[1] - span[0]:
-        return "longer than the whole trace"
-    return None
-
-
-def _attribute(ix):
-    """Device events per step, by launch; plus what was not counted and why."""
-    starts = [s[0] for s in ix.steps]
-    first_launch = min((c for c in ix.launches if num(c)), default=None)
-    per_step = [[] for _ in ix.steps]
-    out = {"bogus": [], "unlaunched": [], "before": 0, "outside": 0, "seen": set()}
-    for e in ix.device:
-        c = corr(e)
-        launch = ix.launches.get(c)
-        reason = _bogus(e, launch, ix.span)
-        out["seen"].add(c)
-        if reason:
-            out["bogus"].append((e, reason))
-        elif launch is None:
-            early = first_launch is not None and num(c) and c < first_launch
-            if early:
-                out["before"] += 1
-            else:
-                out["unlaunched"].append(e)
-        else:
-            k = find(ix.steps, starts, launch["ts"])
-            if k is None:
-                out["outside"] += 1
-            else:
-                per_step[k].append((e, launch))
-    return per_step, out
-
-
-def _windows(ix, per_step):
-    """(start, end) of each step on the device timeline; see the module docstring."""
-    firsts = [min(e["ts"] for e, _ in evs) if evs else None for evs in per_step]
-    windows = []
-    for k, evs in enumerate(per_step):
-        cpu_len = ix.steps[k][1] - ix.steps[k][0]
-        if not evs:
-            windows.append((0.0, cpu_len))
-            continue
-        last_end = max(e["ts"] + e["dur"] for e, _ in evs)
-        following = firsts[k + 1] if k + 1 < len(per_step) else None
-        # the last step ends with its last device event: its CPU window also holds the final synchronize,
-        # which waits for queued work and would inflate the step (a 330 ms step read as 569 ms on an H200)
-        end = max(following, last_end) if following is not None else last_end
-        windows.append((firsts[k], end))
-    return windows
-
-
 def _device_tables(ix, per_step, windows):
-    """Per-step means: categories (with idle and overlap), busy; and per-kernel totals."""
+    """Per-step means: categories (with idle and overlap), busy; per-kernel totals; each event's category."""
     n, opt_starts = len(per_step), [w[0] for w in ix.optimizer]
     cats = dict.fromkeys(CATEGORIES, 0.0)
-    rows, busy, counts = {}, 0.0, []
+    rows, busy, counts, labels = {}, 0.0, [], []
     for evs in per_step:
         counts.append(len(evs))
+        labels.append([])
         busy += union_length([(e["ts"], e["ts"] + e["dur"]) for e, _ in evs])
         for e, launch in evs:
             in_opt = find(ix.optimizer, opt_starts, launch["ts"]) is not None
             cat = classify_kernel(str(e.get("name", "")), str(e.get("cat", "")).lower(), in_opt)
+            labels[-1].append(cat)
             cats[cat] += e["dur"]
             row = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0])
             row[0] += e["dur"]
@@ -179,7 +123,7 @@ def _device_tables(ix, per_step, windows):
     cats = {k: v / n / 1e3 for k, v in cats.items()}
     cats["idle"] = (step_us - busy) / n / 1e3
     cats["overlap"] = (busy - device_us) / n / 1e3
-    return cats, rows, counts
+    return cats, rows, counts, labels
 
 
 def _kernel_rows(rows, n, step_ms, readable=True):
@@ -204,10 +148,10 @@ def _summarize_device(ix, meta):
     if not ix.launches:
         raise UserError("trace has device events but no CUDA runtime/driver launch events; record with "
                         "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
-    per_step, out = _attribute(ix)
-    windows = _windows(ix, per_step)
+    per_step, out = attribute(ix)
+    windows = step_windows(per_step, ix.steps)
     n = len(per_step)
-    cats, rows, counts = _device_tables(ix, per_step, windows)
+    cats, rows, counts, labels = _device_tables(ix, per_step, windows)
     each = [(end - start) / 1e3 for start, end in windows]
     step_ms = sum(each) / n
     kernels = _kernel_rows(rows, n, step_ms)
@@ -218,7 +162,7 @@ def _summarize_device(ix, meta):
              kernels=kernels, kernels_total=len(kernels),
              not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
                           "bogus_timestamps": len(out["bogus"])},
-             regions=None)
+             regions=regions.device_table(ix, per_step, labels, meta, {"step_ms": step_ms, "categories": cats}))
     s["checks"] = [
         _check_counts(counts, "device events"),
         _check_step_time(step_ms, meta),
@@ -238,13 +182,14 @@ def _summarize_cpu(ix, meta):
     starts, opt_starts = [s[0] for s in ix.steps], [w[0] for w in ix.optimizer]
     n = len(ix.steps)
     cats, rows, counts = dict.fromkeys(CATEGORIES, 0.0), {}, [0] * n
-    tops = [[] for _ in range(n)]
+    tops, placed = [[] for _ in range(n)], []
     for e, self_us, top in self_times(ix.cpu_ops):
         k = find(ix.steps, starts, e["ts"])
         if k is None:
             continue
         cat = classify_cpu_op(str(e.get("name", "")), find(ix.optimizer, opt_starts, e["ts"]) is not None)
         cats[cat] += self_us
+        placed.append((e, self_us, cat))
         row = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0])
         row[0] += self_us
         row[1] += 1
@@ -262,7 +207,7 @@ def _summarize_cpu(ix, meta):
              idle_percent=_r(100 * cats["outside ops"] / step_ms if step_ms else 0.0),
              device_ms=None, categories={k: _r(v) for k, v in cats.items()}, other_kernels=[],
              kernels=_kernel_rows(rows, n, step_ms, readable=False), kernels_total=len(rows),
-             not_counted={}, regions=None)
+             not_counted={}, regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}))
     s["checks"] = [_check_counts(counts, "CPU ops"), _check_step_time(step_ms, meta)]
     return s
 
@@ -381,7 +326,7 @@ def _change(before, now):
 
 
 def diff(previous, current, top=5):
-    """What changed between two summaries: step time, and the categories and kernels that moved most.
+    """What changed between two summaries: step time, and the categories, regions and kernels that moved most.
 
     Kernels are matched by raw name and category, never by their display name. Plain data.
     """
@@ -402,6 +347,9 @@ def diff(previous, current, top=5):
         kernels.append(dict(name=row["name"], raw_name=key[0], category=key[1],
                             **_change((before.get(key) or {}).get("ms_per_step"),
                                       (now.get(key) or {}).get("ms_per_step"))))
+    before, now = regions.by_region(previous), regions.by_region(current)
+    moved = [dict(name=r, **_change(before.get(r), now.get(r))) for r in now if before]
+
     def by_size(row):
         return -abs(row["change_ms"])
 
@@ -410,5 +358,6 @@ def diff(previous, current, top=5):
         "step_ms": _change(previous.get("step_ms"), current.get("step_ms")),
         "categories": sorted(cats, key=by_size),
         "kernels": sorted(kernels, key=by_size)[:top],
+        "regions": sorted(moved, key=by_size),
         "notes": notes,
     }

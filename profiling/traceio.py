@@ -1,4 +1,5 @@
-"""Reading torch.profiler Chrome traces: load and check a file, then index its events in one pass. Stdlib only.
+"""Reading torch.profiler Chrome traces: load and check a file, index its events in one pass, and give each
+device event to the step that launched it. Stdlib only.
 
 Bad input raises UserError with a one-line message (the CLI prints it and exits 2).
 """
@@ -11,6 +12,9 @@ from profiling.errors import UserError
 STEP_PREFIX = "ProfilerStep#"
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+AUTOGRAD_OP = "autograd::engine::evaluate_function"  # the autograd engine runs a backward node
+MAX_CHAIN = 8           # operators around a launch looked at
+LAUNCH_SLACK_US = 1.0   # CPU and GPU clocks agree to better than this
 KNOWN_CATS = DEVICE_CATS | LAUNCH_CATS | {"cpu_op", "user_annotation", "gpu_user_annotation", "trace"}
 
 
@@ -184,3 +188,130 @@ def self_times(ops):
 def _closed(entry, top_level):
     e, children = entry
     return e, max(0.0, e["dur"] - children), top_level
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Device events -> the steps that launched them
+# ---------------------------------------------------------------------------------------------------------
+
+def bogus(e, launch, span):
+    """Why a device event's timestamps cannot be true (pytorch/pytorch#192021), or None."""
+    ts, dur = e.get("ts"), e.get("dur")
+    if not (num(ts) and num(dur)):
+        return "no timestamp"
+    if ts <= 0:
+        return "zero timestamp"
+    if dur <= 0:
+        return "end before start" if dur < 0 else "zero duration"
+    if launch is not None and ts < launch["ts"] - LAUNCH_SLACK_US:
+        return "starts before its launch"
+    if span is not None and not span[0] <= ts <= span[1]:
+        return "starts outside the trace span"
+    if span is not None and dur > span[1] - span[0]:
+        return "longer than the whole trace"
+    return None
+
+
+def attribute(ix):
+    """Device events per step, by launch; plus what was not counted and why."""
+    starts = [s[0] for s in ix.steps]
+    first_launch = min((c for c in ix.launches if num(c)), default=None)
+    per_step = [[] for _ in ix.steps]
+    out = {"bogus": [], "unlaunched": [], "before": 0, "outside": 0, "seen": set()}
+    for e in ix.device:
+        c = corr(e)
+        launch = ix.launches.get(c)
+        reason = bogus(e, launch, ix.span)
+        out["seen"].add(c)
+        if reason:
+            out["bogus"].append((e, reason))
+        elif launch is None:
+            early = first_launch is not None and num(c) and c < first_launch
+            if early:
+                out["before"] += 1
+            else:
+                out["unlaunched"].append(e)
+        else:
+            k = find(ix.steps, starts, launch["ts"])
+            if k is None:
+                out["outside"] += 1
+            else:
+                per_step[k].append((e, launch))
+    return per_step, out
+
+
+def step_windows(per_step, steps):
+    """(start, end) of each step on the device timeline: from its first device event to the next step's first
+    (the last step: to its last device event), so steps tile the timeline. `steps`: the CPU step windows."""
+    firsts = [min(e["ts"] for e, _ in evs) if evs else None for evs in per_step]
+    windows = []
+    for k, evs in enumerate(per_step):
+        cpu_len = steps[k][1] - steps[k][0]
+        if not evs:
+            windows.append((0.0, cpu_len))
+            continue
+        last_end = max(e["ts"] + e["dur"] for e, _ in evs)
+        following = firsts[k + 1] if k + 1 < len(per_step) else None
+        # the last step ends with its last device event: its CPU window also holds the final synchronize,
+        # which waits for queued work and would inflate the step (a 330 ms step read as 569 ms on an H200)
+        end = max(following, last_end) if following is not None else last_end
+        windows.append((firsts[k], end))
+    return windows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Operators around a launch; forward or backward (profiling/regions.py)
+# ---------------------------------------------------------------------------------------------------------
+
+def by_thread(ops):
+    """Operators (with timestamps, as `index` keeps them) per (pid, tid), sorted by start, outer first."""
+    threads = {}
+    for e in ops:
+        threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for evs in threads.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+    return threads
+
+
+def parents(threads):
+    """id(operator) -> the operator directly around it on its thread."""
+    parent = {}
+    for evs in threads.values():
+        stack = []
+        for e in evs:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack:
+                parent[id(e)] = stack[-1]
+            stack.append(e)
+    return parent
+
+
+def outer_names(op, parent, memo):
+    """The names of the operators around `op`, innermost first (at most MAX_CHAIN); memo: a dict to reuse."""
+    around = parent.get(id(op))
+    if around is None:
+        return ()
+    key = id(around)
+    if key not in memo:
+        memo[key] = ((str(around.get("name", "")),) + outer_names(around, parent, memo))[:MAX_CHAIN]
+    return memo[key]
+
+
+def backward_windows(threads):
+    """(pid, tid) -> (starts, merged windows) of the autograd engine's work on that thread."""
+    windows = {}
+    for key, evs in threads.items():
+        spans = merge([(e["ts"], e["ts"] + e["dur"]) for e in evs if str(e.get("name", "")).startswith(AUTOGRAD_OP)])
+        if spans:
+            windows[key] = ([s for s, _ in spans], spans)
+    return windows
+
+
+def is_backward(e, windows):
+    """True when event e (a launch or an operator) lies inside the autograd engine's work on its thread."""
+    found = windows.get((e.get("pid"), e.get("tid")))
+    if not found:
+        return False
+    i = bisect.bisect_right(found[0], e["ts"]) - 1
+    return i >= 0 and e["ts"] <= found[1][i][1]

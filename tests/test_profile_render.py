@@ -55,9 +55,10 @@ def test_report_layout(h100):
     assert lines[1] == "NVIDIA H100 80GB HBM3 · torch 2.11.0 · 5 steps profiled · 131,072 tokens/step · commit abc1234"
     heads = [line for line in lines if line.startswith("## ")]
     assert heads == ["## 1. Step budget", "## 2. Top 10 kernels per step (of 45)", "## 3. Checks"]
+    assert "### Where the step goes in the model" in lines
     assert "CHECK FAILED" not in md
     assert re.search(r"^MFU \d+\.\d% · peak memory 45,060 MB · \d\.\d+M tokens/s$", md, re.MULTILINE)
-    assert len(tables(md)) == 3
+    assert len(tables(md)) == 4  # budget, regions, kernels, checks
 
 
 def test_budget_parts_add_up_to_the_step(h100):
@@ -71,7 +72,7 @@ def test_budget_parts_add_up_to_the_step(h100):
 
 
 def test_kernel_table(h100):
-    kernels = tables(to_markdown(h100, top=5))[1]
+    kernels = tables(to_markdown(h100, top=5))[2]
     assert kernels[0] == ["#", "kernel", "category", "ms/step", "% of step", "calls/step"]
     assert len(kernels) == 6
     assert kernels[1] == ["1", "`nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT`", "GEMM", "11.41", "12.9", "49"]
@@ -84,7 +85,7 @@ def test_failed_check_is_at_the_very_top(h100):
     md = to_markdown(s)
     assert md.splitlines()[0] == ("CHECK FAILED: profiled vs unprofiled step time: 95.00 ms profiled vs "
                                   "88.50 ms unprofiled (+7.3%, limit ±3%)")
-    assert ["profiled vs unprofiled step time", "FAILED"] == tables(md)[2][2][:2]
+    assert ["profiled vs unprofiled step time", "FAILED"] == tables(md)[3][2][:2]
 
 
 def test_other_kernels_shown_by_name_and_pipes_escaped(h100):
@@ -94,7 +95,7 @@ def test_other_kernels_shown_by_name_and_pipes_escaped(h100):
     s["other_kernels"] = ["weird|kernel", "my_kernel"]
     s["kernels"][0]["name"] = "a|b`c"
     md = to_markdown(s)
-    budget, kernels = tables(md)[:2]
+    budget, _, kernels = tables(md)[:3]
     assert ["other: `weird\\|kernel`, `my_kernel`", "1.00", "1.1"] in budget
     assert kernels[1][1] == "`a\\|b'c`"
 
@@ -103,7 +104,7 @@ def test_cpu_report_says_so_at_the_top(cpu):
     md = to_markdown(cpu, top=5)
     assert md.splitlines()[0].startswith("CPU profile: this trace has no GPU timeline")
     assert "# Profile: " in md and "(CPU)" in md and "CPU · torch unknown · 3 steps profiled" in md
-    budget, ops, _ = tables(md)
+    budget, _, ops, _ = tables(md)
     assert any(row[0].startswith("outside operators") for row in budget)
     assert ops[0][1] == "op" and len(ops) == 6
     assert "GPU idle" not in md
@@ -118,7 +119,7 @@ def test_changes_since_previous(h100):
     md = to_markdown(h100, previous=previous)
     assert "## 4. Changes since the previous profile (0000000 -> abc1234)" in md
     assert "step: 90.46 -> 88.46 ms/step (-2.00 ms, -2.2%)" in md
-    changes = tables(md)[3]
+    changes = tables(md)[4]
     assert changes[0] == ["what", "before ms/step", "now ms/step", "change ms/step"]
     assert changes[1] == ["category: GEMM", "35.44", "33.44", "-2.00"]
     assert changes[2][0].startswith("kernel: `triton_tem_fused_flex_attention_backward_12`")
