@@ -11,10 +11,10 @@ a small preset runs instead (prepare.py's "cpu" preset and the CPU model size be
 import argparse
 import gc
 import math
-import os
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -529,10 +529,8 @@ def main(argv=None):
     args = parse_args(argv)
     t_start = time.time()
     torch.manual_seed(42)
-    device = torch.device(DEVICE_TYPE)
     if DEVICE_TYPE == "cuda":
         torch.set_float32_matmul_precision("high")
-    autocast = torch.autocast(device_type=DEVICE_TYPE, dtype=torch.bfloat16)
     device_name = torch.cuda.get_device_name() if DEVICE_TYPE == "cuda" else "cpu"
     peak_flops = hardware.peak_flops(device_name) if DEVICE_TYPE == "cuda" else None
     run = dict(device=device_name, torch=torch.__version__, commit=git_commit(), dataset="unknown",
@@ -540,18 +538,37 @@ def main(argv=None):
     summary = dict.fromkeys(runfile.SUMMARY_FIELDS)
     summary["depth"] = DEPTH
 
-    def finish(status, error=None, code=0, extra=()):
+    def write(status, error=None):
+        summary["total_seconds"] = round(time.time() - t_start, 1)
+        if DEVICE_TYPE == "cuda":
+            summary["peak_vram_mb"] = round(torch.cuda.max_memory_allocated() / 1024**2, 1)
         record = runfile.make_run(status, summary, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), error=error, **run)
         runfile.write_run(args.run_file, record)
+
+    def finish(status, error=None, code=0, extra=()):
+        write(status, error)
         print(runfile.format_summary(summary, status, extra))
         return code
 
+    if not args.profile:  # until the run ends, run.json says it did not: a killed run is logged as a crash
+        write("crash", "did not finish: killed, timed out, or crashed before writing its summary")
     try:
         grad_accum_steps = check_batch_sizes()
         run["dataset"] = prepare.ensure_data()
     except (ValueError, prepare.PrepareError) as e:
         print(f"error: {e}", file=sys.stderr)
         return finish("crash", error=str(e), code=2)
+    try:
+        return run_training(args, run, summary, finish, grad_accum_steps, peak_flops)
+    except Exception as e:  # a bug in an edit: the traceback for the agent, run.json for the memory
+        traceback.print_exc()
+        return finish("crash", error=f"{type(e).__name__}: {e}"[:500], code=1)
+
+
+def run_training(args, run, summary, finish, grad_accum_steps, peak_flops):
+    """Set up the model and data, train, evaluate; returns the exit code through `finish`."""
+    device, device_name = torch.device(DEVICE_TYPE), run["device"]
+    autocast = torch.autocast(device_type=DEVICE_TYPE, dtype=torch.bfloat16)
 
     print(f"Device: {device_name} | torch {torch.__version__} | dataset: {run['dataset']}")
     print("Settings: " + ", ".join(f"{k}={v}" for k, v in run["settings"].items()))
@@ -582,9 +599,9 @@ def main(argv=None):
                     peak_flops=peak_flops, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if DEVICE_TYPE == "cuda" else None,
                     parameters={name: list(p.shape) for name, p in model.named_parameters()})
-        report, run["profile"] = capture.profile_training(lambda: train_step(next(steps), 0.0),
-                                                          args.warmup_steps, args.active_steps, meta)
-        print("\n" + report + f"\n(profile files: {run['profile']})")
+        report, run["profile"], seconds = capture.profile_training(
+            lambda: train_step(next(steps), 0.0), args.warmup_steps, args.active_steps, meta)
+        print(f"\n{report}\n(profile files: {run['profile']}; export, summary and report took {seconds:.1f} s)")
         return args.warmup_steps + args.active_steps
 
     try:
@@ -608,10 +625,6 @@ def main(argv=None):
         msg = f"CUDA out of memory at DEVICE_BATCH_SIZE={DEVICE_BATCH_SIZE}: lower DEVICE_BATCH_SIZE"
         print(f"FAIL: {msg}", file=sys.stderr)
         return finish("crash", error=msg, code=1)
-
-    summary["total_seconds"] = round(time.time() - t_start, 1)
-    if DEVICE_TYPE == "cuda":
-        summary["peak_vram_mb"] = round(torch.cuda.max_memory_allocated() / 1024**2, 1)
     return finish("ok")
 
 

@@ -7,7 +7,8 @@ Files, under ./profiles (git-ignored; AUTORESEARCH_PROFILE_DIR names another), o
     profiles/<time>-<commit>/report.md        the Markdown report printed to stdout
     profiles/<time>-<commit>/summary.json     the same numbers as JSON
     profiles/<time>-<commit>/trace.json.gz    the Chrome trace (open it in https://ui.perfetto.dev)
-    profiles/latest                           the name of the newest folder (the next report diffs against it)
+    profiles/latest                           a link to the newest folder (the next report diffs against it):
+                                              `cat profiles/latest/report.md`
 """
 import gzip
 import json
@@ -31,7 +32,8 @@ def profile_dir():
 
 
 def capture(step_fn, warmup, active, metadata):
-    """Run `warmup + active` calls of step_fn under the profiler; return the exported trace as a dict.
+    """Run `warmup + active` calls of step_fn under the profiler; return (the exported trace as a dict,
+    the perf_counter time when the last step was done).
 
     The device is synchronized at the window's edges only: nothing launched before it runs inside it, and
     everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
@@ -54,11 +56,13 @@ def capture(step_fn, warmup, active, metadata):
                 step_fn()
                 if i == warmup + active - 1:
                     sync()  # the last step's kernels finish before the profiler stops recording
-                prof.step()
+                if i == warmup + active - 1:
+                    t_end = time.perf_counter()
+                prof.step()  # after the last active step: stops recording and exports the trace
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
     trace["autoresearch"] = metadata
-    return trace
+    return trace, t_end
 
 
 def write_gzip_json(path, obj):
@@ -77,26 +81,37 @@ def write_gzip_json(path, obj):
 def previous_summary(folder):
     """The newest earlier profile's summary under `folder`, or None."""
     try:
-        with open(os.path.join(folder, "latest"), encoding="utf-8") as f:
-            name = f.read().strip()
-        with open(os.path.join(folder, name, "summary.json"), encoding="utf-8") as f:
+        with open(os.path.join(folder, "latest", "summary.json"), encoding="utf-8") as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
 
 
 def profile_training(step_fn, warmup, active, metadata, top=10):
-    """Capture, summarize, render and save one profile. Returns (markdown report, folder)."""
-    trace = capture(step_fn, warmup, active, metadata)
+    """Capture, summarize, render and save one profile.
+
+    Returns (markdown report, folder, seconds spent after the last profiled step: export, summary, render
+    and writing the files)."""
+    trace, t_end = capture(step_fn, warmup, active, metadata)
     result = summary.summarize(trace)
     root = profile_dir()
     previous = previous_summary(root)
     report = render.to_markdown(result, previous=previous, top=top)
-    name = time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit")
+    stem = time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit")
+    os.makedirs(root, exist_ok=True)
+    name, n = stem, 1
+    while True:  # a new folder, even for two profiles in the same second
+        try:
+            os.mkdir(os.path.join(root, name))
+            break
+        except FileExistsError:
+            n += 1
+            name = f"{stem}-{n}"
     folder = os.path.join(root, name)
-    os.makedirs(folder, exist_ok=True)
     write_gzip_json(os.path.join(folder, "trace.json.gz"), trace)
     atomic_write_text(os.path.join(folder, "summary.json"), render.to_json(result))
     atomic_write_text(os.path.join(folder, "report.md"), report + "\n")
-    atomic_write_text(os.path.join(root, "latest"), name + "\n")
-    return report, folder
+    link = os.path.join(root, f".latest-{os.getpid()}")
+    os.symlink(name, link)  # relative, so the folder can move
+    os.replace(link, os.path.join(root, "latest"))
+    return report, folder, time.perf_counter() - t_end

@@ -208,9 +208,10 @@ def test_rehearse_program_alt(workdir):
     assert re.search(r"^status:\s+(ok|early_abort)$", grep1, re.M)
     assert rc1 == (3 if "early_abort" in grep1 else 0)
     assert re.search(r"^Early-abort gate: on: reference #1 ", (repo / "run.log").read_text(), re.M)
-    # the profile: the report read from run.log and from the --profile run
-    reports = [out for k, rc, out in outputs if k == "sed"]
-    assert len(reports) == 2 and all("## 1. Step budget" in r and "(profile files:" in r for r in reports)
+    # the profile: the run's report, then the --profile run's, each read from profiles/latest
+    reports = [out for k, rc, out in outputs if k == "cat"]
+    assert len(reports) == 2 and all("## 1. Step budget" in r and "CPU profile" in r for r in reports)
+    assert reports[0] != reports[1]
     # research next: the first choice is the first untried dimension; after one trial, the next untried one
     first_next, last_next = by_kind["next"][0][1], by_kind["next"][-1][1]
     assert "choice: optimizer" in first_next and "stagnation:" in first_next

@@ -59,11 +59,16 @@ def test_run_prints_every_summary_field_and_writes_run_json(tiny, capsys):
     assert "CPU profile" in out
 
 
-def test_loss_falls_on_the_builtin_corpus(tiny, capsys):
-    assert train.main(["--no-gate", "--no-profile"]) == 0
-    losses = [float(m) for m in re.findall(r"loss: (\d+\.\d+)", capsys.readouterr().out)]
-    assert len(losses) > 20
-    assert losses[-1] < 0.8 * losses[0]
+def test_loss_falls_on_the_builtin_corpus(prepared_cache):
+    """A few dozen steps of the CPU model on real data, counted in steps (not seconds, so load can't matter)."""
+    torch.manual_seed(0)
+    tokenizer = prepare.Tokenizer.from_directory()
+    model = train.build_model(tokenizer.get_vocab_size(), torch.device("cpu"))
+    loader = prepare.make_dataloader(tokenizer, train.DEVICE_BATCH_SIZE, prepare.MAX_SEQ_LEN, "train")
+    step_fn, _ = train.make_train_step(model, train.make_optimizer(model), loader, train.check_batch_sizes(),
+                                       torch.autocast("cpu", dtype=torch.bfloat16))
+    losses = [step_fn(step, 0.0).item() for step in range(40)]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
 
 def test_profile_only_prints_report_and_writes_three_files(tiny, capsys):
@@ -71,11 +76,16 @@ def test_profile_only_prints_report_and_writes_three_files(tiny, capsys):
     out = capsys.readouterr().out
     assert "## 1. Step budget" in out and "CPU profile" in out
     assert "val_bpb" not in out  # no training budget spent, no evaluation
-    folder = open(tiny / "profiles" / "latest").read().strip()
-    files = sorted(os.listdir(tiny / "profiles" / folder))
-    assert files == ["report.md", "summary.json", "trace.json.gz"]
-    summary = json.loads(open(tiny / "profiles" / folder / "summary.json").read())
+    latest = tiny / "profiles" / "latest"
+    assert sorted(os.listdir(latest)) == ["report.md", "summary.json", "trace.json.gz"]
+    summary = json.loads((latest / "summary.json").read_text())
     assert summary["steps"] == 2
+    assert (latest / "report.md").read_text().strip() in out  # the file is what was printed
+    # a second profile diffs against the first, and `latest` moves on
+    first = os.readlink(latest)
+    assert train.main(["--profile", "--warmup-steps", "1", "--active-steps", "2"]) == 0
+    assert "Changes since the previous profile" in capsys.readouterr().out
+    assert os.readlink(latest) != first
 
 
 def test_profile_with_zero_active_steps_is_refused(tiny, capsys):
@@ -92,6 +102,30 @@ def test_nan_loss_prints_fail_and_exits_1(tiny, capsys, monkeypatch):
     assert train.main(["--no-gate", "--no-profile"]) == 1
     assert "FAIL" in capsys.readouterr().out
     assert runfile.read_run(tiny / "run.json")["status"] == "fail"
+
+
+def test_an_exception_in_training_writes_a_crash_run_json(tiny, capsys, monkeypatch):
+    def broken_step(model, optimizer, loader, grad_accum_steps, autocast):
+        def step(step, progress):
+            raise RuntimeError("shape mismatch in an edit")
+        return step, model
+    monkeypatch.setattr(train, "make_train_step", broken_step)
+    assert train.main(["--no-gate", "--no-profile"]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" in captured.err and "shape mismatch" in captured.err
+    run = runfile.read_run(tiny / "run.json")
+    assert run["status"] == "crash" and "RuntimeError: shape mismatch" in run["error"]
+
+
+def test_a_run_that_never_finishes_leaves_a_crash_run_json(tiny, monkeypatch):
+    """Killed or timed out: run.json already says crash, so the memory never takes an old run's numbers."""
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "make_train_step", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(["--no-gate", "--no-profile"])
+    run = runfile.read_run(tiny / "run.json")
+    assert run["status"] == "crash" and "did not finish" in run["error"]
 
 
 def test_batch_sizes_that_do_not_divide_fail_before_any_compute(tiny, capsys, monkeypatch):
@@ -127,7 +161,7 @@ def test_gate_aborts_a_run_far_worse_than_the_reference(tiny, capsys):
     assert float(fields["gate_ratio"]) > gate.THRESHOLD
     run = runfile.read_run(tiny / "run.json")
     assert run["status"] == "early_abort" and run["summary"]["val_bpb"] is None
-    assert run["summary"]["training_seconds"] < BUDGET
+    assert run["summary"]["training_seconds"] < BUDGET and run["summary"]["total_seconds"] > 0
     decision = run["gate"]["decisions"][-1]
     assert decision["abort"] and decision["fraction"] == gate.CHECKPOINTS[0]
     assert cli.main(["--memory", str(memory_path), "log", "--dimension", "optimizer", "--change", "bad"]) == 0

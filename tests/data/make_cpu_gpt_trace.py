@@ -32,9 +32,7 @@ def main():
     finally:
         os.chdir(cwd)
     profiles = os.environ["AUTORESEARCH_PROFILE_DIR"]
-    with open(os.path.join(profiles, "latest")) as f:
-        folder = f.read().strip()
-    with gzip.open(os.path.join(profiles, folder, "trace.json.gz"), "rb") as src, \
+    with gzip.open(os.path.join(profiles, "latest", "trace.json.gz"), "rb") as src, \
             gzip.GzipFile(OUT, "wb", compresslevel=9, mtime=0) as dst:  # the capture writes level 1
         shutil.copyfileobj(src, dst)
     shutil.rmtree(tmp)
