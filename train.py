@@ -336,18 +336,15 @@ class MuonAdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         for p in group["params"]:
             state = self.state[p]
-            if not state:
+            if not state:  # moments in the parameter's dtype (bf16 for the embeddings), as upstream
                 state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
             state["step"] += 1
-            master = p.float() if p.dtype != torch.float32 else p
-            adamw_update(master, p.grad.float(), state["exp_avg"], state["exp_avg_sq"],
+            adamw_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
                          self._t((i, "step"), state["step"]), self._t((i, "lr"), group["lr"]),
                          self._t((i, "b1"), beta1), self._t((i, "b2"), beta2),
                          self._t((i, "eps"), group["eps"]), self._t((i, "wd"), group["weight_decay"]))
-            if master is not p:
-                p.copy_(master)
 
     def _muon(self, i, group):
         params = group["params"]
