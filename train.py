@@ -502,8 +502,13 @@ def positive_int(text):
     return value
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, instead of the usage text and the error
+        self.exit(2, f"train.py: error: {message} (see --help)\n")
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Train the GPT for TIME_BUDGET seconds and report val_bpb. "
+    p = ArgumentParser(description="Train the GPT for TIME_BUDGET seconds and report val_bpb. "
                                 "Every run also profiles a few steps after compilation (outside the budget).")
     p.add_argument("--profile", action="store_true",
                    help="only profile: warm up, profile, print the report, exit (no TIME_BUDGET spent)")

@@ -92,7 +92,8 @@ def test_profile_with_zero_active_steps_is_refused(tiny, capsys):
     with pytest.raises(SystemExit) as e:
         train.main(["--profile", "--active-steps", "0"])
     assert e.value.code == 2
-    assert "--active-steps" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--active-steps" in err and "must be 1 or more" in err
 
 
 def test_nan_loss_prints_fail_and_exits_1(tiny, capsys, monkeypatch):
