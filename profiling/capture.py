@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling import render, summary
 from profiling.errors import UserError
-from profiling.runfile import atomic_write_text
+from profiling.files import atomic_write
 
 
 
@@ -65,19 +65,6 @@ def capture(step_fn, warmup, active, metadata):
     return trace, t_end
 
 
-def write_gzip_json(path, obj):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json.gz")
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as f:
-            f.write(json.dumps(obj).encode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def previous_summary(folder):
     """The newest earlier profile's summary under `folder`, or None."""
     try:
@@ -108,9 +95,10 @@ def profile_training(step_fn, warmup, active, metadata, top=10):
             n += 1
             name = f"{stem}-{n}"
     folder = os.path.join(root, name)
-    write_gzip_json(os.path.join(folder, "trace.json.gz"), trace)
-    atomic_write_text(os.path.join(folder, "summary.json"), render.to_json(result))
-    atomic_write_text(os.path.join(folder, "report.md"), report + "\n")
+    trace_gz = gzip.compress(json.dumps(trace).encode(), compresslevel=1, mtime=0)
+    atomic_write(os.path.join(folder, "trace.json.gz"), trace_gz)
+    atomic_write(os.path.join(folder, "summary.json"), render.to_json(result))
+    atomic_write(os.path.join(folder, "report.md"), report + "\n")
     link = os.path.join(root, f".latest-{os.getpid()}")
     os.symlink(name, link)  # relative, so the folder can move
     os.replace(link, os.path.join(root, "latest"))

@@ -18,7 +18,8 @@ import re
 CATEGORIES = ("GEMM", "attention", "other compute", "optimizer", "memory", "other")
 
 _OPTIMIZER = re.compile(r"adam|muon|optimizer|(?<![a-z])(lamb|lion|sgd)(?![a-z])", re.IGNORECASE)
-_ATTENTION = re.compile(r"attention|attn|flash|fmha|sdpa|_mha|mha_", re.IGNORECASE)
+# dot_do_o and convert_dq: the helper kernels of cuDNN's SDPA backward (compute_dot_do_o_specialized, ...)
+_ATTENTION = re.compile(r"attention|attn|flash|fmha|sdpa|_mha|mha_|dot_do_o|convert_dq", re.IGNORECASE)
 _GEMM = re.compile(r"gemm|gemv|nvjet|cutlass|cublas|xmma|wgmma|hmma|splitkreduce|matmul|"
                    r"^(ampere|volta|turing|hopper|sm\d+)_", re.IGNORECASE)
 _TRITON_MM = {"mm", "addmm", "bmm", "baddbmm", "scaled"}

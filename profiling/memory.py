@@ -21,6 +21,7 @@ import os
 import time
 
 from profiling.errors import UserError
+from profiling.files import atomic_write, is_temp_of
 
 VERSION = 1
 DEFAULT_DIMENSIONS = (
@@ -233,51 +234,16 @@ def load(path):
 # ----------------------------------------------------------------------------
 # Writing
 
-def _tmp_prefix(path):
-    return f".{os.path.basename(path)}."
-
-
 def _remove_stale_temps(path):
     """Temp files left by a writer killed mid-write. Only lock holders write temps, so under the lock
     every temp of this file is stale."""
     directory = os.path.dirname(os.path.abspath(path))
-    prefix = _tmp_prefix(path)
     for entry in os.scandir(directory):
-        if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+        if is_temp_of(path, entry.name):
             try:
                 os.unlink(entry.path)
             except OSError:
                 pass
-
-
-def atomic_write(path, *chunks):
-    """Replace `path` with the concatenated chunks (str or bytes-like): readers see the old file or the
-    new one, never a mix, even after a crash or kill -9 at any point. The file keeps its permissions."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        mode = os.stat(path).st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    tmp = os.path.join(directory, f"{_tmp_prefix(path)}{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with open(fd, "wb") as f:
-            f.writelines(c.encode("utf-8") if isinstance(c, str) else c for c in chunks)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 @contextlib.contextmanager

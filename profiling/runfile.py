@@ -5,10 +5,9 @@ number is ever copied by hand. Pure Python, no torch.
 """
 import json
 import math
-import os
-import tempfile
 
 from profiling.errors import UserError
+from profiling.files import atomic_write
 
 VERSION = 1
 
@@ -118,24 +117,8 @@ def read_run(path):
     return run
 
 
-def atomic_write_text(path, text):
-    """Write `text` to `path` so that readers see the old file or the new one, never half of one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_run(path, run):
     problems = validate_run(run)
     if problems:
         raise ValueError("invalid run record: " + "; ".join(problems))
-    atomic_write_text(path, json.dumps(run, indent=2, allow_nan=False) + "\n")
+    atomic_write(path, json.dumps(run, indent=2, allow_nan=False) + "\n")

@@ -255,3 +255,12 @@ def test_a_non_ok_run_with_a_bad_val_bpb_is_refused(bad):
     run["summary"]["val_bpb"] = bad
     with pytest.raises(UserError, match="finite positive"):
         history.record_from_run([], run, "optimizer", "x", now=NOW)
+
+
+def test_stale_temp_cleanup_spares_other_files_temps(tmp_path):
+    """`experiments.json.run0.json`'s temp starts like the memory's own temps: it is not the memory's."""
+    from profiling.files import is_temp_of
+    path = str(tmp_path / "experiments.json")
+    assert is_temp_of(path, ".experiments.json.123.ab12cd34.tmp")
+    assert not is_temp_of(path, ".experiments.json.run0.json.123.ab12cd34.tmp")
+    assert not is_temp_of(path, "experiments.json")

@@ -337,6 +337,10 @@ def test_different_raw_names_never_share_a_name():
     ("triton_tem_fused_addmm_relu_0", "kernel", "GEMM"),
     ("triton_tem_fused_flex_attention_backward_transpose_view_12", "kernel", "attention"),
     ("void cutlass::device_kernel<flash::FlashAttnFwdSm90<cutlass::bfloat16_t> >(Params)", "kernel", "attention"),
+    # cuDNN SDPA (train.py's plain causal layers): the fused kernel and its backward helpers
+    ("cudnn_generated_fort_native_sdpa_flash_bprop_wgmma_f16_knob_26_64x64x128", "kernel", "attention"),
+    ("void compute_dot_do_o_specialized<128, 128>(int, int, int, __nv_bfloat16 const*)", "kernel", "attention"),
+    ("void convert_dq_to_16bits<128, 128>(int, int, int, float const*, __nv_bfloat16*)", "kernel", "attention"),
     ("triton_per_fused__fused_rms_norm__to_copy__unsafe_view_add_9", "kernel", "other compute"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, {lambda(float, float)#1}> >()",
      "kernel", "other compute"),
