@@ -167,6 +167,18 @@ def test_h200_region_sizes(h200):
     assert gemm == pytest.approx(cats["GEMM"], abs=0.3)  # every model GEMM found its layer
 
 
+def test_a_real_deeper_wider_variant_is_placed_as_well():
+    """A real H200 trace of train.py at DEPTH 10 (width 768, 6 heads; current attention: cuDNN for the full
+    layers): the regions follow the model's own shapes, with nothing hard-coded for the default size."""
+    s = summarize(load_trace(os.path.join(DATA, "h200-depth10-gpt-5steps.trace.json.gz")))
+    assert_adds_up(s)
+    assert s["regions"]["parameters"] == 74 and s["regions"]["unplaced_parameters"] == []
+    assert s["regions"]["attributed_percent"] >= 99.0
+    assert s["categories"]["other"] == 0  # cuDNN's backward helpers count as attention
+    r = rows(s)
+    assert r["attention"]["ms_per_step"] > r["MLP"]["ms_per_step"] > r["head and loss"]["ms_per_step"]
+
+
 def test_h200_gemms_placed_by_weight_shape(h200_trace):
     ix = index(h200_trace["traceEvents"])
     placer = regions.Placer(regions.Parameters(h200_trace["autoresearch"]["parameters"]))
