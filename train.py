@@ -459,9 +459,12 @@ def check_batch_sizes():
 
 
 def hyperparameters():
-    """Every UPPER_CASE knob of this file, recorded in run.json with the run."""
-    names = [k for k in globals() if k.isupper() and k not in ("MAX_SEQ_LEN", "TIME_BUDGET")]
-    return {k: globals()[k] for k in names if isinstance(globals()[k], (int, float, str, tuple, bool))}
+    """Every UPPER_CASE knob of this file (numbers, strings, tuples of numbers), recorded in run.json."""
+    def knob(v):
+        numbers = isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)
+        return isinstance(v, (int, float, str)) or numbers
+    imported = ("MAX_SEQ_LEN", "TIME_BUDGET")
+    return {k: v for k, v in globals().items() if k.isupper() and k not in imported and knob(v)}
 
 
 def git_commit():

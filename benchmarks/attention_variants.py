@@ -60,7 +60,7 @@ if __name__ == "__main__":
                                                   num_warps=8, num_stages=3)),
                 ("bwd 32x128/128x32 w4 s3", dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32,
                                                   num_warps=4, num_stages=3))]
-    print(f"| kernel | window | fwd+bwd ms | rel. error vs default |", flush=True)
+    print("| kernel | window | fwd+bwd ms | rel. error vs default |", flush=True)
     print("|---|---|---|---|")
     for window in (T // 2, T):
         bm = mask_for(window)
