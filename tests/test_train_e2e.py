@@ -211,3 +211,38 @@ def test_train_py_runs_as_a_script(prepared_cache, tmp_path):
     fields = summary_block(proc.stdout)
     assert math.isfinite(float(fields["val_bpb"]))
     assert runfile.read_run(tmp_path / "run.json")["settings"]["TIME_BUDGET"] == 2
+
+
+def test_cuda_out_of_memory_names_the_knob_and_writes_a_crash(tiny, capsys, monkeypatch):
+    def oom_step(model, optimizer, loader, grad_accum_steps, autocast):
+        def step(step, progress):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return step, model
+    monkeypatch.setattr(train, "make_train_step", oom_step)
+    assert train.main(["--no-gate", "--no-profile"]) == 1
+    err = capsys.readouterr().err
+    assert "DEVICE_BATCH_SIZE" in err and "Traceback" not in err
+    run = runfile.read_run(tiny / "run.json")
+    assert run["status"] == "crash" and "lower DEVICE_BATCH_SIZE" in run["error"]
+
+
+def test_summary_format_is_pinned():
+    """The block the agent greps, character for character (upstream's fields and formats, then status)."""
+    summary = dict(val_bpb=0.9979, training_seconds=300.12, total_seconds=325.94, peak_vram_mb=45060.2,
+                   mfu_percent=39.8, total_tokens_M=499.6, num_steps=953, num_params_M=50.3, depth=8)
+    assert runfile.format_summary(summary) == (
+        "---\n"
+        "val_bpb:          0.997900\n"
+        "training_seconds: 300.1\n"
+        "total_seconds:    325.9\n"
+        "peak_vram_mb:     45060.2\n"
+        "mfu_percent:      39.80\n"
+        "total_tokens_M:   499.6\n"
+        "num_steps:        953\n"
+        "num_params_M:     50.3\n"
+        "depth:            8\n"
+        "status:           ok")
+    summary.update(val_bpb=None, mfu_percent=None)
+    block = runfile.format_summary(summary, "early_abort", [("gate_reference_loss", 0.217536)])
+    assert "\nval_bpb:             n/a\n" in block  # a longer key widens the column for every line
+    assert "\ngate_reference_loss: 0.217536\n" in block and block.endswith("\nstatus:              early_abort")
