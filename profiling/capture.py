@@ -25,7 +25,6 @@ from profiling.errors import UserError
 from profiling.files import atomic_write
 
 
-
 def profile_dir():
     """Where profiles go: $AUTORESEARCH_PROFILE_DIR, else ./profiles (git-ignored)."""
     return os.environ.get("AUTORESEARCH_PROFILE_DIR", "profiles")
@@ -48,15 +47,15 @@ def capture(step_fn, warmup, active, metadata):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         sync()
-        warnings.filterwarnings("ignore", message="Warning: Profiler clears events")  # repeat=1: one cycle
-        with profile(activities=activities, record_shapes=True,
-                     schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
-                     on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+        with warnings.catch_warnings(), profile(
+                activities=activities, record_shapes=True,
+                schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+            warnings.filterwarnings("ignore", message="Warning: Profiler clears events")  # repeat=1: one cycle
             for i in range(warmup + active):
                 step_fn()
                 if i == warmup + active - 1:
                     sync()  # the last step's kernels finish before the profiler stops recording
-                if i == warmup + active - 1:
                     t_end = time.perf_counter()
                 prof.step()  # after the last active step: stops recording and exports the trace
         with open(path, encoding="utf-8") as f:
@@ -74,6 +73,19 @@ def previous_summary(folder):
         return None
 
 
+def new_folder(root, stem):
+    """Create root/stem (root/stem-2, ... if taken: two profiles in one second); return its name."""
+    os.makedirs(root, exist_ok=True)
+    name, n = stem, 1
+    while True:
+        try:
+            os.mkdir(os.path.join(root, name))
+            return name
+        except FileExistsError:
+            n += 1
+            name = f"{stem}-{n}"
+
+
 def profile_training(step_fn, warmup, active, metadata, top=10):
     """Capture, summarize, render and save one profile.
 
@@ -84,16 +96,7 @@ def profile_training(step_fn, warmup, active, metadata, top=10):
     root = profile_dir()
     previous = previous_summary(root)
     report = render.to_markdown(result, previous=previous, top=top)
-    stem = time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit")
-    os.makedirs(root, exist_ok=True)
-    name, n = stem, 1
-    while True:  # a new folder, even for two profiles in the same second
-        try:
-            os.mkdir(os.path.join(root, name))
-            break
-        except FileExistsError:
-            n += 1
-            name = f"{stem}-{n}"
+    name = new_folder(root, time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit"))
     folder = os.path.join(root, name)
     trace_gz = gzip.compress(json.dumps(trace).encode(), compresslevel=1, mtime=0)
     atomic_write(os.path.join(folder, "trace.json.gz"), trace_gz)
