@@ -2,9 +2,11 @@
 
 An unknown device gets None (printed `n/a`), never a guess: a wrong peak makes every MFU wrong.
 """
+import re
 
-# (substring of torch.cuda.get_device_name(), peak dense bf16 TFLOP/s from the vendor datasheet).
-# Checked in order, so the more specific names come first.
+# (whole words of torch.cuda.get_device_name(), peak dense bf16 TFLOP/s from the vendor datasheet).
+# Checked in order, so the more specific names come first. Whole words, so "L4" is not an L40 (181 TFLOP/s)
+# and "H200" is not a GH200 listed separately.
 PEAK_BF16_TFLOPS = (
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
@@ -24,6 +26,6 @@ def peak_flops(device_name):
     if not device_name:
         return None
     for key, tflops in PEAK_BF16_TFLOPS:
-        if key in device_name:
+        if re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", device_name):
             return tflops * 1e12
     return None
