@@ -23,6 +23,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # Triton ships with torch on Linux; elsewhere the loss runs in plain PyTorch
+    triton = None
+
 import prepare
 from prepare import MAX_SEQ_LEN, TIME_BUDGET, Tokenizer, evaluate_bpb, make_dataloader
 from profiling import gate, hardware, memory, runfile
@@ -90,6 +96,14 @@ def apply_rotary(x, cos, sin):
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
 
 
+def rotary_norm(x, cos, sin):
+    """RMSNorm(rotary(x)) of [B, T, H, D] queries or keys. On CUDA one Triton kernel each way (compiled,
+    the slices and cat of the rotary cost twice the memory traffic: 19 ms per step, issue #9)."""
+    if triton is None or not x.is_cuda:
+        return norm(apply_rotary(x, cos, sin))
+    return torch.ops.autoresearch.rotary_norm(x.contiguous(), cos.contiguous(), sin.contiguous())
+
+
 def window_mask(window):
     """Key j is visible to query i when 0 <= i - j <= window (window >= sequence length: plain causal)."""
     def mask_mod(b, h, q_idx, kv_idx):
@@ -129,6 +143,151 @@ def attend(q, k, v, mask):
     return flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)
 
 
+# ---------------------------------------------------------------------------
+# Head and loss: logits = x @ W.T, soft-capped cap * tanh(logits / cap), cross-entropy, in float32
+# ---------------------------------------------------------------------------
+
+SOFTCAP = 15.0  # logit soft cap
+
+
+def head_loss(x, weight, targets, reduction="mean", cap=SOFTCAP):
+    """[N, C] hidden states, [V, C] head weight, [N] targets -> the mean loss over counted targets (not -1),
+    or with reduction="none" the [N] float32 per-token losses (0 where the target is -1).
+
+    On CUDA the loss is one Triton kernel that reads each row of logits once and writes, in its place, the
+    loss's gradient; the backward scales the head's two GEMMs by the upstream gradient. The float32
+    capped logits are never stored, and the logits never sit beside their gradient (the compiled
+    definition: 17.8 vs 14.2 ms per micro-batch, benchmarks/loss_kernel.py)."""
+    if triton is None or not x.is_cuda:
+        return F.cross_entropy(cap * torch.tanh(F.linear(x, weight).float() / cap), targets, ignore_index=-1,
+                               reduction=reduction)
+    if reduction == "mean" and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return FusedHeadLoss.apply(x, weight, targets.contiguous(), cap)
+    losses = torch.ops.autoresearch.softcap_ce_(F.linear(x, weight), targets.contiguous(), cap, False)
+    return losses if reduction == "none" else losses.sum() / (targets != -1).sum()
+
+
+if triton is not None:
+    CE_WARPS = 8  # warps per row of logits (benchmarks/loss_kernel.py)
+
+    @triton.jit
+    def _tanh(x):
+        return 2 / (1 + tl.exp(-2 * x)) - 1
+
+    @triton.jit
+    def _softcap_cross_entropy_kernel(logits, targets, losses, V: tl.constexpr, cap: tl.constexpr,
+                                      WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+        """One row of logits per program, held whole (BLOCK >= V): read once, written once."""
+        row = tl.program_id(0).to(tl.int64)
+        logits += row * V
+        cols = tl.arange(0, BLOCK)
+        t = _tanh(tl.load(logits + cols, mask=cols < V, other=0.0).to(tl.float32) / cap)
+        z = tl.where(cols < V, cap * t, float("-inf"))
+        e = tl.exp(z - tl.max(z, 0))
+        total = tl.sum(e, 0)
+        target = tl.load(targets + row)
+        z_target = tl.sum(tl.where(cols == target, z, 0.0), 0)
+        tl.store(losses + row, tl.where(target >= 0, tl.max(z, 0) + tl.log(total) - z_target, 0.0))
+        if WRITE_GRAD:  # d loss / d logits = (softmax(z) - one-hot) * (1 - tanh^2), 0 for an ignored row
+            g = tl.where(target >= 0, 1.0, 0.0) * (1 - t * t)
+            dz = e * (1 / total) - tl.where(cols == target, 1.0, 0.0)
+            tl.store(logits + cols, (g * dz).to(logits.dtype.element_ty), mask=cols < V)
+
+    @torch.library.triton_op("autoresearch::softcap_ce_", mutates_args={"logits"})
+    def _softcap_ce(logits: torch.Tensor, targets: torch.Tensor, cap: float, write_grad: bool) -> torch.Tensor:
+        """Per-token losses of contiguous [N, V] logits; with write_grad, the logits become the gradient."""
+        N, V = logits.shape
+        losses = torch.empty(N, device=logits.device, dtype=torch.float32)
+        torch.library.wrap_triton(_softcap_cross_entropy_kernel)[(N,)](
+            logits, targets, losses, V, cap, write_grad, BLOCK=triton.next_power_of_2(V), num_warps=CE_WARPS)
+        return losses
+
+    ROTARY_ROWS = 16  # rows (one head of one token each) per program
+
+    @triton.jit
+    def _rotary_norm_load(x, cos, sin, rows, n_rows, H: tl.constexpr, T: tl.constexpr, HALF: tl.constexpr,
+                          HALF_P2: tl.constexpr):
+        """The row pairs (x1, x2) rotated to (r1, r2) = (x1 c + x2 s, x2 c - x1 s), in float32."""
+        cols = tl.arange(0, HALF_P2)[None, :]
+        mask = (rows[:, None] < n_rows) & (cols < HALF)
+        at = rows[:, None].to(tl.int64) * (2 * HALF) + cols
+        x1 = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x + at + HALF, mask=mask, other=0.0).to(tl.float32)
+        t = ((rows // H) % T)[:, None] * HALF + cols
+        c = tl.load(cos + t, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(sin + t, mask=mask, other=0.0).to(tl.float32)
+        return x1 * c + x2 * s, x2 * c - x1 * s, c, s, at, mask
+
+    @triton.jit
+    def _rotary_norm_fwd(x, cos, sin, y, n_rows, H: tl.constexpr, T: tl.constexpr, HALF: tl.constexpr,
+                         HALF_P2: tl.constexpr, ROWS: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        r1, r2, c, s, at, mask = _rotary_norm_load(x, cos, sin, rows, n_rows, H, T, HALF, HALF_P2)
+        rstd = tl.rsqrt((tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1)) / (2 * HALF) + 1.1920928955078125e-07)[:, None]
+        tl.store(y + at, (r1 * rstd).to(y.dtype.element_ty), mask=mask)
+        tl.store(y + at + HALF, (r2 * rstd).to(y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rotary_norm_bwd(dy, dy_b, dy_t, dy_h, x, cos, sin, dx, n_rows, H: tl.constexpr, T: tl.constexpr,
+                         HALF: tl.constexpr, HALF_P2: tl.constexpr, ROWS: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        r1, r2, c, s, at, mask = _rotary_norm_load(x, cos, sin, rows, n_rows, H, T, HALF, HALF_P2)
+        # dy comes from the attention's backward in its own layout: [B, T, H, D] strides, D contiguous
+        r = rows.to(tl.int64)
+        dy += ((r // (T * H)) * dy_b + ((r // H) % T) * dy_t + (r % H) * dy_h)[:, None] + tl.arange(0, HALF_P2)[None, :]
+        rstd = tl.rsqrt((tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1)) / (2 * HALF) + 1.1920928955078125e-07)[:, None]
+        y1, y2 = r1 * rstd, r2 * rstd
+        dy1 = tl.load(dy, mask=mask, other=0.0).to(tl.float32)
+        dy2 = tl.load(dy + HALF, mask=mask, other=0.0).to(tl.float32)
+        dot = ((tl.sum(dy1 * y1, 1) + tl.sum(dy2 * y2, 1)) / (2 * HALF))[:, None]
+        dr1, dr2 = rstd * (dy1 - y1 * dot), rstd * (dy2 - y2 * dot)  # RMSNorm backward
+        tl.store(dx + at, (dr1 * c - dr2 * s).to(dx.dtype.element_ty), mask=mask)  # the rotation, transposed
+        tl.store(dx + at + HALF, (dr1 * s + dr2 * c).to(dx.dtype.element_ty), mask=mask)
+
+    def _rotary_norm_launch(kernel, out, *tensors):
+        B, T, H, D = out.shape
+        n_rows = B * T * H
+        torch.library.wrap_triton(kernel)[(triton.cdiv(n_rows, ROTARY_ROWS),)](
+            *tensors, out, n_rows, H, T, D // 2, triton.next_power_of_2(D // 2), ROWS=ROTARY_ROWS)
+        return out
+
+    @torch.library.triton_op("autoresearch::rotary_norm", mutates_args=())
+    def _rotary_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return _rotary_norm_launch(_rotary_norm_fwd, torch.empty_like(x), x, cos, sin)
+
+    @torch.library.triton_op("autoresearch::rotary_norm_backward", mutates_args=())
+    def _rotary_norm_backward(dy: torch.Tensor, x: torch.Tensor, cos: torch.Tensor,
+                              sin: torch.Tensor) -> torch.Tensor:
+        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        return _rotary_norm_launch(_rotary_norm_bwd, torch.empty_like(x), dy, *dy.stride()[:3], x, cos, sin)
+
+    def _rotary_norm_setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def _rotary_norm_grad(ctx, dy):
+        return _rotary_norm_backward(dy, *ctx.saved_tensors), None, None
+
+    _rotary_norm.register_autograd(_rotary_norm_grad, setup_context=_rotary_norm_setup)
+
+    class FusedHeadLoss(torch.autograd.Function):
+        """The mean loss; the logits buffer becomes the gradient of the summed loss, kept for backward."""
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.bfloat16)
+        def forward(ctx, x, weight, targets, cap):
+            grad = x @ weight.t()  # the logits, until the kernel turns them into their gradient
+            losses = torch.ops.autoresearch.softcap_ce_(grad, targets, cap, True)
+            count = (targets != -1).sum()
+            ctx.save_for_backward(x, weight, grad, count)
+            return losses.sum() / count
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cuda")
+        def backward(ctx, dloss):
+            x, weight, grad, count = ctx.saved_tensors
+            scale = dloss / count  # training: 1 / (2 x 262,144), a power of two: exact in bf16
+            return (grad @ weight) * scale, (grad.t() @ x) * scale, None, None
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -152,7 +311,7 @@ class CausalSelfAttention(nn.Module):
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate_channels]))
             v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)
         cos, sin = cos_sin
-        q, k = norm(apply_rotary(q, cos, sin)), norm(apply_rotary(k, cos, sin))
+        q, k = rotary_norm(q, cos, sin), rotary_norm(k, cos, sin)
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
@@ -246,12 +405,10 @@ class GPT(nn.Module):
             x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
             x = block(x, ve, cos_sin, self.masks[self.window_sizes[i]])
-        logits = self.lm_head(norm(x)).float()
-        logits = 15 * torch.tanh(logits / 15)  # soft cap
+        x = norm(x)
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
-                               ignore_index=-1, reduction=reduction)
+            return SOFTCAP * torch.tanh(self.lm_head(x).float() / SOFTCAP)
+        return head_loss(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1), reduction)
 
 
 # ---------------------------------------------------------------------------

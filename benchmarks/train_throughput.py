@@ -1,6 +1,6 @@
 """Training throughput of train.py at its current config: tokens/s and MFU, compilation excluded.
 
-    python3 benchmarks/train_throughput.py [--steps 60] [--warmup 10]
+    python3 benchmarks/train_throughput.py [--steps 60] [--warmup 10] [--train OLD/train.py]
 
 Builds the model, optimizer and dataloader exactly as train.py does, runs `--warmup` steps (compilation),
 then times `--steps` steps with the device synchronized at both ends. FLOPs accounting (as upstream):
@@ -10,17 +10,18 @@ then times `--steps` steps with the device synchronized at both ends. FLOPs acco
     MFU = FLOPs/token x tokens/s / peak bf16 FLOP/s (989.5 TFLOP/s on an H100 SXM)
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
 import prepare  # noqa: E402
-import train  # noqa: E402
 from profiling import hardware  # noqa: E402
 
 
@@ -29,9 +30,14 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--train", metavar="PATH",
+                   help="time this copy of train.py instead (e.g. the version before a change, same machine)")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="set a torch._inductor.config option for this run (experiments)")
     args = p.parse_args()
+    spec = importlib.util.spec_from_file_location("train", args.train or os.path.join(ROOT, "train.py"))
+    train = sys.modules["train"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
     for item in args.inductor:
         import torch._inductor.config as inductor_config
         key, value = item.split("=", 1)
@@ -76,7 +82,7 @@ def main():
         step_ms=round(1000 * elapsed / args.steps, 2), tokens_per_s=round(tok_s),
         mfu_percent=round(100 * fpt * tok_s / peak, 2) if peak else None,
         peak_memory_mb=round(torch.cuda.max_memory_allocated() / 2**20, 1) if train.DEVICE_TYPE == "cuda" else None,
-        last_loss=round(loss, 4), date=time.strftime("%Y-%m-%d"),
+        train_file=args.train or "train.py", last_loss=round(loss, 4), date=time.strftime("%Y-%m-%d"),
     )
     for k, v in result.items():
         print(f"{k}: {v}")

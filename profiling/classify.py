@@ -24,7 +24,7 @@ _GEMM = re.compile(r"gemm|gemv|nvjet|cutlass|cublas|xmma|wgmma|hmma|splitkreduce
                    r"^(ampere|volta|turing|hopper|sm\d+)_", re.IGNORECASE)
 _TRITON_MM = {"mm", "addmm", "bmm", "baddbmm", "scaled"}
 _OTHER_COMPUTE = re.compile(r"^triton_|at::|c10::|cub::|thrust::|at_cuda_detail|elementwise|reduce|norm|"
-                            r"softmax|loss|embedding|index|gather|scatter|copy|fill|cat_|sort", re.IGNORECASE)
+                            r"softmax|loss|cross_entropy|embedding|index|gather|scatter|copy|fill|cat_|sort", re.IGNORECASE)
 _CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|_scaled_mm|mkldnn_|convolution|"
                        r"_convolution|conv\w*|linear)", re.IGNORECASE)
 _CPU_MEMORY = re.compile(r"^aten::(copy_|to|_to_copy|empty\w*|zero_|zeros\w*|ones\w*|fill_|clone|"
