@@ -60,13 +60,14 @@ def main():
     sync()
     warmup_s = time.time() - t0
     t0 = time.time()
-    prev = None
+    prev, losses = None, []
     for step in range(args.warmup, args.warmup + args.steps):
         loss = step_fn(step, 0.0)
         if prev is not None:
-            prev.item()  # as train.py: read step n's loss after launching step n + 1 (its NaN check)
+            losses.append(prev.item())  # as train.py: step n's loss is read after step n + 1 is launched
         prev = loss
     loss = loss.item()
+    losses.append(loss)
     sync()
     elapsed = time.time() - t0
 
@@ -84,7 +85,9 @@ def main():
         peak_memory_mb=round(torch.cuda.max_memory_allocated() / 2**20, 1) if train.DEVICE_TYPE == "cuda" else None,
         train_file=args.train or "train.py", last_loss=round(loss, 4), date=time.strftime("%Y-%m-%d"),
     )
-    for k, v in result.items():
+    printed = dict(result)
+    result["losses"] = [round(x, 6) for x in losses]  # every timed step's loss (constant LR: progress 0)
+    for k, v in printed.items():
         print(f"{k}: {v}")
     if args.json:
         with open(args.json, "w") as f:

@@ -37,7 +37,7 @@ def inputs(N, V, device, C=64):
 def check_rotary_norm(device, compiled=False):
     """rotary_norm's output and input gradient, for head dims with and without a power-of-two half."""
     train.ROTARY_ROWS = 4 if device == "cpu" else train.ROTARY_ROWS  # a partial last block of rows
-    fn = torch.compile(train.rotary_norm) if compiled else train.rotary_norm
+    fn = torch.compile(train.rotary_norm, dynamic=False) if compiled else train.rotary_norm  # as train.py
     errors = {}
     for B, T, H, D, dtype in [(2, 8, 3, 16, torch.float32), (1, 5, 2, 24, torch.bfloat16),
                               (3, 7, 1, 128, torch.bfloat16)]:
@@ -74,7 +74,7 @@ def check_head_loss(compiled=False):
     """head_loss on CUDA under autocast, as train.py calls it: the per-token losses, and the mean's
     gradients for x and the weight, against float64 on the same bf16 inputs."""
     torch.manual_seed(0)
-    fn = torch.compile(train.head_loss) if compiled else train.head_loss
+    fn = torch.compile(train.head_loss, dynamic=False) if compiled else train.head_loss  # as train.py
     errors = {}
     for N, V, _ in SHAPES:
         x, w, t = inputs(N, V, "cuda")
