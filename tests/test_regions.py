@@ -431,3 +431,15 @@ def test_changes_list_regions(h200):
     assert "| region: MLP" in to_markdown(h200, previous=previous)
     older = dict(previous, regions=None)  # a summary from before the region table: nothing to compare
     assert diff(older, h200)["regions"] == []
+
+
+def test_fused_kernels_of_the_current_train_py_are_placed():
+    """The H200 trace after issue #9: the hand-written Triton kernels land in their regions and categories."""
+    s = summarize(load_trace(os.path.join(DATA, "h200-fused-gpt-5steps.trace.json.gz")))
+    assert_adds_up(s)
+    kernels = {k["name"]: k for k in s["kernels"]}
+    assert kernels["softcap_cross_entropy_kernel"]["category"] == "other compute"
+    assert kernels["rotary_norm_bwd"]["category"] == "other compute"
+    assert regions.name_region("softcap_cross_entropy_kernel") == "head and loss"
+    assert regions.name_region("rotary_norm_fwd") == "norms and residuals"
+    assert 290 < s["step_ms"] < 305 and ms(s, "head and loss") > 20
