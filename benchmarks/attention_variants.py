@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from common import cuda_median_ms
+
 B, H, T, D = 128, 4, 2048, 128
 
 
@@ -21,19 +23,8 @@ def mask_for(window):
     return create_block_mask(mask_mod, None, None, T, T, device="cuda")
 
 
-def bench(fn, q, k, v, reps=10):
-    for _ in range(3):
-        fn(q, k, v).sum().backward()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(q, k, v).backward(gout)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+def bench(fn, q, k, v):
+    return cuda_median_ms(lambda: fn(q, k, v).backward(gout))
 
 
 def flex(block_mask, options=None):

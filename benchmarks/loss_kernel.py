@@ -9,7 +9,6 @@ torch.compile, and the memory each needs on top of its inputs; then tries warp c
 Median of timed runs. Agreement with the float64 definition is tested in tests/test_kernels.py.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,23 +19,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import train  # noqa: E402
+from common import cuda_median_ms, report  # noqa: E402
 
 N, C, V = 128 * 2048, 512, 8192
-
-
-def timed(fn, reps=10):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def main():
@@ -61,7 +46,7 @@ def main():
                "vocab": V, "date": time.strftime("%Y-%m-%d")}
     for name, fn in [("compiled_definition", definition), ("fused", train.head_loss)]:
         compiled = torch.compile(fn)
-        results[f"{name}_ms"] = round(timed(lambda: step(compiled)), 3)
+        results[f"{name}_ms"] = round(cuda_median_ms(lambda: step(compiled)), 3)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -72,13 +57,9 @@ def main():
     sweep = {}
     for warps in (4, 8, 16, 32):
         train.CE_WARPS = warps
-        sweep[f"{warps} warps"] = round(timed(lambda: step(train.head_loss)), 3)
+        sweep[f"{warps} warps"] = round(cuda_median_ms(lambda: step(train.head_loss)), 3)
     results["eager_fused_sweep_ms"] = sweep
-    for k, v in results.items():
-        print(f"{k}: {v}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    report(results, args.json)
 
 
 if __name__ == "__main__":

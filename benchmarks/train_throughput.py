@@ -11,7 +11,6 @@ then times `--steps` steps with the device synchronized at both ends. FLOPs acco
 """
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import prepare  # noqa: E402
+from common import report  # noqa: E402
 from profiling import hardware  # noqa: E402
 
 
@@ -85,13 +85,8 @@ def main():
         peak_memory_mb=round(torch.cuda.max_memory_allocated() / 2**20, 1) if train.DEVICE_TYPE == "cuda" else None,
         train_file=args.train or "train.py", last_loss=round(loss, 4), date=time.strftime("%Y-%m-%d"),
     )
-    printed = dict(result)
     result["losses"] = [round(x, 6) for x in losses]  # every timed step's loss (constant LR: progress 0)
-    for k, v in printed.items():
-        print(f"{k}: {v}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    report(result, args.json, omit=("losses",))
 
 
 if __name__ == "__main__":
