@@ -21,13 +21,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # Triton ships with torch on Linux; without it every op below runs in plain PyTorch
     triton = None
+try:  # cuDNN's Python API (nvidia-cudnn-frontend, Linux): sliding-window attention
+    import cudnn
+except ImportError:
+    cudnn = None
 
 import prepare
 from prepare import MAX_SEQ_LEN, TIME_BUDGET, Tokenizer, evaluate_bpb, make_dataloader
@@ -112,35 +115,117 @@ def window_mask(window):
 
 
 def build_attention_masks(windows, seq_len, device):
-    """One mask per window size: None for a window that covers the sequence (plain causal), else a
-    FlexAttention block mask on CUDA and a dense boolean mask elsewhere."""
+    """One mask per window size: None for a window that covers the sequence (plain causal), the window
+    itself on CUDA (cuDNN's band mask), else a dense boolean mask."""
     masks = {}
     for w in set(windows):
         if w >= seq_len:
             masks[w] = None
         elif device.type == "cuda":
-            masks[w] = create_block_mask(window_mask(w), None, None, seq_len, seq_len, device=device)
+            if cudnn is None:
+                raise RuntimeError("sliding-window attention on CUDA needs cuDNN's Python API: "
+                                   "install nvidia-cudnn-frontend (uv sync installs it on Linux)")
+            masks[w] = w
         else:
             i = torch.arange(seq_len, device=device)
             masks[w] = window_mask(w)(None, None, i[:, None], i[None, :])
     return masks
 
 
-# Plain causal attention: cuDNN's fused kernel first (fwd+bwd 4.8 ms vs FlexAttention's 6.5 ms at the
-# default shape on an H200, 2026-11-21, benchmarks/attention_variants.py), then the others as fallbacks.
+# Plain causal attention: cuDNN's fused kernel first, then the others as fallbacks.
 CAUSAL_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                    SDPBackend.MATH]
 
 
 def attend(q, k, v, mask):
-    """Causal sliding-window attention on [B, H, T, D] tensors (mask None: plain causal)."""
+    """Causal sliding-window attention on [B, H, T, D] tensors (mask None: plain causal).
+
+    The windows run on cuDNN's band mask: forward + backward 6.2 ms per S layer against FlexAttention's
+    7.5 on an H100 (benchmarks/attention_variants.py, issue #9)."""
     gqa = q.size(1) != k.size(1)
     if mask is None:
         with sdpa_kernel(CAUSAL_BACKENDS, set_priority=True):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    if isinstance(mask, torch.Tensor):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-    return flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)
+    if isinstance(mask, int):
+        return torch.ops.autoresearch.window_attention(q, k, v, mask)[0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+if cudnn is not None:
+    _CUDNN_UIDS = dict(q=1, k=2, v=3, o=4, stats=5, do=6, dq=7, dk=8, dv=9)
+    _cudnn_graphs, _cudnn_handles = {}, {}
+
+    def _cudnn_attention(backward, window, **t):
+        """cuDNN's attention forward (or backward) with the band mask 0 <= i - j <= window, on [B, H, T, D]
+        tensors of any strides: outputs take their inputs' strides, so no layout copies. One graph is built
+        per configuration of shapes and strides, then reused."""
+        device = t["q"].device
+        if device not in _cudnn_handles:
+            _cudnn_handles[device] = cudnn.create_handle()
+        handle = _cudnn_handles[device]
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(device).cuda_stream)
+        key = (backward, window, device) + tuple((n, x.shape, x.stride(), x.dtype) for n, x in t.items())
+        if key not in _cudnn_graphs:
+            io = {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF}[t["q"].dtype]
+            dtype = lambda n: cudnn.data_type.FLOAT if n == "stats" else io  # noqa: E731
+            g = cudnn.pygraph(handle=handle, io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT)
+            outputs = ("dq", "dk", "dv") if backward else ("o", "stats")
+            x = {n: g.tensor(name=n, dim=list(a.shape), stride=list(a.stride()), data_type=dtype(n),
+                             uid=_CUDNN_UIDS[n]) for n, a in t.items() if n not in outputs}
+            band = dict(attn_scale=t["q"].size(-1) ** -0.5, diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT,
+                        diagonal_band_left_bound=window + 1, diagonal_band_right_bound=0)  # left: counts i
+            if backward:
+                made = g.sdpa_backward(name="attention_backward", q=x["q"], k=x["k"], v=x["v"], o=x["o"],
+                                       dO=x["do"], stats=x["stats"], **band)
+            else:
+                made = g.sdpa(name="attention", q=x["q"], k=x["k"], v=x["v"], generate_stats=True, **band)
+            for n, out in zip(outputs, made):
+                out.set_uid(_CUDNN_UIDS[n]).set_output(True).set_data_type(dtype(n))
+                out.set_dim(list(t[n].shape)).set_stride(list(t[n].stride()))
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+            _cudnn_graphs[key] = g, g.get_workspace_size()
+        g, workspace = _cudnn_graphs[key]
+        workspace = torch.empty(max(workspace, 1), device=device, dtype=torch.uint8)
+        g.execute({_CUDNN_UIDS[n]: a for n, a in t.items()}, workspace, handle=handle)
+
+    def _window_outputs(q):
+        B, H, T, _ = q.shape
+        return torch.empty_like(q), q.new_empty((B, H, T, 1), dtype=torch.float32)
+
+    @torch.library.custom_op("autoresearch::window_attention", mutates_args=())
+    def _window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal attention over the last `window` keys: the output (q's strides) and the log-sum-exps."""
+        o, stats = _window_outputs(q)
+        _cudnn_attention(False, window, q=q, k=k, v=v, o=o, stats=stats)
+        return o, stats
+
+    @torch.library.custom_op("autoresearch::window_attention_backward", mutates_args=())
+    def _window_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                   o: torch.Tensor, stats: torch.Tensor,
+                                   window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        do = do if do.stride() == o.stride() else torch.empty_like(o).copy_(do)  # cuDNN: dO laid out as O
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _cudnn_attention(True, window, q=q, k=k, v=v, o=o, stats=stats, do=do, dq=dq, dk=dk, dv=dv)
+        return dq, dk, dv
+
+    _window_attention.register_fake(lambda q, k, v, window: _window_outputs(q))
+    _window_attention_backward.register_fake(
+        lambda do, q, k, v, o, stats, window: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
+
+    def _window_attention_setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:3], *output)
+        ctx.window = inputs[3]
+
+    def _window_attention_grad(ctx, do, dstats):
+        return *_window_attention_backward(do, *ctx.saved_tensors, ctx.window), None
+
+    _window_attention.register_autograd(_window_attention_grad, setup_context=_window_attention_setup)
 
 
 # ---------------------------------------------------------------------------
@@ -168,7 +253,7 @@ def head_loss(x, weight, targets, reduction="mean", cap=SOFTCAP):
 
 
 if triton is not None:
-    CE_WARPS = 4  # warps per row of logits (benchmarks/loss_kernel.py: 4 and 8 within 1%, 16 12% slower)
+    CE_WARPS = 8  # warps per row of logits (benchmarks/loss_kernel.py, H100: 4.75 ms vs 5.56 with 4)
 
     @triton.jit
     def _tanh(x):
@@ -203,64 +288,75 @@ if triton is not None:
             logits, targets, losses, V, cap, write_grad, BLOCK=triton.next_power_of_2(V), num_warps=CE_WARPS)
         return losses
 
-    ROTARY_ROWS = 16  # rows (one head of one token each) per program
+    ROTARY_ROWS = 16  # rows (one head of one token each) per program: 2.9 TB/s each way on an H100
+
+    # Store addresses are computed in the kernels, from integers only: torch.compile's analysis of which
+    # arguments a Triton kernel writes follows a stored-to address back through helper calls, and one that
+    # reached a helper taking x's pointer marked x as written; torch 2.11 then copied x before every
+    # backward call (5.7 ms per step on an H100, issue #9).
 
     @triton.jit
-    def _rotary_norm_load(x, cos, sin, rows, n_rows, H: tl.constexpr, T: tl.constexpr, HALF: tl.constexpr,
-                          HALF_P2: tl.constexpr):
-        """The row pairs (x1, x2) rotated to (r1, r2) = (x1 c + x2 s, x2 c - x1 s), in float32."""
-        cols = tl.arange(0, HALF_P2)[None, :]
-        mask = (rows[:, None] < n_rows) & (cols < HALF)
-        at = rows[:, None].to(tl.int64) * (2 * HALF) + cols
+    def _rotate(x, cos, sin, at, rows, mask, H: tl.constexpr, T: tl.constexpr, HALF: tl.constexpr,
+                HALF_P2: tl.constexpr):
+        """The row pairs (x1, x2) at `at` rotated to (x1 c + x2 s, x2 c - x1 s) in float32, and c, s."""
         x1 = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(x + at + HALF, mask=mask, other=0.0).to(tl.float32)
-        t = ((rows // H) % T)[:, None] * HALF + cols
+        t = ((rows // H) % T)[:, None] * HALF + tl.arange(0, HALF_P2)[None, :]
         c = tl.load(cos + t, mask=mask, other=0.0).to(tl.float32)
         s = tl.load(sin + t, mask=mask, other=0.0).to(tl.float32)
-        return x1 * c + x2 * s, x2 * c - x1 * s, c, s, at, mask
+        return x1 * c + x2 * s, x2 * c - x1 * s, c, s
 
     @triton.jit
     def _rotary_norm_fwd(x, cos, sin, y, n_rows, H: tl.constexpr, T: tl.constexpr, HALF: tl.constexpr,
                          HALF_P2: tl.constexpr, ROWS: tl.constexpr):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        r1, r2, c, s, at, mask = _rotary_norm_load(x, cos, sin, rows, n_rows, H, T, HALF, HALF_P2)
+        cols = tl.arange(0, HALF_P2)[None, :]
+        mask = (rows[:, None] < n_rows) & (cols < HALF)
+        at = rows[:, None].to(tl.int64) * (2 * HALF) + cols
+        r1, r2, c, s = _rotate(x, cos, sin, at, rows, mask, H, T, HALF, HALF_P2)
         rstd = tl.rsqrt((tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1)) / (2 * HALF) + 1.1920928955078125e-07)[:, None]
         tl.store(y + at, (r1 * rstd).to(y.dtype.element_ty), mask=mask)
         tl.store(y + at + HALF, (r2 * rstd).to(y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _rotary_norm_bwd(dy, dy_b, dy_t, dy_h, x, cos, sin, dx, n_rows, H: tl.constexpr, T: tl.constexpr,
+    def _rotary_norm_bwd(dy, x, cos, sin, dx, dy_b, dy_t, dy_h, n_rows, H: tl.constexpr, T: tl.constexpr,
                          HALF: tl.constexpr, HALF_P2: tl.constexpr, ROWS: tl.constexpr):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        r1, r2, c, s, at, mask = _rotary_norm_load(x, cos, sin, rows, n_rows, H, T, HALF, HALF_P2)
-        # dy comes from the attention's backward in its own layout: [B, T, H, D] strides, D contiguous
-        r = rows.to(tl.int64)
-        dy += ((r // (T * H)) * dy_b + ((r // H) % T) * dy_t + (r % H) * dy_h)[:, None] + tl.arange(0, HALF_P2)[None, :]
+        cols = tl.arange(0, HALF_P2)[None, :]
+        mask = (rows[:, None] < n_rows) & (cols < HALF)
+        at = rows[:, None].to(tl.int64) * (2 * HALF) + cols
+        r1, r2, c, s = _rotate(x, cos, sin, at, rows, mask, H, T, HALF, HALF_P2)
         rstd = tl.rsqrt((tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1)) / (2 * HALF) + 1.1920928955078125e-07)[:, None]
         y1, y2 = r1 * rstd, r2 * rstd
-        dy1 = tl.load(dy, mask=mask, other=0.0).to(tl.float32)
-        dy2 = tl.load(dy + HALF, mask=mask, other=0.0).to(tl.float32)
+        # dy comes from the attention's backward in its own layout: [B, T, H, D] strides, D contiguous
+        r = rows.to(tl.int64)
+        dy_at = ((r // (T * H)) * dy_b + ((r // H) % T) * dy_t + (r % H) * dy_h)[:, None] + cols
+        dy1 = tl.load(dy + dy_at, mask=mask, other=0.0).to(tl.float32)
+        dy2 = tl.load(dy + dy_at + HALF, mask=mask, other=0.0).to(tl.float32)
         dot = ((tl.sum(dy1 * y1, 1) + tl.sum(dy2 * y2, 1)) / (2 * HALF))[:, None]
         dr1, dr2 = rstd * (dy1 - y1 * dot), rstd * (dy2 - y2 * dot)  # RMSNorm backward
         tl.store(dx + at, (dr1 * c - dr2 * s).to(dx.dtype.element_ty), mask=mask)  # the rotation, transposed
         tl.store(dx + at + HALF, (dr1 * s + dr2 * c).to(dx.dtype.element_ty), mask=mask)
 
-    def _rotary_norm_launch(kernel, out, *tensors):
-        B, T, H, D = out.shape
+    def _rotary_norm_launch(kernel, x, *args):
+        B, T, H, D = x.shape
         n_rows = B * T * H
         torch.library.wrap_triton(kernel)[(triton.cdiv(n_rows, ROTARY_ROWS),)](
-            *tensors, out, n_rows, H, T, D // 2, triton.next_power_of_2(D // 2), ROWS=ROTARY_ROWS)
-        return out
+            *args, n_rows, H, T, D // 2, triton.next_power_of_2(D // 2), ROWS=ROTARY_ROWS)
 
     @torch.library.triton_op("autoresearch::rotary_norm", mutates_args=())
     def _rotary_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return _rotary_norm_launch(_rotary_norm_fwd, torch.empty_like(x), x, cos, sin)
+        y = torch.empty_like(x)
+        _rotary_norm_launch(_rotary_norm_fwd, x, x, cos, sin, y)
+        return y
 
     @torch.library.triton_op("autoresearch::rotary_norm_backward", mutates_args=())
     def _rotary_norm_backward(dy: torch.Tensor, x: torch.Tensor, cos: torch.Tensor,
                               sin: torch.Tensor) -> torch.Tensor:
         dy = dy if dy.stride(-1) == 1 else dy.contiguous()
-        return _rotary_norm_launch(_rotary_norm_bwd, torch.empty_like(x), dy, *dy.stride()[:3], x, cos, sin)
+        dx = torch.empty_like(x)
+        _rotary_norm_launch(_rotary_norm_bwd, x, dy, x, cos, sin, dx, *dy.stride()[:3])
+        return dx
 
     def _rotary_norm_setup(ctx, inputs, output):
         ctx.save_for_backward(*inputs)

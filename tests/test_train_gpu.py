@@ -26,15 +26,24 @@ def test_compiled_model_trains_a_few_cuda_steps():
 
 
 @cuda
-def test_flex_attention_on_cuda_matches_dense_mask():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cuda_attention_matches_dense_mask(compiled):
+    """The windows on cuDNN's band mask (window T - 1: every key but the first, for the last query) and
+    plain causal attention: outputs and gradients against float32 attention with the dense mask."""
     torch.manual_seed(0)
     T = 512
-    q, k, v = torch.randn(3, 2, 4, T, 64, device="cuda", dtype=torch.bfloat16).unbind(0)
-    flex = torch.compile(train.attend)
+    leaves = [x.requires_grad_() for x in torch.randn(3, 2, T, 4, 64, device="cuda", dtype=torch.bfloat16)]
+    q, k, v = (x.transpose(1, 2) for x in leaves)  # [B, H, T, D] views of [B, T, H, D], as the model has them
+    g = torch.randn(2, 4, T, 64, device="cuda", dtype=torch.bfloat16)
+    attend = torch.compile(train.attend, dynamic=False, fullgraph=True) if compiled else train.attend
     i = torch.arange(T, device="cuda")
-    for window in (T // 2, T):
-        block = train.build_attention_masks([window], T, torch.device("cuda"))[window]
+    for window in (1, 100, T // 2, T - 1, T):
+        mask = train.build_attention_masks([window], T, torch.device("cuda"))[window]
+        out = attend(q, k, v, mask)
+        grads = [x.transpose(1, 2) for x in torch.autograd.grad(out, leaves, g)]
+        qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
         dense = train.window_mask(window)(None, None, i[:, None], i[None, :])
-        out = flex(q, k, v, block)  # window T: the cuDNN causal path
-        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=dense)
-        assert (out.float() - ref).norm() / ref.norm() < 1e-2
+        ref = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, attn_mask=dense)
+        ref_grads = torch.autograd.grad(ref, (qf, kf, vf), g.float())
+        for a, b in zip((out, *grads), (ref, *ref_grads)):
+            assert (a.float() - b).norm() / b.norm() < 1e-2, window
