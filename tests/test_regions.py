@@ -434,7 +434,8 @@ def test_changes_list_regions(h200):
 
 
 def test_fused_kernels_of_the_current_train_py_are_placed():
-    """The H200 trace after issue #9: the hand-written Triton kernels land in their regions and categories."""
+    """The H200 trace of issue #9's second round: the hand-written Triton kernels land in their regions and
+    categories."""
     s = summarize(load_trace(os.path.join(DATA, "h200-fused-gpt-5steps.trace.json.gz")))
     assert_adds_up(s)
     kernels = {k["name"]: k for k in s["kernels"]}
@@ -443,3 +444,15 @@ def test_fused_kernels_of_the_current_train_py_are_placed():
     assert regions.name_region("softcap_cross_entropy_kernel") == "head and loss"
     assert regions.name_region("rotary_norm_fwd") == "norms and residuals"
     assert 290 < s["step_ms"] < 305 and ms(s, "head and loss") > 20
+
+
+def test_cudnn_window_attention_trace_is_placed():
+    """The H100 trace after issue #9's third round: cuDNN runs every attention layer (the band-masked
+    windows through its Python API), no copy before the rotary backward, and the step adds up."""
+    s = summarize(load_trace(os.path.join(DATA, "h100-cudnn-window-gpt-5steps.trace.json.gz")))
+    assert_adds_up(s)
+    attention = [k for k in s["kernels"] if k["category"] == "attention"]
+    assert attention and all("cudnn" in k["raw_name"] for k in attention)
+    assert not any("flex" in k["name"] or "fused_view" in k["name"] for k in s["kernels"])
+    assert sum(k["calls_per_step"] for k in attention if "bprop" in k["name"]) == 16  # 8 layers x 2 micro-batches
+    assert 300 < s["step_ms"] < 315 and ms(s, "attention") > 100
