@@ -140,8 +140,8 @@ CAUSAL_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBa
 def attend(q, k, v, mask):
     """Causal sliding-window attention on [B, H, T, D] tensors (mask None: plain causal).
 
-    The windows run on cuDNN's band mask: forward + backward 6.2 ms per S layer against FlexAttention's
-    7.5 on an H100 (benchmarks/attention_variants.py, issue #9)."""
+    The windows run on cuDNN's band mask: forward + backward 5.2 ms per S layer against FlexAttention's
+    6.6 on an H100 (benchmarks/attention_variants.py, issue #9)."""
     gqa = q.size(1) != k.size(1)
     if mask is None:
         with sdpa_kernel(CAUSAL_BACKENDS, set_priority=True):
@@ -290,10 +290,11 @@ if triton is not None:
 
     ROTARY_ROWS = 16  # rows (one head of one token each) per program: 2.9 TB/s each way on an H100
 
-    # Store addresses are computed in the kernels, from integers only: torch.compile's analysis of which
-    # arguments a Triton kernel writes follows a stored-to address back through helper calls, and one that
-    # reached a helper taking x's pointer marked x as written; torch 2.11 then copied x before every
-    # backward call (5.7 ms per step on an H100, issue #9).
+    # Store addresses are computed in the kernels, from integers only, and tensor arguments come first:
+    # torch.compile's analysis of which arguments a Triton kernel writes follows a stored-to address back
+    # through helper calls (one that reached a helper taking x's pointer marked x as written) and numbers
+    # the arguments as if the tensors led; torch 2.11 then copied x before every backward call (5.7 ms per
+    # step on an H100, issue #9; tests/test_kernels.py checks the analysis).
 
     @triton.jit
     def _rotate(x, cos, sin, at, rows, mask, H: tl.constexpr, T: tl.constexpr, HALF: tl.constexpr,
