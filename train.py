@@ -253,7 +253,7 @@ def head_loss(x, weight, targets, reduction="mean", cap=SOFTCAP):
 
 
 if triton is not None:
-    CE_WARPS = 8  # warps per row of logits (benchmarks/loss_kernel.py, H100: 4.75 ms vs 5.56 with 4)
+    CE_WARPS = 8  # warps per row of logits (loss_kernel.py on an H100: 15.27 ms vs 15.61 with 4)
 
     @triton.jit
     def _tanh(x):
@@ -288,46 +288,49 @@ if triton is not None:
             logits, targets, losses, V, cap, write_grad, BLOCK=triton.next_power_of_2(V), num_warps=CE_WARPS)
         return losses
 
-    ROTARY_ROWS = 16  # rows (one head of one token each) per program: 2.9 TB/s each way on an H100
+    ROTARY_ROWS = 16  # rows (one head of one token each) per program
 
-    # Store addresses are computed in the kernels, from integers only, and tensor arguments come first:
+    # Store addresses are computed from integers only (`_rows`), and tensor arguments come first:
     # torch.compile's analysis of which arguments a Triton kernel writes follows a stored-to address back
     # through helper calls (one that reached a helper taking x's pointer marked x as written) and numbers
     # the arguments as if the tensors led; torch 2.11 then copied x before every backward call (5.7 ms per
     # step on an H100, issue #9; tests/test_kernels.py checks the analysis).
 
     @triton.jit
+    def _rows(n_rows, HALF: tl.constexpr, HALF_P2: tl.constexpr, ROWS: tl.constexpr):
+        """This program's rows, the columns of a half row, the mask and the offsets in a contiguous tensor."""
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, HALF_P2)[None, :]
+        mask = (rows[:, None] < n_rows) & (cols < HALF)
+        return rows, cols, mask, rows[:, None].to(tl.int64) * (2 * HALF) + cols
+
+    @triton.jit
     def _rotate(x, cos, sin, at, rows, mask, H: tl.constexpr, T: tl.constexpr, HALF: tl.constexpr,
                 HALF_P2: tl.constexpr):
-        """The row pairs (x1, x2) at `at` rotated to (x1 c + x2 s, x2 c - x1 s) in float32, and c, s."""
+        """The row pairs (x1, x2) at `at` rotated to (x1 c + x2 s, x2 c - x1 s) in float32, c, s, and the
+        RMSNorm's reciprocal root mean square of the rotated rows."""
         x1 = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(x + at + HALF, mask=mask, other=0.0).to(tl.float32)
         t = ((rows // H) % T)[:, None] * HALF + tl.arange(0, HALF_P2)[None, :]
         c = tl.load(cos + t, mask=mask, other=0.0).to(tl.float32)
         s = tl.load(sin + t, mask=mask, other=0.0).to(tl.float32)
-        return x1 * c + x2 * s, x2 * c - x1 * s, c, s
+        r1, r2 = x1 * c + x2 * s, x2 * c - x1 * s
+        rstd = tl.rsqrt((tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1)) / (2 * HALF) + 1.1920928955078125e-07)[:, None]
+        return r1, r2, c, s, rstd
 
     @triton.jit
     def _rotary_norm_fwd(x, cos, sin, y, n_rows, H: tl.constexpr, T: tl.constexpr, HALF: tl.constexpr,
                          HALF_P2: tl.constexpr, ROWS: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.arange(0, HALF_P2)[None, :]
-        mask = (rows[:, None] < n_rows) & (cols < HALF)
-        at = rows[:, None].to(tl.int64) * (2 * HALF) + cols
-        r1, r2, c, s = _rotate(x, cos, sin, at, rows, mask, H, T, HALF, HALF_P2)
-        rstd = tl.rsqrt((tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1)) / (2 * HALF) + 1.1920928955078125e-07)[:, None]
+        rows, cols, mask, at = _rows(n_rows, HALF, HALF_P2, ROWS)
+        r1, r2, c, s, rstd = _rotate(x, cos, sin, at, rows, mask, H, T, HALF, HALF_P2)
         tl.store(y + at, (r1 * rstd).to(y.dtype.element_ty), mask=mask)
         tl.store(y + at + HALF, (r2 * rstd).to(y.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _rotary_norm_bwd(dy, x, cos, sin, dx, dy_b, dy_t, dy_h, n_rows, H: tl.constexpr, T: tl.constexpr,
                          HALF: tl.constexpr, HALF_P2: tl.constexpr, ROWS: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.arange(0, HALF_P2)[None, :]
-        mask = (rows[:, None] < n_rows) & (cols < HALF)
-        at = rows[:, None].to(tl.int64) * (2 * HALF) + cols
-        r1, r2, c, s = _rotate(x, cos, sin, at, rows, mask, H, T, HALF, HALF_P2)
-        rstd = tl.rsqrt((tl.sum(r1 * r1, 1) + tl.sum(r2 * r2, 1)) / (2 * HALF) + 1.1920928955078125e-07)[:, None]
+        rows, cols, mask, at = _rows(n_rows, HALF, HALF_P2, ROWS)
+        r1, r2, c, s, rstd = _rotate(x, cos, sin, at, rows, mask, H, T, HALF, HALF_P2)
         y1, y2 = r1 * rstd, r2 * rstd
         # dy comes from the attention's backward in its own layout: [B, T, H, D] strides, D contiguous
         r = rows.to(tl.int64)
