@@ -858,7 +858,7 @@ def run_training(args, run, summary, finish, grad_accum_steps, peak_flops):
         from profiling import capture  # the only module that drives torch.profiler
         steps = iter(range(first_step, first_step + args.warmup_steps + args.active_steps))
         meta = dict(device=device_name, torch=torch.__version__, commit=run["commit"],
-                    tokens_per_step=TOTAL_BATCH_SIZE, flops_per_step=flops_per_token * TOTAL_BATCH_SIZE,
+                    tokens_per_step=TOTAL_BATCH_SIZE, micro_batches=grad_accum_steps, flops_per_step=flops_per_token * TOTAL_BATCH_SIZE,
                     peak_flops=peak_flops, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if DEVICE_TYPE == "cuda" else None,
                     parameters={name: list(p.shape) for name, p in model.named_parameters()})

@@ -10,9 +10,12 @@ Files, under ./profiles (git-ignored; AUTORESEARCH_PROFILE_DIR names another), o
     profiles/latest                           a link to the newest folder (the next report diffs against it):
                                               `cat profiles/latest/report.md`
 """
+import contextlib
 import gzip
 import json
+import linecache
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -23,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from profiling import render, summary
 from profiling.errors import UserError
 from profiling.files import atomic_write
+from profiling.sampler import StackSampler, frame_label
 
 
 def profile_dir():
@@ -36,7 +40,10 @@ def capture(step_fn, warmup, active, metadata):
 
     The device is synchronized at the window's edges only: nothing launched before it runs inside it, and
     everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
-    the summary gives each kernel to the step that launched it.
+    the summary gives each kernel to the step that launched it. During the active steps the capture also
+    records what the trace cannot show (profiling/findings.py reads it): the main thread's Python stack
+    every few ms (profiling/sampler.py), the Python lines of the host syncs (CUDA's sync debug mode), and
+    the graph breaks TorchDynamo met while compiling.
     """
     if active < 1 or warmup < 0:
         raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
@@ -44,6 +51,7 @@ def capture(step_fn, warmup, active, metadata):
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sampler, syncs = StackSampler(), SyncRecorder(cuda)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         sync()
@@ -53,15 +61,75 @@ def capture(step_fn, warmup, active, metadata):
                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
             warnings.filterwarnings("ignore", message="Warning: Profiler clears events")  # repeat=1: one cycle
             for i in range(warmup + active):
-                step_fn()
+                if i == warmup:
+                    sampler.start()
+                if i >= warmup:
+                    sampler.step(i - warmup)
+                with syncs.watch(i >= warmup):
+                    step_fn()
                 if i == warmup + active - 1:
+                    sampler.stop()
                     sync()  # the last step's kernels finish before the profiler stops recording
                     t_end = time.perf_counter()
                 prof.step()  # after the last active step: stops recording and exports the trace
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
-    trace["autoresearch"] = metadata
+    trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
+                                 dynamo=dynamo_record())
     return trace, t_end
+
+
+class SyncRecorder:
+    """The Python lines that synchronize the host with the GPU, from CUDA's sync debug mode ("warn"): a
+    warning at each synchronizing call (`.item()`, `if tensor:`, `.cpu()`, `.nonzero()`), located at the
+    Python line that made it. Other warnings pass through."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.counts = {}
+
+    @contextlib.contextmanager
+    def watch(self, on):
+        if not (on and self.cuda):
+            yield
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        for w in caught:
+            if "synchronizing" in str(w.message):
+                key = (w.filename, w.lineno)
+                self.counts[key] = self.counts.get(key, 0) + 1
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def result(self, root):
+        """[{where: "train.py:412", line: its text, count}] over the active steps, most first."""
+        rows = [{"where": frame_label(f, n, "", root).strip(), "line": linecache.getline(f, n).strip()[:100],
+                 "count": c} for (f, n), c in self.counts.items()]
+        return sorted(rows, key=lambda r: -r["count"])
+
+
+def dynamo_record():
+    """The graph breaks TorchDynamo met so far in this process (compilation happens before profiling):
+    {"graph_breaks": [{reason, count}], "resumes": {resume function: count}, "unique_graphs": n}; None when
+    nothing was compiled."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    counters = utils.counters
+    reasons = {}
+    for group in ("graph_break", "unimplemented"):
+        for reason, n in counters.get(group, {}).items():
+            first = str(reason).strip().splitlines()[0][:200] if str(reason).strip() else "?"
+            reasons[first] = reasons.get(first, 0) + n
+    return {"graph_breaks": [{"reason": r, "count": n} for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])],
+            "resumes": dict(counters.get("resumes", {})),
+            "unique_graphs": counters.get("stats", {}).get("unique_graphs")}
 
 
 def previous_summary(folder):
