@@ -57,7 +57,7 @@ class StackSampler:
         self.interval = interval
         self.thread_id = thread_id if thread_id is not None else threading.get_ident()
         self.root = os.path.abspath(root or os.getcwd())
-        self.stacks, self.ids, self.samples, self.texts = [], {}, [], {}
+        self.stacks, self.ids, self.samples, self.texts, self.own = [], {}, [], {}, set()
         self.current = None           # (step, perf_counter at its start)
         self._stop = threading.Event()
         self._thread = None
@@ -90,8 +90,11 @@ class StackSampler:
         labels, depth = [], 0
         while frame is not None and len(labels) < MAX_FRAMES:
             code = frame.f_code
-            if depth < INNERMOST or is_own(code.co_filename, self.root):
+            own = is_own(code.co_filename, self.root)
+            if depth < INNERMOST or own:
                 label = frame_label(code.co_filename, frame.f_lineno, code.co_name, self.root)
+                if own:
+                    self.own.add(label)
                 if label not in self.texts:
                     self.texts[label] = linecache.getline(code.co_filename, frame.f_lineno).strip()[:MAX_TEXT]
                 labels.append(label)
@@ -104,7 +107,9 @@ class StackSampler:
 
     def result(self):
         """{"interval_ms", "stacks": [[frame label, innermost first]], "samples": [[step, us, stack id]],
-        "lines": {frame label: its source line}}: plain data for the trace metadata."""
+        "lines": {frame label: its source line}, "own": [labels of the project's own files]}: plain data for
+        the trace metadata."""
         used = {label for stack in self.stacks for label in stack}
         return {"interval_ms": self.interval * 1e3, "stacks": self.stacks, "samples": self.samples,
-                "lines": {label: text for label, text in self.texts.items() if label in used and text}}
+                "lines": {label: text for label, text in self.texts.items() if label in used and text},
+                "own": sorted(self.own & used)}

@@ -60,9 +60,10 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "parameters": {"blocks.0.mlp.c_fc.weight": [2048, 512], ...}  # name -> shape: the region table
     }
 """
-from profiling import regions
+from profiling import findings, regions
 from profiling.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.errors import UserError
+from profiling.timeline import Timeline
 from profiling.traceio import (
     attribute,
     check_content,
@@ -163,6 +164,7 @@ def _summarize_device(ix, meta):
              not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
                           "bogus_timestamps": len(out["bogus"])},
              regions=regions.device_table(ix, per_step, labels, meta, {"step_ms": step_ms, "categories": cats}))
+    s["findings"] = findings.diagnose(Timeline(ix, per_step, windows, labels, meta), s)
     s["checks"] = [
         _check_counts(counts, "device events"),
         _check_step_time(step_ms, meta),
@@ -207,7 +209,7 @@ def _summarize_cpu(ix, meta):
              idle_percent=_r(100 * cats["outside ops"] / step_ms if step_ms else 0.0),
              device_ms=None, categories={k: _r(v) for k, v in cats.items()}, other_kernels=[],
              kernels=_kernel_rows(rows, n, step_ms, readable=False), kernels_total=len(rows),
-             not_counted={}, regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}))
+             not_counted={}, findings=[], regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}))
     s["checks"] = [_check_counts(counts, "CPU ops"), _check_step_time(step_ms, meta)]
     return s
 

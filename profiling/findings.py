@@ -1,0 +1,432 @@
+"""Pure: the causes that cost the most, each with its evidence, an estimated gain and a fix. Stdlib only.
+
+    findings = diagnose(timeline, summary)   # [{kind, ms_per_step, pct_of_step, evidence, fix}], costliest first
+
+One small rule per kind, run in order, each reading the trace's events through profiling/timeline.py (and
+what the live run put in the trace's metadata), never train.py's source. A rule returns a finding or None.
+
+Costs (`ms_per_step`: what fixing the cause would save, estimated):
+- GPU idle is split once, so no two findings claim the same gap: first the gaps that begin while the host is
+  blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break), then the
+  rest (gpu_waits_on_host: long gaps, by what the host was doing; launch_bound: the host cannot launch fast
+  enough). When the profiled step is more than 3% slower than the unprofiled one, the profiler's own host
+  cost inflated the idle: idle-based costs are scaled to the unprofiled run's idle (unprofiled step - device
+  busy), and the profiler_overhead finding says so.
+- Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
+  attention calls), else a fraction of the device's peak named below.
+"""
+import statistics
+
+from profiling import hardware
+from profiling.classify import short_name
+from profiling.timeline import LAUNCH_CALLS, gemm_flops, input_types
+
+STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
+LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
+LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
+LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
+LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
+SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (healthy H100 here:
+                             # ~0.70, benchmarks/diagnoses_results.md; braked: 140 of 989 TFLOP/s, 0.14)
+EXPECTED_GEMM_FRACTION = 0.60  # what large bf16 GEMMs reach on a healthy device, for the gain estimate
+ATTENTION_SLOW_FRACTION = 0.30  # attention below this share of peak (causal FLOPs) is a fallback kernel (fused
+                                # cuDNN attention on the H100 here: 0.46-0.55)
+ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate when the trace has none to measure
+COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
+
+
+def diagnose(tl, summary):
+    """The findings of one device profile, costliest first (profiler_overhead, which costs training nothing,
+    last)."""
+    ctx = _context(tl, summary)
+    found = []
+    for rule in (host_sync, graph_break, fp32_matmul, slow_device, attention_fallback, launch_bound,
+                 gpu_waits_on_host):
+        f = rule(tl, ctx, found)
+        if f:
+            found.append(f)
+    found.sort(key=lambda f: -f["ms_per_step"])
+    overhead = profiler_overhead(tl, ctx, found)
+    return found + ([overhead] if overhead else [])
+
+
+def _context(tl, s):
+    step, idle = s["step_ms"], s["idle_ms"]
+    busy = step - idle
+    unprofiled = tl.meta.get("unprofiled_step_ms")
+    scale = 1.0
+    if isinstance(unprofiled, (int, float)) and unprofiled > 0 and step > unprofiled * (1 + STEP_TOLERANCE):
+        scale = max(0.0, min(1.0, (unprofiled - busy) / idle)) if idle > 0 else 1.0
+    peak = tl.meta.get("peak_flops") or hardware.peak_flops(s.get("device"))
+    return {"step": step, "idle": idle, "busy": busy, "unprofiled": unprofiled, "scale": scale, "peak": peak,
+            "n": tl.n, "micro_batches": tl.meta.get("micro_batches")}
+
+
+def _finding(kind, ms, ctx, evidence, fix):
+    return {"kind": kind, "ms_per_step": round(ms, 2), "pct_of_step": round(100 * ms / ctx["step"], 1),
+            "evidence": evidence, "fix": fix}
+
+
+def _idle(gaps, ctx):
+    """ms/step of GPU idle in these gaps, scaled to the unprofiled run when the profiler inflated it."""
+    return sum(g.us for g in gaps) / ctx["n"] / 1e3 * ctx["scale"]
+
+
+def _scaled(ctx):
+    return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
+
+
+def _top(counts, k=3):
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:k]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The rules
+# ---------------------------------------------------------------------------------------------------------
+
+def host_sync(tl, ctx, found):
+    """Host syncs made by the step's operators, costed by the GPU idle that begins while the host waits."""
+    syncs = [(e, chain) for e, chain in tl.syncs if chain]  # none around it: the capture's own final sync
+    if not syncs:
+        return None
+    claimed = []
+    for g in tl.gaps:
+        hit = tl.sync_at(g)
+        if hit and hit[1] and g.launch["ts"] >= hit[0]["ts"] + hit[0]["dur"] - 50.0:
+            g.cause = "host_sync"
+            claimed.append(g)
+    ops = {}
+    for _, chain in syncs:
+        name = ([c for c in chain if c.startswith("aten::")] or [chain[0]])[-1]
+        ops[name] = ops.get(name, 0) + 1
+    lines = [s for s in tl.meta.get("syncs") or () if not s["where"].startswith(SYNC_NOISE)]
+    where = "; ".join(f"{s['where']} `{s['line']}` ({s['count'] / ctx['n']:g}/step)" for s in lines[:3])
+    evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in _top(ops))
+                + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"
+                + (f"; at {where}" if where else ""))
+    return _finding("host_sync", _idle(claimed, ctx), ctx, evidence,
+                    "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
+                    "tensor); read them once per step after the next step is launched, as train.py's loop does")
+
+
+def graph_break(tl, ctx, found):
+    """More compiled regions per micro-batch than one: the eager kernels and idle between the fragments."""
+    counts = [len(r) for r in tl.regions]
+    if not counts or not max(counts):
+        return None
+    frames = {f for r in tl.regions for _, f in r}
+    mb = ctx["micro_batches"] or max(counts) // len(frames)  # old traces: each fragment runs once a micro-batch
+    per_mb = max(counts) / max(1, mb)
+    if per_mb <= 1:
+        return None
+    eager_us, eager_ops, idle = 0.0, {}, []
+    for k, evs in enumerate(tl.per_step):
+        for (e, launch), cat in zip(evs, tl.labels[k]):
+            if cat in ("optimizer", "memory"):
+                continue
+            chain = tl.chain(tl.op_of(launch))
+            if chain and not any(c.startswith(COMPILED) for c in chain):
+                eager_us += e["dur"]
+                eager_ops[_launcher(chain)] = eager_ops.get(_launcher(chain), 0.0) + e["dur"]
+    for g in tl.gaps:
+        if g.cause is None and g.us < LONG_GAP_US * 10 and _between_fragments(tl, g):
+            g.cause = "graph_break"
+            idle.append(g)
+    eager = eager_us / ctx["n"] / 1e3
+    dynamo = tl.meta.get("dynamo") or {}
+    reasons = "; ".join(f"{r['reason']} x{r['count']}" for r in dynamo.get("graph_breaks", [])[:2])
+    resumes = ", ".join(name.replace("torch_dynamo_resume_in_", "").replace("_at_", " at line ")
+                        for name in list(dynamo.get("resumes", {}))[:3])
+    evidence = (f"{per_mb:g} compiled regions per micro-batch (1 expected); eager kernels between them "
+                f"{eager:.1f} ms/step (" + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in _top(eager_ops))
+                + f"), GPU idle between them {_idle(idle, ctx):.1f} ms/step"
+                + (f"; dynamo: {reasons}" if reasons else "") + (f"; resumes in {resumes}" if resumes else "")
+                + "; fusion lost inside the fragments is not counted")
+    return _finding("graph_break", eager + _idle(idle, ctx), ctx, evidence,
+                    "keep the model one graph: no data-dependent Python branch, .item(), print or "
+                    "non-torch call inside forward (check such things once per step, outside the model)")
+
+
+def _between_fragments(tl, g):
+    """True when the kernel ending gap g was launched by the main thread outside compiled code (model ops
+    run eagerly between two fragments), not by a copy."""
+    if "memcpy" in str(g.after.get("cat", "")).lower() or "Memcpy" in str(g.after.get("name", "")):
+        return False
+    chain = tl.chain(tl.op_of(g.launch))
+    return bool(chain) and not any(c.startswith(COMPILED) for c in chain)
+
+
+def _gemms(tl):
+    """[(first kernel, launching op or None, device us, flops or None)] per GEMM operator call of every step: a
+    GEMM may run as several kernels (split-K and its reduction), its FLOPs count once."""
+    calls = {}
+    for k, evs in enumerate(tl.per_step):
+        for (e, launch), cat in zip(evs, tl.labels[k]):
+            if cat == "GEMM":
+                op = tl.op_of(launch)
+                row = calls.setdefault(id(op) if op is not None else id(e), [e, op, 0.0, gemm_flops(op)])
+                row[2] += e["dur"]
+    return list(calls.values())
+
+
+def _dims(op):
+    """An operator's input shapes as `[262144, 512] x [512, 2048]`."""
+    dims = (op.get("args") or {}).get("Input Dims") if op else None
+    shown = [d for d in dims if isinstance(d, list) and d][:2] if isinstance(dims, list) else []
+    return " x ".join(str(d) for d in shown) or "?"
+
+
+def _launcher(chain):
+    """Who launched a kernel, readably: the outermost aten operator, else the compiled graph."""
+    aten = [c for c in chain if c.startswith("aten::")]
+    if aten:
+        return aten[-1]
+    if any(c.startswith("CompiledFunctionBackward") for c in chain):
+        return "the compiled backward"
+    if any(c.startswith(COMPILED) for c in chain):
+        return "a compiled graph"
+    return chain[0] if chain else "?"
+
+
+def _is_fp32(e, op):
+    types = input_types(op)
+    if types:
+        return any(t in ("float", "double") for t in types[:2])
+    name = str(e.get("name", "")).lower()
+    return "tf32" in name or "sgemm" in name or "f32f32" in name
+
+
+def fp32_matmul(tl, ctx, found):
+    """GEMMs on float32 inputs (TF32 or full fp32 kernels), against this trace's bf16 GEMM rate."""
+    gemms = _gemms(tl)
+    fp32 = [g for g in gemms if _is_fp32(g[0], g[1])]
+    if not fp32:
+        return None
+    us, flops = sum(g[2] for g in fp32), sum(g[3] or 0.0 for g in fp32)
+    bf16 = [g for g in gemms if g[3] and not _is_fp32(g[0], g[1])]
+    rate = sum(g[3] for g in bf16) / (sum(g[2] for g in bf16) / 1e6) if bf16 else \
+        (EXPECTED_GEMM_FRACTION * ctx["peak"] if ctx["peak"] else None)
+    ms = us / ctx["n"] / 1e3
+    if not rate or not flops:
+        estimate, basis = ms / 2, "half its time (no shapes recorded to estimate better)"
+    else:
+        estimate = flops / rate / ctx["n"] * 1e3
+        basis = f"{estimate:.1f} ms at this run's bf16 GEMM rate ({rate / 1e12:.0f} TFLOP/s)"
+    kernels, shapes = {}, {}
+    for e, op, g_us, _ in fp32:
+        name = short_name(str(e.get("name", "")))
+        kernels[name] = kernels.get(name, 0) + 1
+        shapes[_dims(op)] = shapes.get(_dims(op), 0.0) + g_us
+    evidence = (f"{len(fp32) / ctx['n']:g} GEMMs/step on float32 inputs: {ms:.1f} ms/step"
+                + (f" at {flops / (us / 1e6) / 1e12:.0f} TFLOP/s" if flops else "") + f"; in bf16: {basis}; "
+                + "shapes " + ", ".join(s for s, _ in _top(shapes, 2)) + "; kernel "
+                + ", ".join(f"`{k}`" for k, _ in _top(kernels, 1)) + "; the float32 elementwise work around them "
+                "is not counted")
+    return _finding("fp32_matmul", max(0.0, ms - estimate), ctx, evidence,
+                    "run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() "
+                    "on their inputs")
+
+
+def slow_device(tl, ctx, found):
+    """Large bf16 GEMMs far below the device's peak: a braked, throttled or shared GPU, not the code."""
+    if not ctx["peak"]:
+        return None
+    large = [g for g in _gemms(tl) if g[3] and g[3] >= LARGE_GEMM_FLOPS and not _is_fp32(g[0], g[1])]
+    us = sum(g[2] for g in large)
+    if not large or us <= 0:
+        return None
+    flops = sum(g[3] for g in large)
+    rate = flops / (us / 1e6)
+    if rate >= SLOW_DEVICE_FRACTION * ctx["peak"]:
+        return None
+    expected = flops / (EXPECTED_GEMM_FRACTION * ctx["peak"]) / ctx["n"] * 1e3
+    ms = us / ctx["n"] / 1e3
+    evidence = (f"{len(large) / ctx['n']:g} large bf16 GEMMs/step (>= {LARGE_GEMM_FLOPS:.0e} FLOP each) run at "
+                f"{rate / 1e12:.0f} TFLOP/s, {100 * rate / ctx['peak']:.0f}% of the device's {ctx['peak'] / 1e12:.0f} "
+                f"(a healthy GPU: ~{100 * EXPECTED_GEMM_FRACTION:.0f}% or more): {ms:.1f} ms/step where "
+                f"{expected:.1f} would do; every other kernel is likely slowed too (not counted)")
+    return _finding("slow_device", max(0.0, ms - expected), ctx, evidence,
+                    "check the GPU before editing code: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: "
+                    "power brake, thermal), other processes on it (`nvidia-smi`), one timed 8192^3 bf16 matmul")
+
+
+def _attention_calls(tl):
+    """{(op name, input dims text): (device us, calls, flops per call or None, input dims)} of the attention
+    operators (the math path's kernels count under it)."""
+    groups = {}
+    for k, evs in enumerate(tl.per_step):
+        for (e, launch), cat in zip(evs, tl.labels[k]):
+            if cat in ("memory", "optimizer"):
+                continue
+            op = tl.op_of(launch)
+            chain = tl.chain(op)
+            math = next((c for c in chain if "attention_math" in c), None)
+            owner = math or next((c for c in chain if _ATTENTION_OP in c or "attention" in c), None)
+            if owner is None and cat != "attention":
+                continue
+            target = next((o for o in _ancestors(tl, op) if str(o.get("name", "")) == owner), op) if owner else op
+            dims = (target.get("args") or {}).get("Input Dims") if target else None
+            key = (owner or (str(target.get("name")) if target else short_name(e["name"])), str(dims))
+            row = groups.setdefault(key, [0.0, set(), _attention_flops(key[0], dims), dims])
+            row[0] += e["dur"]
+            row[1].add(id(target) if target else id(e))
+    return {key: (us, len(ids), f, dims) for key, (us, ids, f, dims) in groups.items()}
+
+
+_ATTENTION_OP = "scaled_dot_product"
+
+
+def _ancestors(tl, op):
+    while op is not None:
+        yield op
+        op = tl.parent.get(id(op))
+
+
+def _attention_flops(name, dims):
+    """Causal-attention FLOPs of one call from q [B, H, Tq, D] and k [B, Hk, Tk, D] (2.5x for a backward);
+    the useful work of a causal or narrower mask is at most this much."""
+    if not (isinstance(dims, list) and len(dims) >= 2 and all(isinstance(d, list) and len(d) == 4 for d in dims[:2])):
+        return None
+    (b, h, tq, d), (_, _, tk, _) = dims[0], dims[1]
+    flops = 2.0 * b * h * tq * tk * d
+    return flops * 2.5 if "backward" in name else flops
+
+
+def attention_fallback(tl, ctx, found):
+    """Attention on a kernel far slower than the fused ones (a masked fallback, the math path, an old kernel)."""
+    if not ctx["peak"] or any(f["kind"] == "slow_device" for f in found):
+        return None  # on a slow device every kernel is slow: attention is not judged
+    calls = _attention_calls(tl)
+    slow, fast = {}, [0.0, 0.0]
+    for (name, key), (us, n, flops, dims) in calls.items():
+        rate = flops * n / (us / 1e6) if flops and us else None
+        if "attention_math" in name or rate is not None and rate < ATTENTION_SLOW_FRACTION * ctx["peak"]:
+            slow[(name, key)] = (us, n, flops, rate, dims)
+        elif rate is not None:
+            fast[0] += flops * n
+            fast[1] += us / 1e6
+    if not slow:
+        return None
+    fast_rate = fast[0] / fast[1] if fast[1] else ATTENTION_FAST_FRACTION * ctx["peak"]
+    gain, parts = 0.0, []
+    for (name, _), (us, n, flops, rate, dims) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
+        ms = us / ctx["n"] / 1e3
+        target = flops * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2
+        gain += max(0.0, ms - target)
+        mask = [d for d in (dims or [])[3:] if isinstance(d, list) and len(d) == 2]
+        parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a ' + str(mask[0]) + ' mask' if mask else ''}: "
+                     f"{ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
+    evidence = ("; ".join(parts[:3]) + f"; the fused kernels run at {fast_rate / 1e12:.0f} TFLOP/s "
+                "(causal-attention FLOPs; a window does less)")
+    return _finding("attention_fallback", gain, ctx, evidence,
+                    "give attention a form the fused kernel takes: is_causal=True, or the sliding window as "
+                    "train.py's window attention (a band), not a dense attn_mask")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The host: what the GPU waits for
+# ---------------------------------------------------------------------------------------------------------
+
+def _host_line(tl, gap):
+    """What the host did during a gap: the most sampled line of the project's own files (else the innermost
+    frame) among the live run's samples inside it, or None without samples."""
+    host = tl.meta.get("host_samples") or {}
+    stacks, own = host.get("stacks") or [], _own(tl)
+    counts = {}
+    for sid in tl.samples_between(gap.step, gap.start, gap.end):
+        if 0 <= sid < len(stacks) and stacks[sid]:
+            label = next((f for f in stacks[sid] if f in own), stacks[sid][0])
+            counts[label] = counts.get(label, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def _own(tl):
+    """Frame labels of the project's own files (samplers before "own" was kept: top-level files)."""
+    host = tl.meta.get("host_samples") or {}
+    if "own" in host:
+        return set(host["own"])
+    return {f for stack in host.get("stacks") or () for f in stack
+            if "/" not in f.split(":")[0] or f.startswith((".bench/", "profiling/"))}
+
+
+def _open_gaps(tl):
+    return [g for g in tl.gaps if g.cause is None]
+
+
+def _launch_heavy(tl, ctx):
+    events = sum(len(evs) for evs in tl.per_step) / ctx["n"]
+    return events * LAUNCH_HOST_US / 1e3 >= LAUNCH_SHARE * ctx["busy"], events
+
+
+def launch_bound(tl, ctx, found):
+    """The host cannot launch kernels as fast as the GPU runs them: many short kernels, idle between them."""
+    heavy, events = _launch_heavy(tl, ctx)
+    if not heavy:
+        return None
+    gaps = [g for g in _open_gaps(tl) if g.us < LONG_GAP_US or not _train_line(tl, _host_line(tl, g))]
+    for g in gaps:
+        g.cause = "launch_bound"
+    durs = [e["dur"] for evs in tl.per_step for e, _ in evs]
+    launch_ms = sum(e["dur"] for e in tl.ix.launches.values() if LAUNCH_CALLS.match(str(e.get("name", ""))))
+    mb = ctx["micro_batches"]
+    evidence = (f"{events:.0f} device events/step" + (f" ({mb} micro-batches of {events / mb:.0f})" if mb else "")
+                + f", median {statistics.median(durs):.1f} us; host launch calls {launch_ms / ctx['n'] / 1e3:.1f} "
+                f"ms/step; GPU idle between kernels {_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}")
+    return _finding("launch_bound", _idle(gaps, ctx), ctx, evidence,
+                    "fewer, larger kernels: raise DEVICE_BATCH_SIZE (fewer micro-batches per step), keep the "
+                    "model compiled" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
+
+
+def _train_line(tl, label):
+    """True for a line of the project's own files other than the fixed ones (prepare.py, profiling/)."""
+    return label in _own(tl) and not label.split(":")[0].endswith("prepare.py") and "profiling/" not in label
+
+
+def gpu_waits_on_host(tl, ctx, found):
+    """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing."""
+    gaps = [g for g in _open_gaps(tl) if g.us >= LONG_GAP_US]
+    if not gaps:
+        return None
+    by_line, places = {}, {}
+    for g in gaps:
+        g.cause = "gpu_waits_on_host"
+        line = _host_line(tl, g) or "no host sample"
+        by_line[line] = by_line.get(line, 0.0) + g.us
+        place = (short_name(str(g.before.get("name", ""))), short_name(str(g.after.get("name", ""))),
+                 _launcher(tl.chain(tl.op_of(g.launch))))
+        places[place] = places.get(place, 0.0) + g.us
+    texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
+    total = sum(by_line.values())
+    host = ", ".join(f"{line} ({100 * us / total:.0f}%)" + (f" `{texts[line]}`" if line in texts else "")
+                     for line, us in _top(by_line, 2))
+    (before, after, op), _ = _top(places, 1)[0]
+    evidence = (f"{len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU idle "
+                f"{_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}; mostly after `{before}`, before `{after}` "
+                f"(launched by {op}); the host meanwhile: {host}")
+    top = _top(by_line, 1)[0][0]
+    fix = ("the input pipeline is slower than the GPU: make the loader cheaper or prepare batches ahead"
+           if top.startswith("prepare.py") else
+           f"make the host work at {top} cheaper or move it out of the step" if top != "no host sample" else
+           "find what the host does between these kernels (no stack samples in this trace) and move it out of "
+           "the step")
+    return _finding("gpu_waits_on_host", _idle(gaps, ctx), ctx, evidence, fix)
+
+
+def profiler_overhead(tl, ctx, found):
+    """The profiled step differs from the unprofiled one by more than 3%: which figures are inflated."""
+    u = ctx["unprofiled"]
+    if not isinstance(u, (int, float)) or u <= 0 or abs(ctx["step"] / u - 1) <= STEP_TOLERANCE:
+        return None
+    change = 100 * (ctx["step"] / u - 1)
+    if change < 0:
+        evidence = (f"profiled {ctx['step']:.1f} ms/step vs {u:.1f} unprofiled ({change:+.1f}%): the unprofiled "
+                    "steps were slower (a recompile or warm-up in them?); the profiled figures stand")
+    else:
+        corrected = max(0.0, u - ctx["busy"])
+        evidence = (f"profiled {ctx['step']:.1f} ms/step vs {u:.1f} unprofiled ({change:+.1f}%): the profiler's "
+                    f"host cost inflates the step and the GPU idle ({ctx['idle']:.1f} ms/step), not kernel times; "
+                    f"corrected idle = unprofiled - device busy = {corrected:.1f} ms/step; idle-based findings "
+                    f"above are scaled by {ctx['scale']:.2f}")
+    return {"kind": "profiler_overhead", "ms_per_step": 0.0, "pct_of_step": 0.0, "evidence": evidence,
+            "fix": "nothing to change for this: judge speed by the unprofiled step time"}
