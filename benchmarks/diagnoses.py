@@ -17,7 +17,6 @@ planted cause is named: by the top finding, or by a finding whose cost is at lea
 slowdown (the acceptance line of issue #16). Failing rows stay in the results.
 """
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -35,21 +34,22 @@ CASES = {
         "the loss read with .item() after every micro-batch's backward (a host sync before the next batch)",
         ("host_sync",),
         [("            (loss / grad_accum_steps).backward()\n",
-          "            (loss / grad_accum_steps).backward()\n            last_loss = loss.item()  # planted\n")],
+          ("            (loss / grad_accum_steps).backward()\n"
+           "            last_loss = loss.item()  # planted\n"))],
         None),
     "nan_check": (
         "a NaN check after every block (`if torch.isnan(x).any(): raise`): graph breaks and host syncs",
         ("graph_break", "host_sync"),
         [("        return x + self.mlp(norm(x))\n",
-          "        x = x + self.mlp(norm(x))\n        if torch.isnan(x).any():  # planted\n"
-          "            raise FloatingPointError('NaN in a block')\n        return x\n")],
+          ("        x = x + self.mlp(norm(x))\n        if torch.isnan(x).any():  # planted\n"
+           "            raise FloatingPointError('NaN in a block')\n        return x\n"))],
         None),
     "fp32_mlp": (
         "the MLP left in float32 (autocast off around it)",
         ("fp32_matmul",),
         [("        return self.c_proj(F.relu(self.c_fc(x)).square())\n",
-          "        with torch.autocast(x.device.type, enabled=False):  # planted\n"
-          "            return self.c_proj(F.relu(self.c_fc(x.float())).square())\n")],
+          ("        with torch.autocast(x.device.type, enabled=False):  # planted\n"
+           "            return self.c_proj(F.relu(self.c_fc(x.float())).square())\n"))],
         None),
     "dense_mask": (
         "the sliding window as a dense boolean mask passed to scaled_dot_product_attention",
@@ -66,9 +66,9 @@ CASES = {
         ("gpu_waits_on_host",),
         [("            batch = next(loader)  # the next batch is prepared while the GPU works\n",
           "            batch = preprocess(next(loader))  # planted\n"),
-         ("def make_train_step(", "def preprocess(batch):  # planted: slow Python work on every batch\n"
-          "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.2:\n        pass\n"
-          "    return batch\n\n\ndef make_train_step(")],
+         ("def make_train_step(", ("def preprocess(batch):  # planted: slow Python work on every batch\n"
+                                  "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.2:\n"
+                                  "        pass\n    return batch\n\n\ndef make_train_step("))],
         None),
     "shared_gpu": (
         "another process running bf16 matmuls on the same GPU (the GPU is slow, not the code)",
@@ -95,7 +95,6 @@ def plant(case, source):
 def matmul_tflops():
     """One bf16 8192^3 matmul, median of 10 after 3 warm-ups, in TFLOP/s (a healthy H100: ~780)."""
     import torch
-
     from common import cuda_median_ms
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = cuda_median_ms(lambda: a @ a)
@@ -117,7 +116,7 @@ def run_case(case, out, timeout):
     try:
         with open(os.path.join(out, f"{case}.log"), "w") as log:
             code = subprocess.run([sys.executable, os.path.join(folder, "train.py"), "--profile"], cwd=ROOT,
-                                  env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+                                  env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False).returncode
     finally:
         if hog:
             hog.kill()

@@ -13,25 +13,19 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
   cost inflated the idle: idle-based costs are scaled to the unprofiled run's idle (unprofiled step - device
   busy), and the profiler_overhead finding says so.
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
-  attention calls), else a fraction of the device's peak named below.
+  attention calls), else a fraction of the device's peak (profiling/kernel_findings.py names them).
 """
 import statistics
 
 from profiling import hardware
 from profiling.classify import short_name
-from profiling.timeline import LAUNCH_CALLS, gemm_flops, input_types
+from profiling.kernel_findings import attention_fallback, finding, fp32_matmul, slow_device, top
+from profiling.timeline import LAUNCH_CALLS
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
 LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
 LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
 LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
-LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
-SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (healthy H100 here:
-                             # ~0.70, benchmarks/diagnoses_results.md; braked: 140 of 989 TFLOP/s, 0.14)
-EXPECTED_GEMM_FRACTION = 0.60  # what large bf16 GEMMs reach on a healthy device, for the gain estimate
-ATTENTION_SLOW_FRACTION = 0.30  # attention below this share of peak (causal FLOPs) is a fallback kernel (fused
-                                # cuDNN attention on the H100 here: 0.46-0.55)
-ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate when the trace has none to measure
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
 
@@ -63,11 +57,6 @@ def _context(tl, s):
             "n": tl.n, "micro_batches": tl.meta.get("micro_batches")}
 
 
-def _finding(kind, ms, ctx, evidence, fix):
-    return {"kind": kind, "ms_per_step": round(ms, 2), "pct_of_step": round(100 * ms / ctx["step"], 1),
-            "evidence": evidence, "fix": fix}
-
-
 def _idle(gaps, ctx):
     """ms/step of GPU idle in these gaps, scaled to the unprofiled run when the profiler inflated it."""
     return sum(g.us for g in gaps) / ctx["n"] / 1e3 * ctx["scale"]
@@ -75,10 +64,6 @@ def _idle(gaps, ctx):
 
 def _scaled(ctx):
     return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
-
-
-def _top(counts, k=3):
-    return sorted(counts.items(), key=lambda kv: -kv[1])[:k]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -102,10 +87,10 @@ def host_sync(tl, ctx, found):
         ops[name] = ops.get(name, 0) + 1
     lines = [s for s in tl.meta.get("syncs") or () if not s["where"].startswith(SYNC_NOISE)]
     where = "; ".join(f"{s['where']} `{s['line']}` ({s['count'] / ctx['n']:g}/step)" for s in lines[:3])
-    evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in _top(ops))
+    evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in top(ops))
                 + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"
                 + (f"; at {where}" if where else ""))
-    return _finding("host_sync", _idle(claimed, ctx), ctx, evidence,
+    return finding("host_sync", _idle(claimed, ctx), ctx, evidence,
                     "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
                     "tensor); read them once per step after the next step is launched, as train.py's loop does")
 
@@ -139,11 +124,11 @@ def graph_break(tl, ctx, found):
     resumes = ", ".join(name.replace("torch_dynamo_resume_in_", "").replace("_at_", " at line ")
                         for name in list(dynamo.get("resumes", {}))[:3])
     evidence = (f"{per_mb:g} compiled regions per micro-batch (1 expected); eager kernels between them "
-                f"{eager:.1f} ms/step (" + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in _top(eager_ops))
+                f"{eager:.1f} ms/step (" + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in top(eager_ops))
                 + f"), GPU idle between them {_idle(idle, ctx):.1f} ms/step"
                 + (f"; dynamo: {reasons}" if reasons else "") + (f"; resumes in {resumes}" if resumes else "")
                 + "; fusion lost inside the fragments is not counted")
-    return _finding("graph_break", eager + _idle(idle, ctx), ctx, evidence,
+    return finding("graph_break", eager + _idle(idle, ctx), ctx, evidence,
                     "keep the model one graph: no data-dependent Python branch, .item(), print or "
                     "non-torch call inside forward (check such things once per step, outside the model)")
 
@@ -155,173 +140,6 @@ def _between_fragments(tl, g):
         return False
     chain = tl.chain(tl.op_of(g.launch))
     return bool(chain) and not any(c.startswith(COMPILED) for c in chain)
-
-
-def _gemms(tl):
-    """[(first kernel, launching op or None, device us, flops or None)] per GEMM operator call of every step: a
-    GEMM may run as several kernels (split-K and its reduction), its FLOPs count once."""
-    calls = {}
-    for k, evs in enumerate(tl.per_step):
-        for (e, launch), cat in zip(evs, tl.labels[k]):
-            if cat == "GEMM":
-                op = tl.op_of(launch)
-                row = calls.setdefault(id(op) if op is not None else id(e), [e, op, 0.0, gemm_flops(op)])
-                row[2] += e["dur"]
-    return list(calls.values())
-
-
-def _dims(op):
-    """An operator's input shapes as `[262144, 512] x [512, 2048]`."""
-    dims = (op.get("args") or {}).get("Input Dims") if op else None
-    shown = [d for d in dims if isinstance(d, list) and d][:2] if isinstance(dims, list) else []
-    return " x ".join(str(d) for d in shown) or "?"
-
-
-def _launcher(chain):
-    """Who launched a kernel, readably: the outermost aten operator, else the compiled graph."""
-    aten = [c for c in chain if c.startswith("aten::")]
-    if aten:
-        return aten[-1]
-    if any(c.startswith("CompiledFunctionBackward") for c in chain):
-        return "the compiled backward"
-    if any(c.startswith(COMPILED) for c in chain):
-        return "a compiled graph"
-    return chain[0] if chain else "?"
-
-
-def _is_fp32(e, op):
-    types = input_types(op)
-    if types:
-        return any(t in ("float", "double") for t in types[:2])
-    name = str(e.get("name", "")).lower()
-    return "tf32" in name or "sgemm" in name or "f32f32" in name
-
-
-def fp32_matmul(tl, ctx, found):
-    """GEMMs on float32 inputs (TF32 or full fp32 kernels), against this trace's bf16 GEMM rate."""
-    gemms = _gemms(tl)
-    fp32 = [g for g in gemms if _is_fp32(g[0], g[1])]
-    if not fp32:
-        return None
-    us, flops = sum(g[2] for g in fp32), sum(g[3] or 0.0 for g in fp32)
-    bf16 = [g for g in gemms if g[3] and not _is_fp32(g[0], g[1])]
-    rate = sum(g[3] for g in bf16) / (sum(g[2] for g in bf16) / 1e6) if bf16 else \
-        (EXPECTED_GEMM_FRACTION * ctx["peak"] if ctx["peak"] else None)
-    ms = us / ctx["n"] / 1e3
-    if not rate or not flops:
-        estimate, basis = ms / 2, "half its time (no shapes recorded to estimate better)"
-    else:
-        estimate = flops / rate / ctx["n"] * 1e3
-        basis = f"{estimate:.1f} ms at this run's bf16 GEMM rate ({rate / 1e12:.0f} TFLOP/s)"
-    kernels, shapes = {}, {}
-    for e, op, g_us, _ in fp32:
-        name = short_name(str(e.get("name", "")))
-        kernels[name] = kernels.get(name, 0) + 1
-        shapes[_dims(op)] = shapes.get(_dims(op), 0.0) + g_us
-    evidence = (f"{len(fp32) / ctx['n']:g} GEMMs/step on float32 inputs: {ms:.1f} ms/step"
-                + (f" at {flops / (us / 1e6) / 1e12:.0f} TFLOP/s" if flops else "") + f"; in bf16: {basis}; "
-                + "shapes " + ", ".join(s for s, _ in _top(shapes, 2)) + "; kernel "
-                + ", ".join(f"`{k}`" for k, _ in _top(kernels, 1)) + "; the float32 elementwise work around them "
-                "is not counted")
-    return _finding("fp32_matmul", max(0.0, ms - estimate), ctx, evidence,
-                    "run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() "
-                    "on their inputs")
-
-
-def slow_device(tl, ctx, found):
-    """Large bf16 GEMMs far below the device's peak: a braked, throttled or shared GPU, not the code."""
-    if not ctx["peak"]:
-        return None
-    large = [g for g in _gemms(tl) if g[3] and g[3] >= LARGE_GEMM_FLOPS and not _is_fp32(g[0], g[1])]
-    us = sum(g[2] for g in large)
-    if not large or us <= 0:
-        return None
-    flops = sum(g[3] for g in large)
-    rate = flops / (us / 1e6)
-    if rate >= SLOW_DEVICE_FRACTION * ctx["peak"]:
-        return None
-    expected = flops / (EXPECTED_GEMM_FRACTION * ctx["peak"]) / ctx["n"] * 1e3
-    ms = us / ctx["n"] / 1e3
-    evidence = (f"{len(large) / ctx['n']:g} large bf16 GEMMs/step (>= {LARGE_GEMM_FLOPS:.0e} FLOP each) run at "
-                f"{rate / 1e12:.0f} TFLOP/s, {100 * rate / ctx['peak']:.0f}% of the device's {ctx['peak'] / 1e12:.0f} "
-                f"(a healthy GPU: ~{100 * EXPECTED_GEMM_FRACTION:.0f}% or more): {ms:.1f} ms/step where "
-                f"{expected:.1f} would do; every other kernel is likely slowed too (not counted)")
-    return _finding("slow_device", max(0.0, ms - expected), ctx, evidence,
-                    "check the GPU before editing code: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: "
-                    "power brake, thermal), other processes on it (`nvidia-smi`), one timed 8192^3 bf16 matmul")
-
-
-def _attention_calls(tl):
-    """{(op name, input dims text): (device us, calls, flops per call or None, input dims)} of the attention
-    operators (the math path's kernels count under it)."""
-    groups = {}
-    for k, evs in enumerate(tl.per_step):
-        for (e, launch), cat in zip(evs, tl.labels[k]):
-            if cat in ("memory", "optimizer"):
-                continue
-            op = tl.op_of(launch)
-            chain = tl.chain(op)
-            math = next((c for c in chain if "attention_math" in c), None)
-            owner = math or next((c for c in chain if _ATTENTION_OP in c or "attention" in c), None)
-            if owner is None and cat != "attention":
-                continue
-            target = next((o for o in _ancestors(tl, op) if str(o.get("name", "")) == owner), op) if owner else op
-            dims = (target.get("args") or {}).get("Input Dims") if target else None
-            key = (owner or (str(target.get("name")) if target else short_name(e["name"])), str(dims))
-            row = groups.setdefault(key, [0.0, set(), _attention_flops(key[0], dims), dims])
-            row[0] += e["dur"]
-            row[1].add(id(target) if target else id(e))
-    return {key: (us, len(ids), f, dims) for key, (us, ids, f, dims) in groups.items()}
-
-
-_ATTENTION_OP = "scaled_dot_product"
-
-
-def _ancestors(tl, op):
-    while op is not None:
-        yield op
-        op = tl.parent.get(id(op))
-
-
-def _attention_flops(name, dims):
-    """Causal-attention FLOPs of one call from q [B, H, Tq, D] and k [B, Hk, Tk, D] (2.5x for a backward);
-    the useful work of a causal or narrower mask is at most this much."""
-    if not (isinstance(dims, list) and len(dims) >= 2 and all(isinstance(d, list) and len(d) == 4 for d in dims[:2])):
-        return None
-    (b, h, tq, d), (_, _, tk, _) = dims[0], dims[1]
-    flops = 2.0 * b * h * tq * tk * d
-    return flops * 2.5 if "backward" in name else flops
-
-
-def attention_fallback(tl, ctx, found):
-    """Attention on a kernel far slower than the fused ones (a masked fallback, the math path, an old kernel)."""
-    if not ctx["peak"] or any(f["kind"] == "slow_device" for f in found):
-        return None  # on a slow device every kernel is slow: attention is not judged
-    calls = _attention_calls(tl)
-    slow, fast = {}, [0.0, 0.0]
-    for (name, key), (us, n, flops, dims) in calls.items():
-        rate = flops * n / (us / 1e6) if flops and us else None
-        if "attention_math" in name or rate is not None and rate < ATTENTION_SLOW_FRACTION * ctx["peak"]:
-            slow[(name, key)] = (us, n, flops, rate, dims)
-        elif rate is not None:
-            fast[0] += flops * n
-            fast[1] += us / 1e6
-    if not slow:
-        return None
-    fast_rate = fast[0] / fast[1] if fast[1] else ATTENTION_FAST_FRACTION * ctx["peak"]
-    gain, parts = 0.0, []
-    for (name, _), (us, n, flops, rate, dims) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
-        ms = us / ctx["n"] / 1e3
-        target = flops * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2
-        gain += max(0.0, ms - target)
-        mask = [d for d in (dims or [])[3:] if isinstance(d, list) and len(d) == 2]
-        parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a ' + str(mask[0]) + ' mask' if mask else ''}: "
-                     f"{ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
-    evidence = ("; ".join(parts[:3]) + f"; the fused kernels run at {fast_rate / 1e12:.0f} TFLOP/s "
-                "(causal-attention FLOPs; a window does less)")
-    return _finding("attention_fallback", gain, ctx, evidence,
-                    "give attention a form the fused kernel takes: is_causal=True, or the sliding window as "
-                    "train.py's window attention (a band), not a dense attn_mask")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -350,6 +168,18 @@ def _own(tl):
             if "/" not in f.split(":")[0] or f.startswith((".bench/", "profiling/"))}
 
 
+def _launcher(chain):
+    """Who launched a kernel, readably: the outermost aten operator, else the compiled graph."""
+    aten = [c for c in chain if c.startswith("aten::")]
+    if aten:
+        return aten[-1]
+    if any(c.startswith("CompiledFunctionBackward") for c in chain):
+        return "the compiled backward"
+    if any(c.startswith(COMPILED) for c in chain):
+        return "a compiled graph"
+    return chain[0] if chain else "?"
+
+
 def _open_gaps(tl):
     return [g for g in tl.gaps if g.cause is None]
 
@@ -373,7 +203,7 @@ def launch_bound(tl, ctx, found):
     evidence = (f"{events:.0f} device events/step" + (f" ({mb} micro-batches of {events / mb:.0f})" if mb else "")
                 + f", median {statistics.median(durs):.1f} us; host launch calls {launch_ms / ctx['n'] / 1e3:.1f} "
                 f"ms/step; GPU idle between kernels {_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}")
-    return _finding("launch_bound", _idle(gaps, ctx), ctx, evidence,
+    return finding("launch_bound", _idle(gaps, ctx), ctx, evidence,
                     "fewer, larger kernels: raise DEVICE_BATCH_SIZE (fewer micro-batches per step), keep the "
                     "model compiled" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
 
@@ -399,18 +229,20 @@ def gpu_waits_on_host(tl, ctx, found):
     texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
     total = sum(by_line.values())
     host = ", ".join(f"{line} ({100 * us / total:.0f}%)" + (f" `{texts[line]}`" if line in texts else "")
-                     for line, us in _top(by_line, 2))
-    (before, after, op), _ = _top(places, 1)[0]
+                     for line, us in top(by_line, 2))
+    (before, after, op), _ = top(places, 1)[0]
     evidence = (f"{len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU idle "
                 f"{_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}; mostly after `{before}`, before `{after}` "
                 f"(launched by {op}); the host meanwhile: {host}")
-    top = _top(by_line, 1)[0][0]
-    fix = ("the input pipeline is slower than the GPU: make the loader cheaper or prepare batches ahead"
-           if top.startswith("prepare.py") else
-           f"make the host work at {top} cheaper or move it out of the step" if top != "no host sample" else
+    main = top(by_line, 1)[0][0]
+    synced = any(f["kind"] in ("host_sync", "graph_break") for f in found)
+    fix = (("the GPU waits for the next batch: " + ("the host syncs above leave no queued GPU work to hide the "
+            "loader behind; fix them first" if synced else "the loader is slower than the GPU; make it cheaper "
+            "or prepare batches ahead")) if main.startswith("prepare.py") else
+           f"make the host work at {main} cheaper or move it out of the step" if main != "no host sample" else
            "find what the host does between these kernels (no stack samples in this trace) and move it out of "
            "the step")
-    return _finding("gpu_waits_on_host", _idle(gaps, ctx), ctx, evidence, fix)
+    return finding("gpu_waits_on_host", _idle(gaps, ctx), ctx, evidence, fix)
 
 
 def profiler_overhead(tl, ctx, found):

@@ -1,7 +1,8 @@
 """Pure: a profile summary (profiling.summary) -> the Markdown report the agent reads, or JSON.
 
 The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
-header line (device, torch, steps profiled, tokens/step), then 1. the step budget (parts that add up to
+header line (device, torch, steps profiled, tokens/step), then 0. the findings (the few causes that cost
+the most, each with its evidence and fix: profiling/findings.py), 1. the step budget (parts that add up to
 the step; MFU; peak memory) and where the step goes in the model (regions, forward and backward; see
 profiling/regions.py), 2. the top kernels, 3. the checks, 4. what changed since the previous profile.
 Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
@@ -29,6 +30,8 @@ REGION_LABELS = {
     "outside ops": "outside operators (Python, data, waiting)",
     "overlap": "overlap (concurrent kernels, counted once)",
 }
+SHOW_PERCENT = 1.0      # findings below this share of the step stay in the JSON only
+MAX_FINDINGS = 4        # at most this many in the Markdown (about 3 lines each)
 CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
             "self times per step.")
 
@@ -47,6 +50,8 @@ def to_markdown(summary, previous=None, top=10):
     if lines:
         lines.append("")
     lines += [f"# Profile: {_ms(summary['step_ms'])} ms/step" + (" (CPU)" if cpu else ""), _header(summary), ""]
+    if not cpu and "findings" in summary:
+        lines += _findings(summary) + [""]
     lines += _budget(summary) + _regions(summary) + [""] + _kernels(summary, top) + [""] + _checks(summary)
     if previous is not None:
         lines += [""] + _changes(diff(previous, summary))
@@ -65,6 +70,24 @@ def _header(s):
     if s.get("commit"):
         parts.append(f"commit {s['commit']}")
     return " · ".join(parts)
+
+
+def _findings(s, shown=MAX_FINDINGS):
+    """Section 0: the findings worth an edit (1% of the step or more), costliest first; then the caveat."""
+    step = s["step_ms"]
+    found = [f for f in s["findings"] if f["kind"] != "profiler_overhead"]
+    big = [f for f in found if f["ms_per_step"] >= SHOW_PERCENT / 100 * step][:shown]
+    lines = ["## 0. Findings (start here: the tables below are their evidence)"]
+    for i, f in enumerate(big, 1):
+        lines += [f"{i}. **{f['kind']}**: ~{_ms(f['ms_per_step'])} ms/step to gain ({f['pct_of_step']:.1f}% of the step)",
+                  f"   evidence: {f['evidence']}", f"   fix: {f['fix']}"]
+    if not big:
+        lines.append(f"No cause found costing {SHOW_PERCENT:g}% of the step or more (GPU idle "
+                     f"{s['idle_percent']:.1f}%): the step is the kernels' own time; see where it goes below.")
+    if len(found) > len(big):
+        lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
+    lines += [f"note: {f['evidence']}" for f in s["findings"] if f["kind"] == "profiler_overhead"]
+    return lines
 
 
 def _budget(s):

@@ -13,7 +13,7 @@
 import bisect
 import re
 
-from profiling.traceio import STEP_PREFIX, find, merge, num, outer_names, parents, by_thread
+from profiling.traceio import STEP_PREFIX, by_thread, find, merge, num, outer_names, parents
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
@@ -26,7 +26,7 @@ SYNC_SLACK_US = 50.0   # the GPU drains a few us before the sync call returns; c
 class Gap:
     """One stretch of GPU idle inside a step: [start, end) in trace microseconds."""
 
-    __slots__ = ("step", "start", "end", "before", "after", "launch", "cause")
+    __slots__ = ("after", "before", "cause", "end", "launch", "start", "step")
 
     def __init__(self, step, start, end, before, after, launch):
         self.step, self.start, self.end = step, start, end
