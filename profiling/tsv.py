@@ -3,8 +3,8 @@
 Import reads what autoresearch users' agents write (docs/memory.md, "Importing a results.tsv"):
 - A header names the columns, in any order, case and surrounding spaces ignored, under the names in ALIASES.
   val_bpb and status are required, the rest optional; a column with no record field (the row's own id or
-  iteration, anything unknown) goes to the record's `extra`. The first line is a header when it holds no
-  number (a data row always has its val_bpb).
+  iteration, anything unknown, a timestamp it cannot read) goes to the record's `extra`. The first line is
+  a header when it holds no number (a data row always has its val_bpb).
 - No header: upstream's 5 columns (commit, val_bpb, memory_gb, status, description), or the 8-column variant
   (iter, commit, val_bpb, best_val_bpb, memory_gb, status, description, timestamp) when a row starts with a
   number and has 8 fields.
@@ -36,7 +36,7 @@ ALIASES = {
     "id": ("experiment", "exp", "id"),
     "iter": ("iter", "iteration", "#"),
     "val_bpb": ("val_bpb", "bpb"),
-    "best_val_bpb": ("best_val_bpb",),  # recomputed from the rows by the memory and by export: not kept
+    "best_val_bpb": ("best_val_bpb",),  # not kept: records get baseline_bpb, export recomputes it
     "memory_gb": ("memory_gb", "mem_gb", "memory"),
     "status": ("status",),
     "description": ("description", "desc", "change"),
