@@ -4,12 +4,13 @@
     research next                               which dimension to try next (UCB1), and why
     research show                               the experiments and the per-dimension summary
     research rescue add|list                    ideas worth another try later
-    research import-tsv FILE / export-tsv       upstream's results.tsv, in and out
+    research import-tsv FILE / export-tsv       a results.tsv in (any layout its header names), upstream's out
     research dimension add NAME                 a new research dimension
     research report [--out DIR]                 the morning report: report.md and progress.png
 
 The memory is ./experiments.json unless --memory PATH or $AUTORESEARCH_MEMORY names another. Bad input
-exits 2 with one line, `research: error: ...`, on stderr. No torch here: this starts in ~0.1 s.
+exits 2 with one line, `research: error: ...`, on stderr (import-tsv adds one line per bad row). No torch
+here: this starts in ~0.1 s.
 """
 import argparse
 import json
@@ -163,10 +164,17 @@ def cmd_import_tsv(args):
     from profiling import history, tsv
 
     try:
-        with open(args.file, encoding="utf-8") as f:
-            rows = tsv.parse(f.read(), args.file)
+        with open(args.file, encoding="utf-8-sig") as f:
+            rows, bad = tsv.read(f.read())
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{args.file}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    except UserError as e:
+        raise UserError(f"{args.file}: {e}") from None
+    if bad and not args.skip_bad:
+        print(f"research: error: {len(bad)} bad row{'s' if len(bad) > 1 else ''} in {args.file} (nothing "
+              f"imported; --skip-bad imports the other {len(rows)}):", file=sys.stderr)
+        print("\n".join("  " + line for line in tsv.bad_rows_text(bad)), file=sys.stderr)
+        return 2
     path = _path(args)
 
     def change(mem):
@@ -176,8 +184,11 @@ def cmd_import_tsv(args):
         return (records, unlisted), records
 
     records, unlisted = memory.update(path, change)
-    print(f"imported {len(records)} of {len(rows)} rows from {args.file} into {path} "
-          f"({len(rows) - len(records)} already there)")
+    skipped = f", {len(bad)} bad skipped" if bad else ""
+    print(f"imported {len(records)} of {len(rows) + len(bad)} rows from {args.file} into {path} "
+          f"({len(rows) - len(records)} already there{skipped})")
+    if bad:
+        print("skipped (not imported):\n" + "\n".join("  " + line for line in tsv.bad_rows_text(bad)))
     if unlisted:
         print(f"note: dimensions not listed in the memory, so UCB1 ignores them: {', '.join(unlisted)} "
               "(`research dimension add NAME` to list one)")
@@ -265,10 +276,18 @@ def _add_other_commands(sub, parent):
     p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
     p.set_defaults(func=cmd_rescue_list)
 
-    p = sub.add_parser("import-tsv", parents=[parent], help="import upstream's results.tsv (5 or 8 columns)")
+    p = sub.add_parser(
+        "import-tsv", parents=[parent], help="import a results.tsv: upstream's, or any layout its header names",
+        description="Import a results.tsv. A header names the columns in any order (aliases: see "
+                    "docs/memory.md); val_bpb and status are required. Without a header: upstream's 5 columns "
+                    "(commit, val_bpb, memory_gb, status, description) or the 8-column variant. Rows already "
+                    "in the memory are not imported again. A bad row stops the import (every bad row is "
+                    "listed, nothing is written) unless --skip-bad.")
     p.add_argument("file", metavar="FILE")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="import the good rows and list the bad ones (default: import nothing if a row is bad)")
     p.set_defaults(func=cmd_import_tsv)
-    p = sub.add_parser("export-tsv", parents=[parent], help="export the memory as a results.tsv")
+    p = sub.add_parser("export-tsv", parents=[parent], help="export the memory as upstream's results.tsv")
     p.add_argument("--columns", type=int, choices=(5, 8), default=5, help="upstream's 5 columns or the 8-column variant")
     p.add_argument("--out", metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_export_tsv)

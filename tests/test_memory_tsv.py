@@ -102,11 +102,13 @@ def test_export_to_stdout_of_logged_runs(capsys):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("x\t0.99\t44\tgreat\tbad status", "results.tsv:7: status 'great'"),
-    ("x\tabc\t44\tkeep\tbad number", "results.tsv:7: val_bpb 'abc' is not a number"),
-    ("x\tnan\t44\tkeep\tnan", "results.tsv:7: val_bpb 'nan' is not a finite number"),
-    ("x\t0.99\tkeep", "results.tsv:7: 3 columns, expected 5"),
-    ("x\t0.0\t44\tkeep\tzero", "results.tsv:7: val_bpb 0 for a keep row"),
+    ("x\t0.99\t44\tgreat\tbad status", "line 7, status 'great': not one of keep, discard, crash, "),
+    ("x\tabc\t44\tkeep\tbad number", "line 7, val_bpb 'abc': not a number"),
+    ("x\tnan\t44\tkeep\tnan", "line 7, val_bpb 'nan': not a finite number >= 0"),
+    ("x\t0.99\tkeep", "line 7: 3 columns, expected 5 (commit, val_bpb, memory_gb, status, description)"),
+    ("x\t0.0\t44\tkeep\tzero", "line 7, val_bpb '0.0': 0 for a keep row"),
+    ("x\t0.99\t-1\tkeep\tnegative", "line 7, memory_gb '-1': not a finite number >= 0"),
+    ("x\t\t44\tdiscard\tno number", "line 7, val_bpb '': missing"),
 ])
 def test_a_bad_row_exits_2_naming_the_line(line, message, capsys, workdir):
     assert cli.main(["import-tsv", "results.tsv"]) == 0
@@ -114,7 +116,9 @@ def test_a_bad_row_exits_2_naming_the_line(line, message, capsys, workdir):
     (workdir / "results.tsv").write_text(UPSTREAM + line + "\n")
     assert cli.main(["import-tsv", "results.tsv"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and message in err[0]
+    assert err[0] == ("research: error: 1 bad row in results.tsv (nothing imported; --skip-bad imports "
+                      "the other 5):")
+    assert len(err) == 2 and err[1].startswith("  " + message)
     assert (workdir / "experiments.json").read_bytes() == before
 
 
