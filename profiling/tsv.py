@@ -29,8 +29,10 @@ from profiling.memory import RECORD_KEYS, STATUSES, UNLABELED_DIMENSION
 
 COLUMNS5 = ("commit", "val_bpb", "memory_gb", "status", "description")
 COLUMNS8 = ("iter", "commit", "val_bpb", "best_val_bpb", "memory_gb", "status", "description", "timestamp")
-# Header names as agents write them (compared lowercased and stripped). Only `commit` gives a record its
-# commit: an experiment id is kept in `extra` as `id`, never taken for a commit.
+# Header names as agents write them (compared lowercased and stripped). An `experiment`/`exp`/`id` column is
+# kept in `extra` as `id`; it gives the record its commit only when it holds one (7-40 hex digits, a letter
+# among them), never a made-up one from `exp12`.
+_SHA = re.compile(r"^(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}$")
 ALIASES = {
     "commit": ("commit",),
     "id": ("experiment", "exp", "id"),
@@ -198,7 +200,8 @@ def _row(fields, layout):
     time = _time(stamp) if stamp else None
     if stamp and time is None:
         extra["timestamp"] = stamp  # not a time this reads: kept as written
-    return {"commit": text.get("commit") or None, "val_bpb": val, "memory_gb": gb, "status": status,
+    commit = text.get("commit") or (text["id"] if _SHA.match(text.get("id", "")) else None)
+    return {"commit": commit, "val_bpb": val, "memory_gb": gb, "status": status,
             "dimension": dimension, "change": change, "timestamp": time, "extra": extra or None}
 
 

@@ -201,3 +201,10 @@ def test_import_help_names_the_layouts_and_skip_bad(capsys):
     assert cli.main(["import-tsv", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--skip-bad" in text and "val_bpb and status are required" in text and "8-column variant" in text
+
+
+def test_an_id_column_holding_commits_gives_the_commit():
+    from profiling import tsv
+    rows = tsv.parse("experiment\tval_bpb\tstatus\tdescription\n5c1d0a2\t1.8\tkeep\tbaseline\nexp7\t1.9\tdiscard\tx\n",
+                     "f.tsv")
+    assert [r["commit"] for r in rows] == ["5c1d0a2", None]

@@ -54,7 +54,8 @@ def test_report_layout(h100):
     assert lines[0] == "# Profile: 88.46 ms/step"
     assert lines[1] == "NVIDIA H100 80GB HBM3 · torch 2.11.0 · 5 steps profiled · 131,072 tokens/step · commit abc1234"
     heads = [line for line in lines if line.startswith("## ")]
-    assert heads == ["## 1. Step budget", "## 2. Top 10 kernels per step (of 45)", "## 3. Checks"]
+    assert heads == ["## 0. Findings (start here: the tables below are their evidence)", "## 1. Step budget",
+                     "## 2. Top 10 kernels per step (of 45)", "## 3. Checks"]
     assert "### Where the step goes in the model" in lines
     assert "CHECK FAILED" not in md
     assert re.search(r"^MFU \d+\.\d% · peak memory 45,060 MB · \d\.\d+M tokens/s$", md, re.MULTILINE)

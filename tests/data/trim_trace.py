@@ -38,8 +38,8 @@ def trim(trace, steps):
     host = meta.get("host_samples")
     if host:
         meta["host_samples"] = dict(host, samples=[s for s in host["samples"] if s[0] < steps])
-    if meta.get("active_steps"):
-        meta["active_steps"] = steps
+    if meta.get("syncs"):  # counted over all the profiled steps: keep them per step
+        meta["syncs"] = [dict(x, count=round(x["count"] * steps / len(windows))) for x in meta["syncs"]]
     out["autoresearch"] = meta
     return out
 
