@@ -37,6 +37,8 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       (CPU profile: operators by self time)
     not_counted                                       device events left out, by reason
     checks                                            [{name, ok, detail}]
+    findings                                          the causes that cost the most (profiling/findings.py):
+                                                      [{kind, ms_per_step, pct_of_step, evidence, fix}]
     regions                                           where the step goes in the model (profiling/regions.py):
                                                       rows [{region, forward_ms, backward_ms, ms_per_step,
                                                       pct_of_step}] that sum to step_ms, attributed_percent,
@@ -57,7 +59,11 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "flops_per_step": 3.2e14,        # model FLOPs per step (used for MFU when mfu_percent is absent)
         "peak_flops": 9.895e14,          # device peak FLOP/s (bf16 dense), None when unknown
         "warmup_steps": 2, "active_steps": 5,
-        "parameters": {"blocks.0.mlp.c_fc.weight": [2048, 512], ...}  # name -> shape: the region table
+        "parameters": {"blocks.0.mlp.c_fc.weight": [2048, 512], ...}, # name -> shape: the region table
+        "micro_batches": 2,              # forward/backward passes per optimizer step
+        "host_samples": {...},           # the main thread's Python stack every 2 ms (profiling/sampler.py)
+        "syncs": [{"where": "train.py:702", "line": "...", "count": 10}],  # CUDA sync debug mode's warnings
+        "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8}
     }
 """
 from profiling import findings, regions
