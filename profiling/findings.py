@@ -24,6 +24,8 @@ from profiling.timeline import LAUNCH_CALLS
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
 LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
+FRAGMENT_GAP_US = 2000.0   # idle between fragments is a resume's Python; longer gaps (the loader: 20-55 ms
+                           # in the H100 plants) are not the graph break's
 LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
 LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
@@ -115,7 +117,7 @@ def graph_break(tl, ctx, found):
                 eager_us += e["dur"]
                 eager_ops[_launcher(chain)] = eager_ops.get(_launcher(chain), 0.0) + e["dur"]
     for g in tl.gaps:
-        if g.cause is None and g.us < LONG_GAP_US * 10 and _between_fragments(tl, g):
+        if g.cause is None and g.us < FRAGMENT_GAP_US and _between_fragments(tl, g):
             g.cause = "graph_break"
             idle.append(g)
     eager = eager_us / ctx["n"] / 1e3

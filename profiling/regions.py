@@ -284,27 +284,23 @@ class Totals:
             self.shared[shared] = self.shared.get(shared, 0.0) + us
 
 
-def device_table(ix, per_step, categories, meta, budget):
+def device_table(tl, categories, meta, budget):
     """The region table of a device profile.
 
-    per_step: [[(device event, launch)]] per step (traceio.attribute); categories: the step-budget category
-    of each of those events, in the same nesting; budget: the summary's step_ms and categories.
+    tl: the trace's Timeline (profiling/timeline.py: device events per step, operators by External id and by
+    thread); categories: the step-budget category of each event, nested as tl.per_step; budget: the
+    summary's step_ms and categories.
     """
-    placer, memo = Placer(Parameters(meta.get("parameters"))), {}
-    threads = by_thread(ix.cpu_ops)
-    parent, windows = parents(threads), backward_windows(threads)
-    ops = {}
-    for op in ix.cpu_ops:
-        ops.setdefault((op.get("args") or {}).get("External id"), op)
-    ops.pop(None, None)
+    placer = Placer(Parameters(meta.get("parameters")))
+    windows = backward_windows(tl.threads)
     totals = Totals()
-    for evs, cats in zip(per_step, categories):
+    for evs, cats in zip(tl.per_step, categories):
         for (e, launch), cat in zip(evs, cats):
-            op = ops.get((launch.get("args") or {}).get("External id"))
+            op = tl.ops.get((launch.get("args") or {}).get("External id"))
             name = str(e.get("name", ""))
-            placed = placer.place(name, cat, op, outer_names(op, parent, memo) if op else ())
+            placed = placer.place(name, cat, op, outer_names(op, tl.parent, tl.memo) if op else ())
             totals.add(e["dur"], placed, is_backward(launch, windows), name)
-    return _table(totals, len(per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params)
+    return _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params)
 
 
 def cpu_table(ix, placed_ops, meta, budget):

@@ -162,6 +162,7 @@ def _summarize_device(ix, meta):
     each = [(end - start) / 1e3 for start, end in windows]
     step_ms = sum(each) / n
     kernels = _kernel_rows(rows, n, step_ms)
+    tl = Timeline(ix, per_step, windows, labels, meta)
     s = _header("cuda", meta, n, step_ms, each)
     s.update(idle_ms=_r(cats["idle"]), idle_percent=_r(100 * cats["idle"] / step_ms if step_ms else 0.0),
              device_ms=_r(sum(cats[c] for c in CATEGORIES)), categories={k: _r(v) for k, v in cats.items()},
@@ -169,8 +170,8 @@ def _summarize_device(ix, meta):
              kernels=kernels, kernels_total=len(kernels),
              not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
                           "bogus_timestamps": len(out["bogus"])},
-             regions=regions.device_table(ix, per_step, labels, meta, {"step_ms": step_ms, "categories": cats}))
-    s["findings"] = findings.diagnose(Timeline(ix, per_step, windows, labels, meta), s)
+             regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}))
+    s["findings"] = findings.diagnose(tl, s)
     s["checks"] = [
         _check_counts(counts, "device events"),
         _check_step_time(step_ms, meta),

@@ -13,7 +13,7 @@
 import bisect
 import re
 
-from profiling.traceio import STEP_PREFIX, by_thread, find, merge, num, outer_names, parents
+from profiling.traceio import by_thread, find, merge, num, outer_names, parents
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
@@ -51,20 +51,11 @@ class Timeline:
         for op in ix.cpu_ops:
             self.ops.setdefault((op.get("args") or {}).get("External id"), op)
         self.ops.pop(None, None)
-        self.main_tid = self._main_thread()
         self.gaps = [g for k in range(self.n) for g in self._gaps(k)]
         self.syncs = self._syncs()
         self.regions = self._regions()
 
     # -- where things are ------------------------------------------------------------------------------
-
-    def _main_thread(self):
-        """The thread that ran the steps (the ProfilerStep annotations are on it)."""
-        for op in self.ix.cpu_ops:
-            if str(op.get("name", "")).startswith(STEP_PREFIX):
-                return op.get("tid")
-        steps = [e for e in self.ix.launches.values() if e.get("tid") is not None]
-        return steps[0].get("tid") if steps else None
 
     def step_of(self, ts):
         """The index of the profiled step whose CPU window holds time ts, or None."""
