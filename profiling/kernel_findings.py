@@ -7,10 +7,9 @@
 Each rule takes (timeline, context, findings so far) and returns a finding or None. Rates are per operator
 call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once.
 """
-import re
-
 from profiling.classify import short_name
-from profiling.timeline import gemm_flops, input_types
+from profiling.roofline import ATTENTION_OP, attention_flops, gemm_flops
+from profiling.timeline import input_types
 
 LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
 SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (a healthy H100 here:
@@ -127,31 +126,16 @@ def _attention_calls(tl):
             if op is None:
                 continue
             name, dims = str(op["name"]), (op.get("args") or {}).get("Input Dims")
-            row = groups.setdefault((name, str(dims)), [0.0, set(), _attention_flops(name, dims), dims])
+            row = groups.setdefault((name, str(dims)), [0.0, set(), attention_flops(op, exact=False), dims])
             row[0] += e["dur"]
             row[1].add(id(op))
     return {key: (us, len(ids), f, dims) for key, (us, ids, f, dims) in groups.items()}
-
-
-ATTENTION_OP = re.compile(r"^(aten|autoresearch)::\w*(scaled_dot_product|attention)\w*$")
 
 
 def _ancestors(tl, op):
     while op is not None:
         yield op
         op = tl.parent.get(id(op))
-
-
-def _attention_flops(name, dims):
-    """Causal-attention FLOPs of one call from q [B, H, Tq, D] and k [B, Hk, Tk, D] (2.5x for a backward);
-    the useful work of a causal or narrower mask is at most this much."""
-    if not (isinstance(dims, list) and len(dims) >= 2 and all(isinstance(d, list) and len(d) == 4 for d in dims[:2])):
-        return None
-    (b, h, tq, d), (b2, _, tk, d2) = dims[0], dims[1]
-    if (b, d) != (b2, d2):
-        return None
-    flops = 2.0 * b * h * tq * tk * d
-    return flops * 2.5 if "backward" in name else flops
 
 
 def attention_fallback(tl, ctx, found):

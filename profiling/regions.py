@@ -46,7 +46,13 @@ GEMM work per token. Every split is listed (`shared_shapes`), so it can be check
 
 Forward and backward: an event is backward when its launch lies inside an
 `autograd::engine::evaluate_function` operator on the launching thread (on CUDA the autograd engine runs on
-its own thread; the compiled backward graph runs inside CompiledFunctionBackward), forward otherwise.
+its own thread; the compiled backward graph runs inside CompiledFunctionBackward), or when it is a gradient
+GEMM the compiler moved into a compiled forward (`moved_to_backward`: train.py's fused loss has the head's
+two gradient GEMMs there), forward otherwise. A kernel fusing forward and backward work (train.py's loss
+kernel writes the loss's gradient as it reads the logits) counts where it runs.
+
+Roofline: each row's FLOPs (GEMMs and attention, from shapes) and Triton bytes, and the rates they give
+against the device's peaks (profiling/roofline.py).
 
 Limits: without parameter shapes (or record_shapes) GEMMs are unattributed; the q/k RMSNorm and rotary
 are fused into one rms_norm kernel and count as norms; value-embedding gates fuse with their embedding.
@@ -54,6 +60,7 @@ are fused into one rms_norm kernel and count as norms; value-embedding gates fus
 import itertools
 import re
 
+from profiling import roofline
 from profiling.classify import classify_cpu_op, short_name
 from profiling.traceio import backward_windows, by_thread, is_backward, outer_names, parents
 
@@ -265,42 +272,127 @@ def _fmt(shape):
 # ---------------------------------------------------------------------------------------------------------
 
 class Totals:
-    """Summed time (us, all steps) by (region, phase), with what was unattributed and which shapes were split."""
+    """Summed time (us, all steps) by (region, phase), with the work done (FLOPs; bytes and the time of the
+    kernels whose bytes are known), what was unattributed and which shapes were split."""
 
-    def __init__(self):
-        self.us = {}
+    def __init__(self, work=False):
+        self.work = work   # whether FLOPs and bytes are counted (device profiles)
+        self.us, self.flops, self.bytes, self.bytes_us = {}, {}, {}, {}
         self.unplaced = {}
         self.shared = {}
 
-    def add(self, us, placed, backward, name):
+    def add(self, us, placed, backward, name, flops=None, nbytes=None):
         shares, reason, shared = placed
         phase = "backward" if backward else "forward"
         for region, f in shares:
             key = (region, phase if region in MODEL_REGIONS or region == "unattributed" else None)
             self.us[key] = self.us.get(key, 0.0) + us * f
+            if flops:
+                self.flops[key] = self.flops.get(key, 0.0) + flops * f
+            if nbytes:
+                self.bytes[key] = self.bytes.get(key, 0.0) + nbytes * f
+                self.bytes_us[key] = self.bytes_us.get(key, 0.0) + us * f
             if region == "unattributed":
                 self.unplaced[(name, reason)] = self.unplaced.get((name, reason), 0.0) + us * f
         if shared:
             self.shared[shared] = self.shared.get(shared, 0.0) + us
 
 
-def device_table(tl, categories, meta, budget):
+def device_table(tl, categories, meta, budget, work=None, peaks=(None, None)):
     """The region table of a device profile.
 
     tl: the trace's Timeline (profiling/timeline.py: device events per step, operators by External id and by
     thread); categories: the step-budget category of each event, nested as tl.per_step; budget: the
-    summary's step_ms and categories.
+    summary's step_ms and categories; work: each event's (FLOPs, bytes), nested as tl.per_step
+    (profiling/roofline.py), or None; peaks: the device's peak FLOP/s and bytes/s (None where unknown).
     """
     placer = Placer(Parameters(meta.get("parameters")))
     windows = backward_windows(tl.threads)
-    totals = Totals()
-    for evs, cats in zip(tl.per_step, categories):
-        for (e, launch), cat in zip(evs, cats):
+    totals = Totals(work=work is not None)
+    moved = moved_to_backward(tl, placer.params)
+    moved_us = 0.0
+    for k, (evs, cats) in enumerate(zip(tl.per_step, categories)):
+        for i, ((e, launch), cat) in enumerate(zip(evs, cats)):
             op = tl.ops.get((launch.get("args") or {}).get("External id"))
             name = str(e.get("name", ""))
             placed = placer.place(name, cat, op, outer_names(op, tl.parent, tl.memo) if op else ())
-            totals.add(e["dur"], placed, is_backward(launch, windows), name)
-    return _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params)
+            backward = is_backward(launch, windows) or id(e) in moved
+            moved_us += e["dur"] if id(e) in moved else 0.0
+            flops, nbytes = work[k][i] if work else (None, None)
+            totals.add(e["dur"], placed, backward, name, flops, nbytes)
+    table = _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params, peaks)
+    table["moved_to_backward_ms"] = _r(moved_us / max(1, len(tl.per_step)) / 1e3)
+    return table
+
+
+def moved_to_backward(tl, params):
+    """ids of the device events that are backward work run inside a compiled forward.
+
+    AOTAutograd's partitioner may move backward work into the forward graph when that saves memory: train.py's
+    fused loss computes the head's gradient GEMMs there, since their outputs are smaller than the logits'
+    gradient they need. By thread and time such GEMMs look like forward work; by shapes they are not. Inside
+    one call of a compiled forward (`CompiledFunction`):
+    1. a weight-gradient GEMM: its product has a parameter's shape and neither operand has one (a forward GEMM
+       always multiplies by a parameter);
+    2. an input-gradient GEMM of a parameter with a weight-gradient GEMM of rule 1 in the same call: it
+       multiplies by that parameter, its other operand has the shape of the first GEMM on that parameter's
+       output, and differs from that GEMM's input (a square weight cannot be told apart: left forward).
+    """
+    if not params:
+        return set()
+    scopes = {}
+    for evs, cats in zip(tl.per_step, tl.labels):
+        for (e, launch), cat in zip(evs, cats):
+            if cat != "GEMM":
+                continue
+            op = tl.ops.get((launch.get("args") or {}).get("External id"))
+            mats = _operands(op)
+            scope = _compiled_call(tl, op) if mats else None
+            if scope is not None:
+                scopes.setdefault(scope, []).append((launch["ts"], e, mats))
+    moved = set()
+    for gemms in scopes.values():
+        gemms.sort(key=lambda g: g[0])
+        grads, first, inputs = set(), {}, []
+        for _, e, (a, b, product) in gemms:
+            pa, pb, pp = (_param_key(params, x) for x in (a, b, product))
+            if pp and not pa and not pb:
+                grads.add(pp)
+                moved.add(id(e))
+            elif bool(pa) != bool(pb):
+                key, other = (pa, b) if pa else (pb, a)
+                seen = first.setdefault(key, (other, product))
+                if seen[0] != other and seen[1] == other:
+                    inputs.append((key, e))
+        moved.update(id(e) for key, e in inputs if key in grads)
+    return moved
+
+
+def _operands(op):
+    """(a, b, a @ b) shapes of a GEMM operator's two matrices, each as (rows, cols); None when not recorded."""
+    dims = (op.get("args") or {}).get("Input Dims") if op else None
+    if not isinstance(dims, list):
+        return None
+    mats = [tuple(d) for d in dims if isinstance(d, list) and len(d) == 2 and all(isinstance(x, int) for x in d)]
+    if str(op.get("name", "")) == "aten::addmm":
+        mats = mats[1:]
+    if len(mats) < 2 or mats[0][1] != mats[1][0]:
+        return None
+    return mats[0], mats[1], (mats[0][0], mats[1][1])
+
+
+def _param_key(params, shape):
+    names = params.by_shape.get(shape)
+    return tuple(sorted(names)) if names else None
+
+
+def _compiled_call(tl, op):
+    """The `CompiledFunction` operator (one call of a compiled forward) around op, as an id; None outside."""
+    while op is not None:
+        if op.get("name") == "CompiledFunction":
+            return id(op)
+        op = tl.parent.get(id(op))
+    return None
 
 
 def cpu_table(ix, placed_ops, meta, budget):
@@ -317,15 +409,24 @@ def cpu_table(ix, placed_ops, meta, budget):
     return _table(totals, len(ix.steps), budget, "outside ops", gap, placer.params)
 
 
-def _table(totals, n, budget, gap_name, gap_ms, params):
+def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None)):
     step = budget["step_ms"]
     rows = []
     for region in REGIONS:
-        fwd, bwd, other = (totals.us.get((region, p), 0.0) / n / 1e3 for p in ("forward", "backward", None))
+        keys = [(region, p) for p in ("forward", "backward", None)]
+        fwd, bwd, other = (totals.us.get(key, 0.0) / n / 1e3 for key in keys)
         split = region in MODEL_REGIONS or region == "unattributed"
-        rows.append(_row(region, fwd + bwd + other, step, fwd if split else None, bwd if split else None))
+        row = _row(region, fwd + bwd + other, step, fwd if split else None, bwd if split else None)
+        if totals.work:
+            flops, nbytes, bytes_us = (sum(d.get(key, 0.0) for key in keys) / n
+                                       for d in (totals.flops, totals.bytes, totals.bytes_us))
+            row.update(roofline.rates(flops, (fwd + bwd + other) * 1e3, nbytes or None, bytes_us, *peaks))
+        rows.append(row)
     device = sum(r["ms_per_step"] for r in rows)
     rows += [_row(gap_name, gap_ms, step), _row("overlap", budget["categories"]["overlap"], step)]
+    if totals.work:
+        for row in rows[-2:]:
+            row.update(roofline.rates(None, None))
     unplaced = sorted(totals.unplaced.items(), key=lambda kv: -kv[1])
     unknown = params.unplaced()
     return {

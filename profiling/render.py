@@ -32,6 +32,9 @@ REGION_LABELS = {
 }
 SHOW_PERCENT = 1.0      # findings below this share of the step stay in the JSON only
 MAX_FINDINGS = 4        # at most this many in the Markdown (about 3 lines each)
+ROOF_HEADERS = ["TFLOP/s (% of peak)", "GB/s (% of peak)"]
+ROOF_NOTE = ("TFLOP/s: GEMM and attention FLOPs (from shapes) over the region's whole time; GB/s: the tensor bytes "
+             "of its Triton kernels (each argument once: a floor) over their own time; rules: profiling/roofline.py")
 CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
             "self times per step.")
 
@@ -115,6 +118,7 @@ def _regions(s):
     if not table:
         return []
     step, body, fwd, bwd = s["step_ms"], [], 0.0, 0.0
+    roof = "flops" in table["rows"][0]
     for row in table["rows"]:
         if row["region"] == "overlap" and abs(row["ms_per_step"]) < 1e-3 * step:
             continue  # as in the budget: timestamp noise
@@ -122,21 +126,49 @@ def _regions(s):
         fwd, bwd = fwd + (row["forward_ms"] or 0.0), bwd + (row["backward_ms"] or 0.0)
         body.append([_cell(REGION_LABELS.get(row["region"], row["region"])),
                      _ms(row["forward_ms"]) if split else "", _ms(row["backward_ms"]) if split else "",
-                     _ms(row["ms_per_step"]), _pct(row["ms_per_step"], step)])
-    body.append(["**step**", f"**{_ms(fwd)}**", f"**{_ms(bwd)}**", f"**{_ms(step)}**", "**100.0**"])
+                     _ms(row["ms_per_step"]), _pct(row["ms_per_step"], step)]
+                    + ([_tflops(row), _bandwidth(row)] if roof else []))
+    body.append(["**step**", f"**{_ms(fwd)}**", f"**{_ms(bwd)}**", f"**{_ms(step)}**", "**100.0**"]
+                + (["", ""] if roof else []))
     what = "device time" if s.get("kind") != "cpu" else "operator time"
     basis = f"{table['parameters']} parameter shapes" if table["parameters"] else "no parameter shapes"
     placed = f"{_share(table['attributed_percent'])}% of {what} placed in a named region ({basis}; rules: " \
              "profiling/regions.py)"
-    return ["", "### Where the step goes in the model",
-            _table(["region", "forward ms", "backward ms", "ms/step", "% of step"], body), "", placed] \
-        + _region_notes(table, step)
+    head = ["region", "forward ms", "backward ms", "ms/step", "% of step"] + (ROOF_HEADERS if roof else [])
+    lines = ["", "### Where the step goes in the model", _table(head, body), "", placed]
+    if roof:
+        lines.append(ROOF_NOTE)
+    return lines + _region_notes(table, step)
+
+
+def _tflops(row, unit=""):
+    """`446 (45%)`: achieved TFLOP/s and % of the device's peak; `-` for no FLOPs counted."""
+    if not row.get("flops"):
+        return "-"
+    pct = row.get("percent_of_peak")
+    return f"{row['tflops_per_s']:,.0f}{unit}" + (f" ({pct:.0f}%)" if pct is not None else "")
+
+
+def _bandwidth(row, unit=""):
+    """`2,434 (73%)`: achieved GB/s of the kernels whose bytes are known and % of the device's bandwidth."""
+    if row.get("gb_per_s") is None:
+        return "-"
+    pct = row.get("percent_of_bandwidth")
+    return f"{row['gb_per_s']:,.0f}{unit}" + (f" ({pct:.0f}%)" if pct is not None else "")
+
+
+def _rate(k):
+    """A kernel's achieved rate: TFLOP/s where its FLOPs are known, else GB/s where its bytes are; or `-`."""
+    return _tflops(k, " TFLOP/s") if k.get("flops") else _bandwidth(k, " GB/s")
 
 
 def _region_notes(table, step):
     """One line per note, shape split (over 0.1% of the step), the unplaced parameters, and each reason for
     unattributed time."""
     lines = [f"note: {n}" for n in table.get("notes", [])]
+    if (table.get("moved_to_backward_ms") or 0.0) >= 1e-3 * step:
+        lines.append(f"backward work run inside the compiled forward (gradient GEMMs the compiler moved there): "
+                     f"{_ms(table['moved_to_backward_ms'])} ms/step, counted as backward")
     lines += [f"shared shape {_shape(x['shape'])}: {_ms(x['ms_per_step'])} ms/step split by parameter count, "
               + ", ".join(f"{r} {c}" for r, c in x["parameters"].items())
               for x in table.get("shared_shapes", [])[:3] if x["ms_per_step"] >= 1e-3 * step]
@@ -153,9 +185,12 @@ def _region_notes(table, step):
 def _kernels(s, top):
     what = "CPU ops (self time)" if s.get("kind") == "cpu" else "kernels"
     shown = s["kernels"][:top]
+    roof = bool(shown) and "flops" in shown[0]
     rows = [[str(i), f"`{_code(k['name'])}`", k["category"], _ms(k["ms_per_step"]),
-             f"{k['pct_of_step']:.1f}", _calls(k["calls_per_step"])] for i, k in enumerate(shown, 1)]
-    head = ["#", "op" if s.get("kind") == "cpu" else "kernel", "category", "ms/step", "% of step", "calls/step"]
+             f"{k['pct_of_step']:.1f}", _calls(k["calls_per_step"])] + ([_rate(k)] if roof else [])
+            for i, k in enumerate(shown, 1)]
+    head = ["#", "op" if s.get("kind") == "cpu" else "kernel", "category", "ms/step", "% of step", "calls/step"] \
+        + (["achieved (% of peak)"] if roof else [])
     title = f"## 2. Top {len(shown)} {what} per step (of {s.get('kernels_total', len(s['kernels']))})"
     return [title, _table(head, rows) if rows else "(none)"]
 

@@ -33,16 +33,23 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       CPU), overlap; they sum to step_ms
     other_kernels                                     names of the kernels in "other"
     kernels, kernels_total                            [{name, raw_name, category, ms_per_step,
-                                                      pct_of_step, calls_per_step}], ms/step descending
-                                                      (CPU profile: operators by self time)
+                                                      pct_of_step, calls_per_step, + the roofline fields}],
+                                                      ms/step descending (CPU profile: operators by self
+                                                      time, no roofline fields)
     not_counted                                       device events left out, by reason
     checks                                            [{name, ok, detail}]
     findings                                          the causes that cost the most (profiling/findings.py):
                                                       [{kind, ms_per_step, pct_of_step, evidence, fix}]
     regions                                           where the step goes in the model (profiling/regions.py):
                                                       rows [{region, forward_ms, backward_ms, ms_per_step,
-                                                      pct_of_step}] that sum to step_ms, attributed_percent,
-                                                      unattributed, shared_shapes, unplaced_parameters
+                                                      pct_of_step, + the roofline fields}] that sum to
+                                                      step_ms, attributed_percent, unattributed,
+                                                      shared_shapes, unplaced_parameters,
+                                                      moved_to_backward_ms (backward GEMMs run in a
+                                                      compiled forward, counted as backward)
+    roofline fields (device profiles; profiling/roofline.py): flops and bytes per step, tflops_per_s and
+    percent_of_peak (FLOPs over the row's time), gb_per_s and percent_of_bandwidth (bytes over the time of
+    the kernels whose bytes are known); None where unknown
 
 The capture adds its measurements to the trace as a top-level key (`prof.add_metadata_json(META_KEY,
 json.dumps(meta))`); every field is optional and None means unknown:
@@ -66,7 +73,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8}
     }
 """
-from profiling import findings, regions
+from profiling import findings, hardware, regions, roofline
 from profiling.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.errors import UserError
 from profiling.timeline import Timeline
@@ -151,6 +158,22 @@ def _kernel_rows(rows, n, step_ms, readable=True):
     return table
 
 
+def _kernel_work(kernels, tl, work, n, peaks):
+    """Adds the roofline fields (profiling/roofline.py) to each kernel row, from each event's work."""
+    sums = {}
+    for evs, cats, done in zip(tl.per_step, tl.labels, work):
+        for (e, _), cat, (flops, nbytes) in zip(evs, cats, done):
+            acc = sums.setdefault((str(e.get("name", "")), cat), [None, None, 0.0])
+            if flops:
+                acc[0] = (acc[0] or 0.0) + flops
+            if nbytes:
+                acc[1], acc[2] = (acc[1] or 0.0) + nbytes, acc[2] + e["dur"]
+    for k in kernels:
+        flops, nbytes, bytes_us = sums.get((k["raw_name"], k["category"]), (None, None, 0.0))
+        k.update(roofline.rates(flops and flops / n, k["ms_per_step"] * 1e3, nbytes and nbytes / n, bytes_us / n,
+                                *peaks))
+
+
 def _summarize_device(ix, meta):
     if not ix.launches:
         raise UserError("trace has device events but no CUDA runtime/driver launch events; record with "
@@ -163,6 +186,9 @@ def _summarize_device(ix, meta):
     step_ms = sum(each) / n
     kernels = _kernel_rows(rows, n, step_ms)
     tl = Timeline(ix, per_step, windows, labels, meta)
+    work = roofline.work(tl)
+    peaks = (meta.get("peak_flops") or hardware.peak_flops(meta.get("device")), hardware.peak_bandwidth(meta.get("device")))
+    _kernel_work(kernels, tl, work, n, peaks)
     s = _header("cuda", meta, n, step_ms, each)
     s.update(idle_ms=_r(cats["idle"]), idle_percent=_r(100 * cats["idle"] / step_ms if step_ms else 0.0),
              device_ms=_r(sum(cats[c] for c in CATEGORIES)), categories={k: _r(v) for k, v in cats.items()},
@@ -170,7 +196,7 @@ def _summarize_device(ix, meta):
              kernels=kernels, kernels_total=len(kernels),
              not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
                           "bogus_timestamps": len(out["bogus"])},
-             regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}))
+             regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}, work, peaks))
     s["findings"] = findings.diagnose(tl, s)
     s["checks"] = [
         _check_counts(counts, "device events"),

@@ -13,7 +13,7 @@
 import bisect
 import re
 
-from profiling.traceio import by_thread, find, merge, num, outer_names, parents
+from profiling.traceio import by_thread, find, merge, outer_names, parents
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
@@ -151,25 +151,6 @@ class Timeline:
         if t0 is None:
             return []
         return [sid for step, us, sid in host.get("samples", ()) if step == k and start <= t0 + us <= end]
-
-
-def gemm_flops(op):
-    """2 x M x N x K of a GEMM operator from its recorded input shapes, or None."""
-    dims = (op.get("args") or {}).get("Input Dims") if op else None
-    if not isinstance(dims, list) or len(dims) < 2:
-        return None
-    a, b = dims[0], dims[1]
-    name = str(op.get("name", ""))
-    if name in ("aten::addmm",) and len(dims) >= 3:
-        a, b = dims[1], dims[2]
-    if not (isinstance(a, list) and isinstance(b, list) and len(a) >= 2 and len(b) >= 2):
-        return None
-    if not all(num(x) for x in a + b) or a[-1] != b[-2]:
-        return None
-    batch = 1
-    for x in a[:-2]:
-        batch *= x
-    return 2.0 * batch * a[-2] * a[-1] * b[-1]
 
 
 def input_types(op):
