@@ -353,8 +353,8 @@ def diff(previous, current, top=5):
                for k in kernel_match.match(previous.get("kernels", []), current.get("kernels", []))]
     renamed = sum(k["match"] == "renamed" for k in kernels)
     if renamed:
-        notes.append(f"{renamed} kernels renamed by the recompile (another number, view or cast), matched by "
-                     "their op list (profiling/kernel_match.py)")
+        notes.append(f"{renamed} kernel{'s' * (renamed > 1)} renamed by the recompile (another number, view "
+                     "or cast), matched by op list (profiling/kernel_match.py)")
     before, now = regions.by_region(previous), regions.by_region(current)
     moved = [dict(name=r, **_change(before.get(r), now.get(r))) for r in now if before]
 
