@@ -15,6 +15,7 @@ import gzip
 import json
 import linecache
 import os
+import re
 import sys
 import tempfile
 import time
@@ -27,6 +28,16 @@ from profiling import render, summary
 from profiling.errors import UserError
 from profiling.files import atomic_write
 from profiling.sampler import StackSampler, frame_label
+
+
+# torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
+# repeat=1 there is one cycle, so the warning says nothing here.
+CYCLE_WARNING = "Warning: Profiler clears events at the end of each cycle"
+# kineto (torch.profiler's C++ side) asks CUDA for its devices when a trace ends, even when only the CPU
+# was profiled; on a machine without a GPU it logs this ERROR line, which tells a new user that a normal
+# CPU run failed (torch 2.11: "ERROR:<time> <pid>:<tid> DeviceProperties.cpp:48] gpuGetDeviceCount
+# failed with code 35"). Only this line is dropped, only without CUDA, only while the trace ends.
+NO_GPU_LINE = re.compile(rb"^ERROR:.*\] gpuGetDeviceCount failed with code \d+\s*$")
 
 
 def profile_dir():
@@ -52,31 +63,56 @@ def capture(step_fn, warmup, active, metadata):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sampler, syncs = StackSampler(), SyncRecorder(cuda)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         path = os.path.join(tmp, "trace.json")
         sync()
-        with warnings.catch_warnings(), profile(
-                activities=activities, record_shapes=True,
-                schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
-                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
-            warnings.filterwarnings("ignore", message="Warning: Profiler clears events")  # repeat=1: one cycle
+        warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
+        with profile(activities=activities, record_shapes=True,
+                     schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
             for i in range(warmup + active):
+                last = i == warmup + active - 1
                 if i == warmup:
                     sampler.start()
                 if i >= warmup:
                     sampler.step(i - warmup)
                 with syncs.watch(i >= warmup):
                     step_fn()
-                if i == warmup + active - 1:
+                if last:
                     sampler.stop()
                     sync()  # the last step's kernels finish before the profiler stops recording
                     t_end = time.perf_counter()
-                prof.step()  # after the last active step: stops recording and exports the trace
+                with stderr_without(NO_GPU_LINE) if last and not cuda else contextlib.nullcontext():
+                    prof.step()  # after the last active step: stops recording and exports the trace
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
     trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
                                  dynamo=dynamo_record())
     return trace, t_end
+
+
+@contextlib.contextmanager
+def stderr_without(pattern):
+    """Run the block with file descriptor 2 (where C++ code writes too, not only Python) sent to a temporary
+    file, then write its lines back to stderr, all but those `pattern` (bytes) matches. For short blocks:
+    what the block writes shows when it ends."""
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp if not pattern.search(line)]
+            if kept:
+                with open(2, "wb", closefd=False) as err:
+                    err.writelines(kept)
 
 
 class SyncRecorder:

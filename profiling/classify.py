@@ -107,12 +107,23 @@ def short_name(raw):
     return name
 
 
-def _short_triton(kind, ops, idx):
+def inductor_kernel(raw):
+    """(kind, ops, index) of an Inductor kernel name `triton_{kind}_fused_{ops}_{index}`, the ops without the
+    views and casts of _NOISE_OPS (kept when there is nothing else), index None when absent; None for any
+    other name."""
+    m = _TRITON.match(raw.strip())
+    return None if m is None else (m[1], _strip_noise(m[2]), m[3])
+
+
+def _strip_noise(ops):
     s = "_" + ops
     for pat in _NOISE:
         s = pat.sub("", s)
-    s = s.replace("__fused_", "_").replace("__", "_").strip("_") or ops.replace("__", "_").strip("_")
-    name = f"triton_{kind}_fused_{s}"
+    return s.replace("__fused_", "_").replace("__", "_").strip("_") or ops.replace("__", "_").strip("_")
+
+
+def _short_triton(kind, ops, idx):
+    name = f"triton_{kind}_fused_{_strip_noise(ops)}"
     tail = f"_{idx}" if idx else ""
     if len(name) + len(tail) > MAX_NAME:
         name = name[:MAX_NAME - len(tail) - 1] + "…"

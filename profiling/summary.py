@@ -73,7 +73,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8}
     }
 """
-from profiling import findings, hardware, regions, roofline
+from profiling import findings, hardware, kernel_match, regions, roofline
 from profiling.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.errors import UserError
 from profiling.timeline import Timeline
@@ -363,7 +363,8 @@ def _change(before, now):
 def diff(previous, current, top=5):
     """What changed between two summaries: step time, and the categories, regions and kernels that moved most.
 
-    Kernels are matched by raw name and category, never by their display name. Plain data.
+    Kernels are matched by category and name modulo the compile's numbering, never by their display name;
+    kernels that share a key are compared as one group (profiling/kernel_match.py). Plain data.
     """
     notes = []
     for key in ("kind", "device"):
@@ -374,14 +375,12 @@ def diff(previous, current, top=5):
     names = list(dict.fromkeys(list(previous.get("categories", {})) + list(current.get("categories", {}))))
     cats = [dict(name=c, **_change(previous["categories"].get(c), current["categories"].get(c)))
             for c in names]
-    before = {(k.get("raw_name", k["name"]), k["category"]): k for k in previous.get("kernels", [])}
-    now = {(k.get("raw_name", k["name"]), k["category"]): k for k in current.get("kernels", [])}
-    kernels = []
-    for key in dict.fromkeys(list(now) + list(before)):
-        row = now.get(key) or before[key]
-        kernels.append(dict(name=row["name"], raw_name=key[0], category=key[1],
-                            **_change((before.get(key) or {}).get("ms_per_step"),
-                                      (now.get(key) or {}).get("ms_per_step"))))
+    kernels = [dict(k, **_change(k["previous"], k["current"]))
+               for k in kernel_match.match(previous.get("kernels", []), current.get("kernels", []))]
+    renamed = sum(k["match"] == "renamed" for k in kernels)
+    if renamed:
+        notes.append(f"{renamed} kernel{'s' * (renamed > 1)} renamed by the recompile (another number, view "
+                     "or cast), matched by op list (profiling/kernel_match.py)")
     before, now = regions.by_region(previous), regions.by_region(current)
     moved = [dict(name=r, **_change(before.get(r), now.get(r))) for r in now if before]
 
