@@ -170,6 +170,23 @@ def test_two_compiles_of_the_same_train_py(summaries):
     assert max(abs(k["change_ms"]) for k in d["kernels"]) < 1.0
 
 
+def test_two_fresh_compiles_of_one_commit(summaries):
+    """h100-compile-a/-b: the same commit compiled twice on one H100 (fresh Inductor caches; the machine's host
+    was slow in both, so their GPU idle differs: the kernels must not)."""
+    d = diff(summaries("h100-compile-a"), summaries("h100-compile-b"), top=None)
+    assert rename_pairs(d) == []
+    assert not [k["name"] for k in d["kernels"] if k["match"] in ("new", "gone")]
+    assert max(abs(k["change_ms"]) for k in d["kernels"]) < 1.0
+
+
+def test_a_one_line_change_tops_the_kernel_rows(summaries):
+    """h100-oneline-gelu: train.py's MLP with F.gelu instead of relu().square(), compiled on the same H100."""
+    d = diff(summaries("h100-compile-b"), summaries("h100-oneline-gelu"))
+    top = sorted((k["match"], "gelu" in k["raw_name"], "relu" in k["raw_name"]) for k in d["kernels"][:4])
+    assert top == [("gone", False, True)] * 2 + [("new", True, False)] * 2
+    assert rename_pairs(diff(summaries("h100-compile-b"), summaries("h100-oneline-gelu"), top=None)) == []
+
+
 @pytest.mark.parametrize("case", ["dense_mask", "fp32_mlp", "nan_check", "small_batch"])
 def test_a_one_line_change_has_no_rename_pairs(summaries, case):
     d = diff(summaries("h100-plant-baseline"), summaries(f"h100-plant-{case}"), top=None)
