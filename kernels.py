@@ -33,15 +33,12 @@ _noticed = set()
 
 @torch.compiler.assume_constant_result  # runs while torch.compile traces: prints, and no graph break
 def notice(op, reason):
-    """Say once per (op, reason) that `op` runs its plain-PyTorch reference, and why."""
+    """Say once per (op, reason) that `op` runs its plain-PyTorch reference, and why. Reasons hold only
+    what is constant while torch.compile traces (dims, dtypes, flags), never sizes: those may be symbolic."""
     if (op, reason) not in _noticed:
         _noticed.add((op, reason))
         print(f"kernels: {op} runs in plain PyTorch (slower): {reason}", flush=True)
     return True
-
-
-def _shape(t):
-    return tuple(int(n) for n in t.shape)  # plain ints, also while torch.compile traces
 
 
 # ---------------------------------------------------------------------------
@@ -75,11 +72,13 @@ def _rotary_problem(x, cos, sin):
     """Why the rotary kernels cannot take these inputs, or None."""
     if triton is None:
         return "Triton is not installed"
-    if x.dim() != 4 or x.size(-1) % 2:
-        return f"x is {_shape(x)}; the kernel takes [B, T, H, D] with D even"
-    half = (1, int(x.size(1)), 1, int(x.size(-1)) // 2)
-    if _shape(cos) != half or _shape(sin) != half:
-        return f"cos and sin are {_shape(cos)} and {_shape(sin)}; the kernel takes {half}"
+    if x.dim() != 4:
+        return f"x is {x.dim()}-d; the kernel takes [B, T, H, D]"
+    if x.size(-1) % 2:
+        return "x's head dim is odd; the rotation pairs its two halves"
+    if cos.dim() != 4 or sin.dim() != 4 or cos.shape != sin.shape or (cos.size(0), cos.size(2)) != (1, 1) \
+            or cos.size(1) != x.size(1) or cos.size(3) * 2 != x.size(3):
+        return "cos and sin are not [1, T, 1, D / 2] with x's T and D; the kernel reads them so"
     if x.dtype not in FLOATS or cos.dtype not in FLOATS or sin.dtype not in FLOATS:
         return f"dtypes {x.dtype}, {cos.dtype}, {sin.dtype}; the kernel takes bfloat16, float16 or float32"
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
@@ -162,19 +161,19 @@ def _window_problem(q, k, v, window):
     """Why cuDNN's band-mask attention cannot take these inputs, or None."""
     if cudnn is None:
         return "cuDNN's Python API is not installed (nvidia-cudnn-frontend; uv sync installs it on Linux)"
-    if q.dim() != 4 or k.dim() != 4 or _shape(k) != _shape(v):
-        return f"q, k, v are {_shape(q)}, {_shape(k)}, {_shape(v)}; the kernel takes [B, H, T, D], k and v alike"
-    B, H, T, D = _shape(q)
-    if (k.size(0), k.size(2), k.size(3)) != (B, T, D) or H % k.size(1):
-        return f"q is {_shape(q)}, k and v {_shape(k)}; the kernel takes one B, T and D, kv heads dividing H"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape != v.shape:
+        return "q, k, v are not all [B, H, T, D], or k and v differ; the kernel takes that"
+    B, H, T, D = q.shape
+    if k.size(0) != B or k.size(2) != T or k.size(3) != D or H % k.size(1):
+        return "q and k differ in B, T or D, or the kv heads do not divide the heads"
     if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16, torch.float16)):
-        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}; cuDNN's attention takes bfloat16 or float16 (autocast)"
+        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}; cuDNN's attention takes bfloat16 or float16"
     if D % 8 or D > 128:
-        return f"head dim {D}; cuDNN's attention here takes a multiple of 8 up to 128"
+        return "head dim over 128 or not a multiple of 8; cuDNN's attention here takes those only"
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         return "the head dim is not contiguous (stride(-1) != 1)"
     if window < 0:
-        return f"window {window} is negative"
+        return "the window is negative"
     return None
 
 
@@ -297,14 +296,16 @@ def _loss_problem(x, weight, targets, reduction, cap, grad):
     if triton is None:
         return "Triton is not installed"
     if x.dim() != 2 or weight.dim() != 2 or targets.dim() != 1 or targets.size(0) != x.size(0):
-        return (f"x, weight, targets are {_shape(x)}, {_shape(weight)}, {_shape(targets)}; the kernel takes "
-                "[N, C], [V, C], [N]")
+        return (f"x, weight, targets are {x.dim()}-d, {weight.dim()}-d, {targets.dim()}-d (or N differs); "
+                "the kernel takes [N, C], [V, C], [N]")
     if x.dtype not in FLOATS or weight.dtype not in FLOATS or targets.dtype != torch.int64:
         return f"dtypes {x.dtype}, {weight.dtype}, {targets.dtype}; the kernel takes floats and int64 targets"
     if weight.size(0) > LOSS_MAX_VOCAB:
-        return f"vocabulary {int(weight.size(0))}; the kernel takes up to {LOSS_MAX_VOCAB}"
+        return f"vocabulary over {LOSS_MAX_VOCAB}; the kernel holds a row of logits whole"
+    if cap is None:
+        return "cap None (no soft cap); the kernel soft-caps"
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0:
-        return f"cap {cap}; the kernel soft-caps by a positive number"
+        return "cap is not a positive number; the kernel soft-caps by one"
     if reduction not in ("mean", "none"):
         return f"reduction '{reduction}'; the kernel does 'mean' and 'none'"
     if reduction == "none" and grad:

@@ -403,49 +403,12 @@ def make_train_step(model, optimizer, loader, grad_accum_steps, autocast):
     return train_step, forward
 
 
-# ---------------------------------------------------------------------------
-# Setup and the training step
-# ---------------------------------------------------------------------------
-
-
-def build_model(vocab_size, device):
-    width = -(-DEPTH * ASPECT_RATIO // HEAD_DIM) * HEAD_DIM
-    n_head = width // HEAD_DIM
-    config = GPTConfig(sequence_len=MAX_SEQ_LEN, vocab_size=vocab_size, n_layer=DEPTH, n_head=n_head,
-                       n_kv_head=n_head // N_KV_HEAD_DIVISOR, n_embd=width, window_pattern=WINDOW_PATTERN)
-    with torch.device(device):
-        model = GPT(config)
-    model.init_weights()
-    model.setup_attention()
-    return model
-
-
-def make_train_step(model, optimizer, loader, grad_accum_steps, autocast):
-    """train_step(step, progress) -> loss tensor of the last micro-batch: one optimizer step, no host sync."""
-    forward = torch.compile(model, dynamic=False) if COMPILE else model
-    batch = next(loader)
-
-    def train_step(step, progress):
-        nonlocal batch
-        for _ in range(grad_accum_steps):
-            x, y, _epoch = batch
-            with autocast:
-                loss = forward(x, y)
-            (loss / grad_accum_steps).backward()
-            batch = next(loader)  # the next batch is prepared while the GPU works
-        set_schedules(optimizer, step, progress)
-        optimizer.step()
-        model.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    return train_step, forward
-
-
 def check_batch_sizes():
     tokens = DEVICE_BATCH_SIZE * MAX_SEQ_LEN
     if TOTAL_BATCH_SIZE % tokens:
-        raise runner.ConfigError(f"TOTAL_BATCH_SIZE ({TOTAL_BATCH_SIZE}) is not a multiple of DEVICE_BATCH_SIZE x "
-                                 f"MAX_SEQ_LEN ({DEVICE_BATCH_SIZE} x {MAX_SEQ_LEN} = {tokens}); change one of them")
+        raise runner.ConfigError(
+            f"TOTAL_BATCH_SIZE ({TOTAL_BATCH_SIZE}) is not a multiple of DEVICE_BATCH_SIZE x MAX_SEQ_LEN "
+            f"({DEVICE_BATCH_SIZE} x {MAX_SEQ_LEN} = {tokens}); change one of them")
     return TOTAL_BATCH_SIZE // tokens
 
 
@@ -511,10 +474,10 @@ def train(run, train_step, flops_per_token):
             progress = min(t_train / TIME_BUDGET, 1.0)
         smooth = 0.9 * smooth + 0.1 * loss
         smooth_debiased = smooth / (1 - 0.9 ** len(clock.times))
-        tok_per_s = TOTAL_BATCH_SIZE / dt
+        tok_per_s, remaining = TOTAL_BATCH_SIZE / dt, max(0.0, TIME_BUDGET - t_train)
         print(f"\rstep {done:05d} ({100 * progress:.1f}%) | loss: {smooth_debiased:.6f} | "
               f"lrm: {lr_multiplier(progress):.2f} | dt: {dt * 1000:.0f}ms | tok/sec: {tok_per_s:,.0f} | "
-              f"mfu: {run.mfu(flops_per_token * tok_per_s)} | remaining: {max(0.0, TIME_BUDGET - t_train):.0f}s    ",
+              f"mfu: {run.mfu(flops_per_token * tok_per_s)} | remaining: {remaining:.0f}s    ",
               end="", flush=True)
         if done >= excluded:
             run.track(progress, smooth_debiased)  # the loss curve; the early-abort gate may stop the run here
@@ -533,7 +496,7 @@ def train(run, train_step, flops_per_token):
             finish_step(*pending)
             pending = None
             print()
-            ran = run.profile(train_step, step, clock.times[2:] or clock.times)  # steps 0-1 compile and warm up
+            ran = run.profile(train_step, step, clock.times[2:] or clock.times)  # 0-1: compile, warm up
             step, excluded = step + ran, max(EXCLUDED_STEPS, step + ran)
             clock.restart()
             if run.profile_only:

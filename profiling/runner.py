@@ -1,9 +1,9 @@
-"""train.py's run plumbing: its flags, run.json, the printed summary, the early-abort gate, the profile and the
-step clock. Fixed: the agent never edits it. Imports torch (CUDA events and memory), and only train.py
+"""train.py's run plumbing: its flags, run.json, the printed summary, the early-abort gate, the profile and
+the step clock. Fixed: the agent never edits it. Imports torch (CUDA events and memory), and only train.py
 imports it; the rest of the package stays torch-free.
 
-    run = runner.Run(argv, __file__, DEVICE_TYPE, hyperparameters)   # flags; run.json says "crash" until the end
-    return run.execute(lambda: train_and_evaluate(run))             # exit code; run.json and the summary
+    run = runner.Run(argv, __file__, DEVICE_TYPE, hyperparameters)  # flags; run.json: "crash" until the end
+    return run.execute(lambda: train_and_evaluate(run))            # exit code; run.json and the summary
 
 Inside, train.py calls run.start() (data, header lines, the gate), run.describe_model(), run.profile() at
 one step of the loop, run.track() for each counted step, and fills run.summary.
@@ -53,11 +53,12 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def parse_args(argv):
-    p = ArgumentParser(prog="train.py", description="Train the GPT for TIME_BUDGET seconds and report val_bpb. "
-                       "Every run also profiles a few steps after compilation (outside the budget).")
+    p = ArgumentParser(prog="train.py", description="Train the GPT for TIME_BUDGET seconds and report "
+                       "val_bpb. Every run also profiles a few steps after compilation (outside the budget).")
     p.add_argument("--profile", action="store_true",
                    help="only profile: warm up, profile, print the report, exit (no TIME_BUDGET spent)")
-    p.add_argument("--warmup-steps", type=int, default=2, metavar="W", help="profiler warm-up steps (default 2)")
+    p.add_argument("--warmup-steps", type=int, default=2, metavar="W",
+                   help="profiler warm-up steps (default 2)")
     p.add_argument("--active-steps", type=positive_int, default=5, metavar="A",
                    help="profiled steps (default 5)")
     p.add_argument("--no-profile", action="store_true", help="skip the profile of a normal training run")
@@ -181,9 +182,9 @@ class Run:
         self.summary["total_seconds"] = round(time.time() - self.t_start, 1)
         if self.cuda:
             self.summary["peak_vram_mb"] = round(torch.cuda.max_memory_allocated() / 1024**2, 1)
-        record = runfile.make_run(status, self.summary, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), error=error,
-                                  **self.record)
-        runfile.write_run(self.args.run_file, record)
+        now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        runfile.write_run(self.args.run_file, runfile.make_run(status, self.summary, time=now, error=error,
+                                                               **self.record))
 
     def finish(self, status, error=None, code=0, extra=()):
         """Write run.json, print the summary block; returns the exit code."""
@@ -192,7 +193,8 @@ class Run:
         return code
 
     def execute(self, body):
-        """Run body(); returns the exit code: 0 ok, 1 FAIL or crash, 2 a refused configuration, 3 early abort."""
+        """Run body(); returns the exit code: 0 ok, 1 FAIL or crash, 2 a refused configuration, 3 early
+        abort."""
         try:
             body()
         except (ConfigError, prepare.PrepareError) as e:
@@ -203,9 +205,10 @@ class Run:
             return self.finish("fail", error=str(e), code=1)
         except EarlyAbort as e:
             d = e.decision
-            print(f"\nEarly abort at {100 * d['fraction']:.0f}% of the budget: loss {d['loss']} is {d['ratio']}x "
-                  f"the reference {d['reference_loss']} (threshold {d['threshold']}x)")
-            extra = [(f"gate_{k}", d[k]) for k in ("fraction", "loss", "reference_loss", "ratio", "threshold")]
+            print(f"\nEarly abort at {100 * d['fraction']:.0f}% of the budget: loss {d['loss']} is "
+                  f"{d['ratio']}x the reference {d['reference_loss']} (threshold {d['threshold']}x)")
+            keys = ("fraction", "loss", "reference_loss", "ratio", "threshold")
+            extra = [(f"gate_{k}", d[k]) for k in keys]
             return self.finish("early_abort", code=gate.EXIT_CODE, extra=extra)
         except torch.OutOfMemoryError:
             batch = self.record["hyperparameters"].get("DEVICE_BATCH_SIZE")
