@@ -145,13 +145,12 @@ def attention(q, k, v, mask):
     if isinstance(mask, bool) or not isinstance(mask, (int, torch.Tensor)):
         raise TypeError(f"attention: mask must be None, a window size (int) or a mask tensor, got "
                         f"{type(mask).__name__}")
-    if isinstance(mask, int):
-        problem = "not on CUDA" if not q.is_cuda else _window_problem(q, k, v, mask)
+    if isinstance(mask, int) and q.is_cuda:
+        problem = _window_problem(q, k, v, mask)
         if problem is None:
             return torch.ops.autoresearch.window_attention(q, k, v, mask)[0]
-        if q.is_cuda:
-            notice("attention", problem)
-    elif q.is_cuda:
+        notice("attention", problem)
+    elif isinstance(mask, torch.Tensor) and q.is_cuda:
         notice("attention", "a dense mask tensor runs on SDPA's masked kernels; a window size (an int, as "
                             "attention_masks() gives on CUDA) runs on cuDNN's band mask")
     return attention_reference(q, k, v, mask)
