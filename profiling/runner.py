@@ -267,10 +267,9 @@ class Run:
         a = self.args
         steps = iter(range(first_step, first_step + a.warmup_steps + a.active_steps))
         meta = dict(device=self.device, torch=torch.__version__, commit=self.record["commit"],
-                    **{k: v for k, v in self.model_meta.items() if k != "parameters"},
                     peak_flops=self.peak_flops, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
-                    parameters=self.model_meta.get("parameters", {}))
+                    **self.model_meta)  # tokens_per_step, micro_batches, flops_per_step, parameters
         report, self.record["profile"], seconds = capture.profile_training(
             lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta)
         print(f"\n{report}\n(profile files: {self.record['profile']}; export, summary and report took "
