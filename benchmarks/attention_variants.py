@@ -3,7 +3,7 @@
     python3 benchmarks/attention_variants.py [results.json]
 
 For the sliding-window (S, window T/2) and the full causal (L) layers: FlexAttention (compiled, as train.py
-used it before issue #9), cuDNN's band mask through its Python API (as train.py uses it now), PyTorch's
+used it before issue #9), cuDNN's band mask through its Python API (as kernels.py runs it now), PyTorch's
 FlashAttention-2 with its native sliding window (aten ops, [B, T, H, D] layout), the window built from
 cuDNN's causal kernel (three causal blocks merged by log-sum-exp), and for the L layers the SDPA backends. Median of timed runs; the errors are the relative L2 distances of the output and of q's
 gradient to FlexAttention's.

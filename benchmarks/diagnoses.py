@@ -54,7 +54,11 @@ CASES = {
     "dense_mask": (
         "the sliding window as a dense boolean mask passed to scaled_dot_product_attention",
         ("attention_fallback",),
-        [('        elif device.type == "cuda":\n', '        elif False:  # planted\n')],
+        [("        self.masks = kernels.attention_masks(self.window_sizes, self.config.sequence_len, "
+          "self.cos.device)\n",
+          ("        T, device = self.config.sequence_len, self.cos.device  # planted: dense boolean masks\n"
+           "        self.masks = {w: kernels.dense_mask(w, T, device) if w < T else None\n"
+           "                      for w in set(self.window_sizes)}\n"))],
         None),
     "small_batch": (
         "DEVICE_BATCH_SIZE 16 instead of 128 (16 micro-batches of small kernels per step)",
@@ -68,7 +72,8 @@ CASES = {
           "            batch = preprocess(next(loader))  # planted\n"),
          ("def make_train_step(", ("def preprocess(batch):  # planted: slow Python work on every batch\n"
                                   "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.2:\n"
-                                  "        pass\n    return batch\n\n\ndef make_train_step("))],
+                                  "        pass\n    return batch\n\n\ndef make_train_step(")),
+         ("import math\n", "import math\nimport time  # planted\n")],
         None),
     "shared_gpu": (
         "another process running bf16 matmuls on the same GPU (the GPU is slow, not the code)",

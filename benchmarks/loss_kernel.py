@@ -4,7 +4,7 @@
     python3 benchmarks/loss_kernel.py [--json FILE]
 
 Times the compiled definition (lm_head, float32 soft cap, cross-entropy: what train.py did before issue #9)
-against train.py's head_loss (one Triton kernel that writes the loss gradient over the logits), both under
+against kernels.py's head_loss (one Triton kernel that writes the loss gradient over the logits), both under
 torch.compile, and the memory each needs on top of its inputs; then tries warp counts for the kernel.
 Median of timed runs. Agreement with the float64 definition is tested in tests/test_kernels.py.
 """
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import train  # noqa: E402
+import kernels  # noqa: E402
 from common import cuda_median_ms, report  # noqa: E402
 
 N, C, V = 128 * 2048, 512, 8192
@@ -44,7 +44,7 @@ def main():
 
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": N, "width": C,
                "vocab": V, "date": time.strftime("%Y-%m-%d")}
-    for name, fn in [("compiled_definition", definition), ("fused", train.head_loss)]:
+    for name, fn in [("compiled_definition", definition), ("fused", kernels.head_loss)]:
         compiled = torch.compile(fn)
         results[f"{name}_ms"] = round(cuda_median_ms(lambda: step(compiled)), 3)
         torch.cuda.synchronize()
@@ -56,8 +56,8 @@ def main():
     results["logits_bf16_mb"] = N * V * 2 / 2**20
     sweep = {}
     for warps in (4, 8, 16, 32):
-        train.CE_WARPS = warps
-        sweep[f"{warps} warps"] = round(cuda_median_ms(lambda: step(train.head_loss)), 3)
+        kernels.CE_WARPS = warps
+        sweep[f"{warps} warps"] = round(cuda_median_ms(lambda: step(kernels.head_loss)), 3)
     results["eager_fused_sweep_ms"] = sweep
     report(results, args.json)
 

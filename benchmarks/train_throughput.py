@@ -47,6 +47,7 @@ def main():
         torch.set_float32_matmul_precision("high")
     dataset = prepare.ensure_data()
     tokenizer = prepare.Tokenizer.from_directory()
+    torch.manual_seed(42)  # as train.py: two versions' losses compare step by step
     model = train.build_model(tokenizer.get_vocab_size(), device)
     optimizer = train.make_optimizer(model)
     loader = prepare.make_dataloader(tokenizer, train.DEVICE_BATCH_SIZE, prepare.MAX_SEQ_LEN, "train", device=device)

@@ -30,6 +30,7 @@ LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us C
 LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
+FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
 
 
 def diagnose(tl, summary):
@@ -211,8 +212,8 @@ def launch_bound(tl, ctx, found):
 
 
 def _train_line(tl, label):
-    """True for a line of the project's own files other than the fixed ones (prepare.py, profiling/)."""
-    return label in _own(tl) and not label.split(":")[0].endswith("prepare.py") and "profiling/" not in label
+    """True for a line of the project's own files other than the fixed ones (FIXED_FILES, profiling/)."""
+    return label in _own(tl) and not label.split(":")[0].endswith(FIXED_FILES) and "profiling/" not in label
 
 
 def gpu_waits_on_host(tl, ctx, found):

@@ -1,4 +1,4 @@
-"""Runs train.py's Triton kernels against their float64 definitions and prints the largest errors as JSON.
+"""Runs kernels.py's Triton kernels against their float64 definitions and prints the largest errors as JSON.
 
 On CPU (TRITON_INTERPRET=1, Triton's interpreter): the loss kernel alone (its losses and the gradient it
 writes in place of the logits) and rotary_norm. On CUDA: head_loss end to end (the losses, and the
@@ -11,7 +11,8 @@ import torch
 if __name__ == "__main__" and not torch.cuda.is_available():
     torch.library.wrap_triton = lambda kernel: kernel  # the interpreter runs plain (not compiled) kernels
 
-import train  # noqa: E402
+import kernels  # noqa: E402
+
 
 def definition(logits, targets, cap=15.0):
     """Per-token losses: cross-entropy of the float32 soft-capped logits (0 where the target is -1)."""
@@ -34,20 +35,27 @@ def inputs(N, V, device, C=64):
     return x, w, t
 
 
+def rotary_tables(T, D, base=10000):
+    """cos and sin [1, T, 1, D / 2] in bf16, as train.py makes them."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+    return freqs.cos().bfloat16()[None, :, None, :], freqs.sin().bfloat16()[None, :, None, :]
+
+
 def check_rotary_norm(device, compiled=False):
     """rotary_norm's output and input gradient, for head dims with and without a power-of-two half."""
-    train.ROTARY_ROWS = 4 if device == "cpu" else train.ROTARY_ROWS  # a partial last block of rows
-    fn = torch.compile(train.rotary_norm, dynamic=False) if compiled else train.rotary_norm  # as train.py
+    kernels.ROTARY_ROWS = 4 if device == "cpu" else kernels.ROTARY_ROWS  # a partial last block of rows
+    fn = torch.compile(kernels.rotary_norm, dynamic=False) if compiled else kernels.rotary_norm  # as train.py
     errors = {}
     for B, T, H, D, dtype in [(2, 8, 3, 16, torch.float32), (1, 5, 2, 24, torch.bfloat16),
                               (3, 7, 1, 128, torch.bfloat16)]:
-        cos, sin = (f.to(device) for f in train.GPT._rotary(None, T, D))
+        cos, sin = (f.to(device) for f in rotary_tables(T, D))
         x = torch.randn(B, T, H, D, device=device).to(dtype).requires_grad_()
         y = torch.ops.autoresearch.rotary_norm(x, cos, sin) if device == "cpu" else fn(x, cos, sin)
         dy = torch.randn(B, H, T, D, device=device).to(dtype).transpose(1, 2)  # the attention's layout
         y.backward(dy)
         xd = x.detach().double().requires_grad_()
-        exact = train.norm(train.apply_rotary(xd, cos.double(), sin.double()))
+        exact = kernels.rotary_norm_reference(xd, cos.double(), sin.double())
         exact.backward(dy.double())
         errors[f"rotary {B}x{T}x{H}x{D}:{dtype}"] = {"y": relative(y, exact), "dx": relative(x.grad, xd.grad)}
     return errors
@@ -63,7 +71,7 @@ def check_kernel():
         exact = definition(exact_in, t)
         exact.sum().backward()
         grad = logits.clone()
-        losses = torch.ops.autoresearch.softcap_ce_(grad, t, train.SOFTCAP, True)
+        losses = torch.ops.autoresearch.softcap_ce_(grad, t, 15.0, True)
         errors[f"{N}x{V}:{dtype}"] = {"loss": (losses.double() - exact).abs().max().item(),
                                       "grad": relative(grad, exact_in.grad), "ignored_loss": losses[1].item(),
                                       "ignored_grad": grad[1].abs().max().item()}
@@ -74,7 +82,7 @@ def check_head_loss(compiled=False):
     """head_loss on CUDA under autocast, as train.py calls it: the per-token losses, and the mean's
     gradients for x and the weight, against float64 on the same bf16 inputs."""
     torch.manual_seed(0)
-    fn = torch.compile(train.head_loss, dynamic=False) if compiled else train.head_loss  # as train.py
+    fn = torch.compile(kernels.head_loss, dynamic=False) if compiled else kernels.head_loss  # as train.py
     errors = {}
     for N, V, _ in SHAPES:
         x, w, t = inputs(N, V, "cuda")

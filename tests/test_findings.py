@@ -193,3 +193,26 @@ def test_the_sampler_sees_the_busy_line(tmp_path):
     assert any(label.startswith("tests/test_findings.py:") for label in data["own"])
     assert "while time.perf_counter() - t0 < seconds:" in data["lines"].values()
     assert not any(t.name == "autoresearch-stack-sampler" for t in threading.enumerate())
+
+
+def test_every_diagnoses_plant_still_applies_to_train_py():
+    """benchmarks/diagnoses.py plants each slowdown by exact text replacement in a copy of train.py: every
+    replaced text is still in train.py once, and the planted file is valid Python importing what it uses."""
+    import ast
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "benchmarks", "diagnoses.py")
+    spec = importlib.util.spec_from_file_location("diagnoses", path)
+    diagnoses = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagnoses)
+    with open(os.path.join(root, "train.py"), encoding="utf-8") as f:
+        source = f.read()
+    for case in diagnoses.CASES:
+        tree = ast.parse(diagnoses.plant(case, source))
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in n.names}
+        used = {n.value.id for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+        modules = {"time", "torch", "kernels", "runner", "math", "gc", "sys", "nn", "F"}
+        assert used & modules <= imported, (case, (used & modules) - imported)

@@ -37,7 +37,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "program.md", "program-alt.md"] + sorted(
     os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
-COPIED = ["train.py", "prepare.py", "profiling", "experiments.json", "pyproject.toml", ".gitignore",
+COPIED = ["train.py", "prepare.py", "kernels.py", "profiling", "experiments.json", "pyproject.toml", ".gitignore",
           "README.md", "program.md", "program-alt.md"]
 PLACEHOLDERS = {
     "tag": "rehearsal",
@@ -270,10 +270,9 @@ def documented_commands(path):
 @pytest.mark.parametrize("path", DOCS)
 def test_documented_commands_parse(path, capsys):
     import prepare
-    import train
-    from profiling import cli
+    from profiling import cli, runner
 
-    parsers = {"train.py": train.parse_args, "prepare.py": prepare._parser().parse_args,
+    parsers = {"train.py": runner.parse_args, "prepare.py": prepare._parser().parse_args,
                "research": lambda argv: cli.build_parser(argv).parse_args(argv)}
     for script, argv, inline in documented_commands(path):
         if "-h" in argv or "--help" in argv:

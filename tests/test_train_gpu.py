@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import kernels
 import train
 
 pytestmark = pytest.mark.gpu
@@ -35,14 +36,15 @@ def test_cuda_attention_matches_dense_mask(compiled):
     leaves = [x.requires_grad_() for x in torch.randn(3, 2, T, 4, 64, device="cuda", dtype=torch.bfloat16)]
     q, k, v = (x.transpose(1, 2) for x in leaves)  # [B, H, T, D] views of [B, T, H, D], as the model has them
     g = torch.randn(2, 4, T, 64, device="cuda", dtype=torch.bfloat16)
-    attend = torch.compile(train.attend, dynamic=False, fullgraph=True) if compiled else train.attend
+    attend = kernels.attention
+    attend = torch.compile(attend, dynamic=False, fullgraph=True) if compiled else attend
     i = torch.arange(T, device="cuda")
     for window in (1, 100, T // 2, T - 1, T):
-        mask = train.build_attention_masks([window], T, torch.device("cuda"))[window]
+        mask = kernels.attention_masks([window], T, torch.device("cuda"))[window]
         out = attend(q, k, v, mask)
         grads = [x.transpose(1, 2) for x in torch.autograd.grad(out, leaves, g)]
         qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
-        dense = train.window_mask(window)(None, None, i[:, None], i[None, :])
+        dense = kernels.window_mask(window)(None, None, i[:, None], i[None, :])
         ref = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, attn_mask=dense)
         ref_grads = torch.autograd.grad(ref, (qf, kf, vf), g.float())
         for a, b in zip((out, *grads), (ref, *ref_grads)):

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+import kernels
 import train
 from profiling import hardware
 
@@ -25,9 +26,9 @@ def test_sliding_window_attention_equals_dense_reference(window):
     T = 64
     q, k, v = torch.randn(3, 2, 3, T, 16).unbind(0)
     ref = dense_reference(q, k, v, window)
-    mask = train.build_attention_masks([window], T, torch.device("cpu"))[window]
+    mask = kernels.attention_masks([window], T, torch.device("cpu"))[window]
     assert (mask is None) == (window >= T)  # a window covering the sequence is plain causal attention
-    dense = train.attend(q, k, v, mask)
+    dense = kernels.attention(q, k, v, mask)
     assert torch.allclose(dense.double(), ref, atol=1e-5)  # the CUDA path: tests/test_train_gpu.py
 
 

@@ -1,0 +1,277 @@
+"""train.py's run plumbing: its flags, run.json, the printed summary, the early-abort gate, the profile and
+the step clock. Fixed: the agent never edits it. Imports torch (CUDA events and memory), and only train.py
+imports it; the rest of the package stays torch-free.
+
+    run = runner.Run(argv, __file__, DEVICE_TYPE, hyperparameters)  # flags; run.json: "crash" until the end
+    return run.execute(lambda: train_and_evaluate(run))            # exit code; run.json and the summary
+
+Inside, train.py calls run.start() (data, header lines, the gate), run.describe_model(), run.profile() at
+one step of the loop, run.track() for each counted step, and fills run.summary.
+"""
+import argparse
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+import prepare
+from profiling import gate, hardware, memory, runfile
+
+
+class ConfigError(ValueError):
+    """A configuration train.py refuses (exit 2, before any compute)."""
+
+
+class Diverged(Exception):
+    """NaN or exploding training loss."""
+
+
+class EarlyAbort(Exception):
+    """The early-abort gate found this run clearly worse than the reference run."""
+
+    def __init__(self, decision):
+        super().__init__(f"early abort: {decision}")
+        self.decision = decision
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Flags
+# ---------------------------------------------------------------------------------------------------------
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, instead of the usage text and the error
+        self.exit(2, f"train.py: error: {message} (see --help)\n")
+
+
+def parse_args(argv):
+    p = ArgumentParser(prog="train.py", description="Train the GPT for TIME_BUDGET seconds and report "
+                       "val_bpb. Every run also profiles a few steps after compilation (outside the budget).")
+    p.add_argument("--profile", action="store_true",
+                   help="only profile: warm up, profile, print the report, exit (no TIME_BUDGET spent)")
+    p.add_argument("--warmup-steps", type=int, default=2, metavar="W",
+                   help="profiler warm-up steps (default 2)")
+    p.add_argument("--active-steps", type=positive_int, default=5, metavar="A",
+                   help="profiled steps (default 5)")
+    p.add_argument("--no-profile", action="store_true", help="skip the profile of a normal training run")
+    p.add_argument("--no-gate", action="store_true",
+                   help="never abort early (default: abort a run clearly worse than the best kept one)")
+    p.add_argument("--run-file", default="run.json", help="where to write the run summary (default run.json)")
+    args = p.parse_args(argv)
+    if args.warmup_steps < 0:
+        p.error("--warmup-steps must be 0 or more")
+    if args.profile and args.no_profile:
+        p.error("--profile and --no-profile contradict each other; pick one")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What a run records
+# ---------------------------------------------------------------------------------------------------------
+
+def knobs(namespace):
+    """The UPPER_CASE knobs of a module's namespace (numbers, strings, tuples of numbers), for run.json;
+    prepare.py's constants (MAX_SEQ_LEN, TIME_BUDGET) are recorded as settings instead."""
+    def knob(v):
+        numbers = isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)
+        return isinstance(v, (int, float, str)) or numbers
+    imported = ("MAX_SEQ_LEN", "TIME_BUDGET")
+    return {k: v for k, v in namespace.items() if k.isupper() and k not in imported and knob(v)}
+
+
+def git_commit(path):
+    """The short commit of HEAD, with "-dirty" when `path` (train.py) has uncommitted changes; None outside
+    a git repository."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", path], capture_output=True,
+                               text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def sample_curve(points, fractions):
+    """The smoothed loss at the first step that reached each fraction of the budget (reached ones only)."""
+    out, j = [], 0
+    for f in fractions:
+        while j < len(points) and points[j][0] < f - 1e-9:
+            j += 1
+        if j == len(points):
+            break
+        out.append(round(points[j][1], 6))
+    return {"fractions": fractions[:len(out)], "loss": out}
+
+
+class StepClock:
+    """Seconds per step without a host sync per step. A mark is taken right after each step is launched:
+    on CUDA an event (the GPU's own time between step ends), on the CPU the host time (steps run
+    synchronously there, so the step is done when its launch returns). `times` holds every step's seconds."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.times = []
+        self.restart()
+
+    def restart(self):
+        self.last = self.mark()
+        if self.cuda:
+            self.last.synchronize()
+
+    def mark(self):
+        if not self.cuda:
+            return time.time()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed(self, mark):
+        """Seconds from the previous mark to this one (waits for it)."""
+        if self.cuda:
+            mark.synchronize()
+            dt = self.last.elapsed_time(mark) / 1000
+        else:
+            dt = mark - self.last
+        self.last = mark
+        self.times.append(dt)
+        return dt
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------------------
+
+class Run:
+    """One run of train.py: its flags (`args`), the summary it prints (`summary`, runfile.SUMMARY_FIELDS) and
+    the rest of its run.json (`record`). Until it ends, run.json says it did not: a killed run is a crash."""
+
+    def __init__(self, argv, train_file, device_type, hyperparameters):
+        self.args = parse_args(argv)
+        self.t_start = time.time()
+        self.cuda = device_type == "cuda"
+        self.device = torch.cuda.get_device_name() if self.cuda else "cpu"
+        self.peak_flops = hardware.peak_flops(self.device) if self.cuda else None
+        self.record = dict(device=self.device, torch=torch.__version__, commit=git_commit(train_file),
+                           dataset="unknown", settings=prepare.settings(), hyperparameters=hyperparameters,
+                           loss_curve=None, profile=None)
+        self.summary = dict.fromkeys(runfile.SUMMARY_FIELDS)
+        self.summary["depth"] = hyperparameters.get("DEPTH")
+        self.gate, self.points, self.model_meta = None, [], {}
+        if not self.args.profile:
+            self.write("crash", "did not finish: killed, timed out, or crashed before writing its summary")
+
+    @property
+    def profile_only(self):
+        return self.args.profile
+
+    @property
+    def profiling(self):
+        """Whether the loop profiles a few steps (every run but --no-profile)."""
+        return not self.args.no_profile
+
+    def write(self, status, error=None):
+        self.summary["total_seconds"] = round(time.time() - self.t_start, 1)
+        if self.cuda:
+            self.summary["peak_vram_mb"] = round(torch.cuda.max_memory_allocated() / 1024**2, 1)
+        now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        runfile.write_run(self.args.run_file, runfile.make_run(status, self.summary, time=now, error=error,
+                                                               **self.record))
+
+    def finish(self, status, error=None, code=0, extra=()):
+        """Write run.json, print the summary block; returns the exit code."""
+        self.write(status, error)
+        print(runfile.format_summary(self.summary, status, extra))
+        return code
+
+    def execute(self, body):
+        """Run body(); returns the exit code: 0 ok, 1 FAIL or crash, 2 a refused configuration, 3 early
+        abort."""
+        try:
+            body()
+        except (ConfigError, prepare.PrepareError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return self.finish("crash", error=str(e), code=2)
+        except Diverged as e:
+            print(f"\nFAIL: {e}")  # NaN or exploding loss
+            return self.finish("fail", error=str(e), code=1)
+        except EarlyAbort as e:
+            d = e.decision
+            print(f"\nEarly abort at {100 * d['fraction']:.0f}% of the budget: loss {d['loss']} is "
+                  f"{d['ratio']}x the reference {d['reference_loss']} (threshold {d['threshold']}x)")
+            keys = ("fraction", "loss", "reference_loss", "ratio", "threshold")
+            extra = [(f"gate_{k}", d[k]) for k in keys]
+            return self.finish("early_abort", code=gate.EXIT_CODE, extra=extra)
+        except torch.OutOfMemoryError:
+            batch = self.record["hyperparameters"].get("DEVICE_BATCH_SIZE")
+            msg = f"CUDA out of memory at DEVICE_BATCH_SIZE={batch}: lower DEVICE_BATCH_SIZE"
+            print(f"FAIL: {msg}", file=sys.stderr)
+            return self.finish("crash", error=msg, code=1)
+        except Exception as e:  # a bug in an edit: the traceback for the agent, run.json for the memory
+            traceback.print_exc()
+            return self.finish("crash", error=f"{type(e).__name__}: {e}"[:500], code=1)
+        return 0 if self.profile_only else self.finish("ok")
+
+    def start(self):
+        """Prepare the data if none is, print the device, settings and gate lines, and arm the gate."""
+        self.record["dataset"] = prepare.ensure_data()
+        print(f"Device: {self.device} | torch {torch.__version__} | dataset: {self.record['dataset']}")
+        print("Settings: " + ", ".join(f"{k}={v}" for k, v in self.record["settings"].items()))
+        a = self.args
+        reference, why_off = (None, "off (--no-gate)") if a.no_gate or a.profile else \
+            gate.find_reference(memory.default_path(), self.record["settings"], self.record["dataset"])
+        self.gate = gate.Gate(reference) if reference else None
+        self.record["gate"] = {"status": self.gate.describe() if self.gate else why_off, "decisions": []}
+        if not a.profile:
+            print(f"Early-abort gate: {self.record['gate']['status']}")
+
+    def describe_model(self, model, flops_per_token, tokens_per_step, micro_batches):
+        """Record the model's size (the summary, the profile's metadata) and print it."""
+        num_params = sum(p.numel() for p in model.parameters())
+        self.summary["num_params_M"] = round(num_params / 1e6, 1)
+        self.model_meta = dict(tokens_per_step=tokens_per_step, micro_batches=micro_batches,
+                               flops_per_step=flops_per_token * tokens_per_step,
+                               parameters={name: list(p.shape) for name, p in model.named_parameters()})
+        print(f"Parameters: {num_params / 1e6:.1f}M | FLOPs per token: {flops_per_token:.3e}")
+
+    def mfu(self, flops_per_s):
+        """Model FLOPs utilization as printed on the progress line ("n/a" for a device of unknown peak)."""
+        return f"{100 * flops_per_s / self.peak_flops:.1f}%" if self.peak_flops else "n/a"
+
+    def track(self, progress, loss):
+        """A counted step's smoothed loss at `progress`: a point of the loss curve, and the gate's check
+        (raises EarlyAbort)."""
+        self.points.append((progress, loss))
+        decision = self.gate.check(progress, loss) if self.gate else None
+        if decision:
+            self.record["gate"]["decisions"].append(decision)
+            if decision["abort"]:
+                raise EarlyAbort(decision)
+
+    def loss_curve(self):
+        """The tracked loss sampled at runfile's fractions of the time budget, for run.json and the gate."""
+        return sample_curve(self.points, runfile.curve_fractions())
+
+    def profile(self, train_step, first_step, step_times):
+        """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, and
+        print the report. Returns W + A: the steps it ran (they train the model like any other)."""
+        from profiling import capture  # the only module that drives torch.profiler
+        a = self.args
+        steps = iter(range(first_step, first_step + a.warmup_steps + a.active_steps))
+        meta = dict(device=self.device, torch=torch.__version__, commit=self.record["commit"],
+                    peak_flops=self.peak_flops, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
+                    peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
+                    **self.model_meta)  # tokens_per_step, micro_batches, flops_per_step, parameters
+        report, self.record["profile"], seconds = capture.profile_training(
+            lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta)
+        print(f"\n{report}\n(profile files: {self.record['profile']}; export, summary and report took "
+              f"{seconds:.1f} s)")
+        return a.warmup_steps + a.active_steps
