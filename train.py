@@ -34,7 +34,7 @@ except ImportError:
 
 import prepare
 from prepare import MAX_SEQ_LEN, TIME_BUDGET, Tokenizer, evaluate_bpb, make_dataloader
-from profiling import gate, hardware, memory, runfile
+from profiling import gate, hardware, memory, provenance, runfile
 
 DEVICE_TYPE = "cuda" if torch.cuda.is_available() else "cpu"
 COMPILE = DEVICE_TYPE == "cuda"  # torch.compile on CPU costs minutes of compile for a tiny model
@@ -867,6 +867,8 @@ def run_training(args, run, summary, finish, grad_accum_steps, peak_flops):
         print(f"\n{report}\n(profile files: {run['profile']}; export, summary and report took {seconds:.1f} s)")
         return args.warmup_steps + args.active_steps
 
+    if not args.no_profile:  # before compiling: the report's "Lines of train.py" (profiling/provenance.py)
+        provenance.start()
     try:
         train(train_step, flops_per_token, peak_flops, summary, run, abort_gate,
               profiler=None if args.no_profile else profiler, profile_only=args.profile)
