@@ -22,7 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP = re.compile(r"step (\d+) .*?\| dt: (\d+)ms")
 PROFILE = re.compile(r"^# Profile: ([\d.]+) ms/step", re.M)
-PLACED = re.compile(r"([\d.>]+)% of device time placed on source lines")
+PLACED = re.compile(r"([\d.>]+)% of (?:device|operator) time placed on source lines")
 
 
 def run(variant, label, out):

@@ -38,11 +38,9 @@ def canonical(name):
     torch.ops.ns.op.default -> ns::op; kernels keep their names (the CPU's graph_N_ prefix dropped)."""
     if name.startswith("extern_kernels."):
         return "aten::" + name[len("extern_kernels."):]
-    parts = name.split(".")
-    if name.startswith("torch.ops.") and len(parts) >= 4:
-        return f"{parts[2]}::{parts[3]}"
-    if parts[0] == "aten" and len(parts) >= 2:
-        return f"aten::{parts[1]}"
+    parts = name[len("torch.ops."):].split(".") if name.startswith("torch.ops.") else name.split(".")
+    if len(parts) >= 2:  # an op overload: namespace.op[.overload]; kernel names have no dots
+        return f"{parts[0]}::{parts[1]}"
     return CPU_PREFIX.sub("", name)
 
 

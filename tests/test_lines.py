@@ -147,6 +147,7 @@ def test_an_eager_run_says_nothing_was_compiled(trace):
     ("extern_kernels.mm", "aten::mm"), ("extern_kernels.bmm", "aten::bmm"),
     ("torch.ops.aten._scaled_dot_product_cudnn_attention.default", "aten::_scaled_dot_product_cudnn_attention"),
     ("torch.ops.autoresearch.window_attention.default", "autoresearch::window_attention"),
+    ("autoresearch.window_attention_backward.default", "autoresearch::window_attention_backward"),
     ("triton_poi_fused_mul_pow_relu_3", "triton_poi_fused_mul_pow_relu_3"),
     ("graph_0_cpp_fused_pow_relu_0", "cpp_fused_pow_relu_0"),
 ])
