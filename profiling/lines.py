@@ -45,7 +45,7 @@ def canonical(name):
 
 
 class Provenance:
-    """The metadata record, indexed: per graph key its calls [(canonical name, lines)], and the lines' texts."""
+    """The metadata record, indexed: per graph key its calls [(canonical name, lines)]; the lines' texts."""
 
     def __init__(self, record):
         frames, stacks = record.get("frames") or [], record.get("stacks") or []
@@ -57,7 +57,7 @@ class Provenance:
             for name, ids in g.get("kernels") or []:
                 lines = sorted({lines_of[i] for i in ids if 0 <= i < len(lines_of)} - {None})
                 calls.append((canonical(str(name)), tuple(lines)))
-            self.graphs.setdefault(g.get("key"), []).append(calls)
+            self.graphs.setdefault(str(g.get("key")), []).append(calls)  # no key: "None", as annotated
 
     def _line(self, stack, frames):
         """(file, line) of a stack's innermost own frame (else its innermost frame); None if it has none."""
@@ -106,7 +106,8 @@ class Calls:
         table = self.aligned.get(id(call))
         if table is None:
             table = self.aligned[id(call)] = self._align(call)
-        return table.get(id(top), (None, f"no recorded call named `{CPU_PREFIX.sub('', str(top.get('name')))}`"))
+        name = CPU_PREFIX.sub("", str(top.get("name")))
+        return table.get(id(top), (None, f"no recorded call named `{name}`"))
 
     def _align(self, call):
         key = GRAPH_CALL.match(call["name"]).group(1)
@@ -129,7 +130,8 @@ class Calls:
             if counts[name] == len(recorded) or len(set(recorded)) == 1:
                 table[id(op)] = (recorded[min(k, len(recorded) - 1)], None)
             else:
-                table[id(op)] = (None, f"`{name}` called {counts[name]} times, recorded {len(recorded)} times")
+                why = f"`{name}` called {counts[name]} times, recorded {len(recorded)} times"
+                table[id(op)] = (None, why)
         return table
 
     def _tops(self, call):

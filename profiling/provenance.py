@@ -46,6 +46,7 @@ CACHE = "fx_graph_cache_"
 HANDLE = re.compile(r"\[Provenance debug handles\] (\S+):(\d+)\s*$", re.M)
 FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
 MAX_TEXT = 100   # characters of a source line kept
+UNSEEN = object()  # no stack-trace artifact yet for the graph being compiled
 
 _collector = None
 
@@ -82,8 +83,8 @@ def result():
          "stacks": [[frame index, ...], ...],                  # one source stack, innermost frame first
          "graphs": [{"key": fx graph cache key,
                      "kernels": [[name, [stack index, ...]], ...]}],  # the graph's calls, in call order;
-                                                               # name as inductor writes it: triton_poi_fused_
-                                                               # add_0, extern_kernels.mm, torch.ops.ns.op.default
+                                          # names as inductor writes them: triton_poi_fused_add_0,
+                                          # extern_kernels.mm, torch.ops.ns.op.default
          "without": n}                                         # graphs compiled with no record (a cache entry
                                                                # made without provenance)
     """
@@ -97,7 +98,7 @@ class Collector(logging.Handler):
         super().__init__(logging.DEBUG)
         self.root = os.path.abspath(root)
         self.handles = None   # the NAME:N of the graph being compiled, from its wrapper code
-        self.entries = None   # its [(N, name, [stack trace])], from the stack-trace artifact
+        self.entries = UNSEEN  # its [(N, name, [stack trace])] from the stack-trace artifact; None: empty
         self.graphs, self.without = [], 0
         self.frames, self.frame_ids, self.stacks, self.stack_ids = [], {}, [], {}
 
@@ -106,7 +107,7 @@ class Collector(logging.Handler):
             meta = getattr(record, "metadata", None) or {}
             payload = getattr(record, "payload", None)
             if CODE in meta:
-                if self.entries is not None:  # the previous graph named no cache key (caching off)
+                if self.entries is not UNSEEN:  # the previous graph named no cache key (caching off)
                     self._graph(None)
                 self.handles = set(HANDLE.findall(payload or ""))
                 return
@@ -116,7 +117,7 @@ class Collector(logging.Handler):
             elif name.startswith(CACHE):
                 self._graph(json.loads(payload or "{}").get("key"))
         except Exception:  # a record we do not understand must never break a compile
-            self.handles = self.entries = None
+            self.handles, self.entries = None, UNSEEN
 
     def _entries(self, payload):
         table = json.loads(payload) if payload else None
@@ -131,13 +132,16 @@ class Collector(logging.Handler):
         return sorted(out)
 
     def _graph(self, key):
-        entries, self.handles, self.entries = self.entries, None, None
+        """The graph compiled (or loaded) last is done: keep its calls under its FX graph cache key."""
+        entries, self.handles, self.entries = self.entries, None, UNSEEN
+        if entries is UNSEEN:  # a cache lookup that found nothing: the compile that follows reports it
+            return
         if entries is None:
             self.without += 1
             return
         kernels = [[name, sorted({self._stack(t) for t in traces if isinstance(t, str)} - {None})]
                    for _, name, traces in entries]
-        self.graphs.append({"key": key, "kernels": kernels})
+        self.graphs.append({"key": None if key is None else str(key), "kernels": kernels})
 
     def _stack(self, trace):
         """The index of a source stack (innermost frame first) in self.stacks, or None if it has no frame."""

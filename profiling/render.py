@@ -4,7 +4,8 @@ The report, in the order the agent needs it: failed checks first (one `CHECK FAI
 header line (device, torch, steps profiled, tokens/step), then 0. the findings (the few causes that cost
 the most, each with its evidence and fix: profiling/findings.py), 1. the step budget (parts that add up to
 the step; MFU; peak memory), where the step goes in the model (regions, forward and backward; see
-profiling/regions.py) and by source line (profiling/lines.py), 2. the top kernels, 3. the checks, 4. what changed since the previous profile.
+profiling/regions.py) and by source line (profiling/lines.py), 2. the top kernels, 3. the checks, 4. what
+changed since the previous profile.
 Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
 """
 import json
@@ -138,7 +139,7 @@ def _regions(s):
 
 
 def _lines(s, shown=MAX_LINES):
-    """Section 1b: the step by source line (profiling/lines.py), fused lines shown together."""
+    """Section 1b: the step by source line (profiling/lines.py), a fused kernel's lines shown together."""
     table = s.get("lines")
     if not table:
         return []
@@ -146,24 +147,28 @@ def _lines(s, shown=MAX_LINES):
     if table.get("missing"):
         return ["", title, f"not available: {table['missing']}"]
     step = s["step_ms"]
-    rows = [[_cell(_where(r)), f"`{_code(_line_text(r))}`",
-             _ms(r["forward_ms"]), _ms(r["backward_ms"]), _ms(r["ms_per_step"]), _pct(r["ms_per_step"], step)]
-            for r in table["rows"][:shown]]
+    rows = [[_cell(_where(r)), f"`{_code(_line_text(r))}`", _ms(r["forward_ms"]), _ms(r["backward_ms"]),
+             _ms(r["ms_per_step"]), _pct(r["ms_per_step"], step)] for r in table["rows"][:shown]]
+    head = ["line", "code", "forward ms", "backward ms", "ms/step", "% of step"]
     what = "operator time" if s.get("kind") == "cpu" else "device time"
     out = ["", f"{title} (top {len(rows)} of {table['rows_total']} by ms/step)",
-           _table(["line", "code", "forward ms", "backward ms", "ms/step", "% of step"], rows) if rows else "(none)",
-           "", f"{_share(table['placed_percent'])}% of {what} placed on source lines "
-           f"({_ms(table['placed_ms'])} ms/step, {table['graphs']} compiled graphs); a fused kernel counts once, "
-           "against all its lines"]
+           _table(head, rows) if rows else "(none)", "",
+           f"{_share(table['placed_percent'])}% of {what} placed on source lines ({_ms(table['placed_ms'])} "
+           f"ms/step, {table['graphs']} compiled graphs); a fused kernel counts once, against all its lines"]
     if len(table.get("files") or {}) > 1:
         out.append("by file: " + ", ".join(f"{f} {_ms(ms)} ms" for f, ms in table["files"].items()))
-    if table.get("unplaced"):
-        by_reason = {}
-        for u in table["unplaced"]:
-            by_reason.setdefault(u["reason"], []).append(f"`{_code(u['name'])}` {_ms(u['ms_per_step'])} ms")
-        out.append(f"not placed: {_ms(table['unplaced_ms'])} ms/step; "
-                   + "; ".join(f"{_cell(reason)}: " + ", ".join(names) for reason, names in by_reason.items()))
-    return out
+    return out + _unplaced_lines(table)
+
+
+def _unplaced_lines(table):
+    """One line: the time not placed on a line, by reason, the largest operators of each."""
+    if not table.get("unplaced"):
+        return []
+    by_reason = {}
+    for u in table["unplaced"]:
+        by_reason.setdefault(u["reason"], []).append(f"`{_code(u['name'])}` {_ms(u['ms_per_step'])} ms")
+    reasons = "; ".join(f"{_cell(reason)}: " + ", ".join(names) for reason, names in by_reason.items())
+    return [f"not placed: {_ms(table['unplaced_ms'])} ms/step; {reasons}"]
 
 
 def _where(row, width=LINE_WHERE):

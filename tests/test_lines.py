@@ -15,6 +15,7 @@ from profiling import lines, provenance
 from profiling.classify import CATEGORIES
 from profiling.render import to_json, to_markdown
 from profiling.summary import load_trace, summarize
+from profiling.traceio import by_thread, index, parents
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CPU_COMPILED = os.path.join(DATA, "cpu-compiled-gpt-2steps.trace.json.gz")
@@ -130,6 +131,48 @@ def test_a_call_recorded_twice_is_not_guessed(trace, cpu):
     assert table["placed_ms"] < cpu["lines"]["placed_ms"]
 
 
+def record_from_calls(trace):
+    """A source-line record made from a trace's own graph calls: each graph's calls as its first call ran
+    them, named as inductor names them, every name on a line of its own (`train.py:N`, text: the name)."""
+    ix = index(trace["traceEvents"])
+    threads = by_thread(ix.cpu_ops)
+    calls = lines.Calls(ix.graph_calls, threads, parents(threads), lines.Provenance({}))
+    graphs, frames, ids = {}, [], {}
+    for e in sorted(ix.graph_calls, key=lambda e: e["ts"]):
+        key = lines.GRAPH_CALL.match(e["name"]).group(1)
+        if key in graphs:
+            continue
+        graphs[key] = []
+        for op in calls._tops(e):
+            name = str(op["name"])
+            if name in ("aten::mm", "aten::bmm"):
+                name = "extern_kernels." + name[6:]
+            elif "::" in name:
+                name = "torch.ops." + name.replace("::", ".") + ".default"
+            if name not in ids:
+                ids[name] = len(frames)
+                frames.append(["train.py", len(frames) + 1, "f", name, True])
+            graphs[key].append([name, [ids[name]]])
+    return {"version": 1, "frames": frames, "stacks": [[i] for i in range(len(frames))],
+            "graphs": [{"key": k, "kernels": v} for k, v in graphs.items()], "without": 0}
+
+
+def test_gpu_trace_every_kernel_of_a_compiled_graph_is_placed():
+    """The H200 trace's structure (Triton kernels' own records, cuBLAS GEMMs under aten::mm, the backward on
+    the autograd thread) with a record matching its graphs: all device time inside graph calls is placed."""
+    t = load_trace(H200)
+    t["autoresearch"] = dict(t["autoresearch"], provenance=record_from_calls(t))
+    s = summarize(t)
+    table = s["lines"]
+    assert table["graphs"] == 9 and table["placed_percent"] > 99.7
+    assert {u["reason"] for u in table["unplaced"]} == {"eager (outside the compiled graphs)"}
+    assert table["placed_ms"] + table["unplaced_ms"] == pytest.approx(s["device_ms"], abs=1e-3)
+    rows = {r["lines"][0]["text"]: r for r in table["rows"]}
+    assert rows["extern_kernels.mm"]["forward_ms"] > 0 and rows["extern_kernels.mm"]["backward_ms"] > 0
+    flex_bwd = [r for text, r in rows.items() if "flex_attention_backward" in text]
+    assert flex_bwd and all(r["forward_ms"] == 0 and r["backward_ms"] > 0 for r in flex_bwd)
+
+
 @pytest.mark.parametrize("path", [H200, CPU_EAGER])
 def test_traces_without_a_record_still_work(path):
     s = summarize(load_trace(path))
@@ -210,6 +253,7 @@ def test_collector_counts_graphs_cached_without_a_record(tmp_path):
     c.emit(artifact("fx_graph_cache_hit", json.dumps({"key": "fdef"})))
     c.emit(record({"chromium_event": {}}, "{}"))  # others pass by
     c.emit(artifact("fx_graph_cache_hit", "not json"))  # never raises
+    c.emit(artifact("fx_graph_cache_miss", json.dumps({"key": "fghi"})))  # a lookup before a compile
     assert c.result()["graphs"] == [] and c.result()["without"] == 1
 
 
