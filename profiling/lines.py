@@ -249,10 +249,11 @@ def _table(totals, n, step_ms, total_us, prov, record):
         })
     placed_us = sum(sum(v) for v in totals.us.values())
     unplaced = sorted(totals.unplaced.items(), key=lambda kv: -kv[1])
-    by_file = {}
+    by_file = {}  # a kernel fused from lines of several files is split evenly between them
     for lines, (fwd, bwd) in totals.us.items():
-        for f in dict.fromkeys(f for f, _ in lines):
-            by_file[f] = by_file.get(f, 0.0) + (fwd + bwd) / len({x for x, _ in lines})
+        files = set(f for f, _ in lines)
+        for f in files:
+            by_file[f] = by_file.get(f, 0.0) + (fwd + bwd) / len(files)
     return {
         "rows": rows[:TOP], "rows_total": len(rows),
         "placed_percent": _r(100 * placed_us / total_us if total_us else 0.0),
