@@ -24,7 +24,7 @@ import warnings
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from profiling import render, summary
+from profiling import provenance, render, summary
 from profiling.errors import UserError
 from profiling.files import atomic_write
 from profiling.sampler import StackSampler, frame_label
@@ -53,8 +53,9 @@ def capture(step_fn, warmup, active, metadata):
     everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
     the summary gives each kernel to the step that launched it. During the active steps the capture also
     records what the trace cannot show (profiling/findings.py reads it): the main thread's Python stack
-    every few ms (profiling/sampler.py), the Python lines of the host syncs (CUDA's sync debug mode), and
-    the graph breaks TorchDynamo met while compiling.
+    every few ms (profiling/sampler.py), the Python lines of the host syncs (CUDA's sync debug mode), the
+    graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
+    profiling.provenance.start() ran before compilation (profiling/lines.py reads them).
     """
     if active < 1 or warmup < 0:
         raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
@@ -87,7 +88,7 @@ def capture(step_fn, warmup, active, metadata):
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
     trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
-                                 dynamo=dynamo_record())
+                                 dynamo=dynamo_record(), provenance=provenance.result())
     return trace, t_end
 
 

@@ -3,8 +3,9 @@
 The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
 header line (device, torch, steps profiled, tokens/step), then 0. the findings (the few causes that cost
 the most, each with its evidence and fix: profiling/findings.py), 1. the step budget (parts that add up to
-the step; MFU; peak memory) and where the step goes in the model (regions, forward and backward; see
-profiling/regions.py), 2. the top kernels, 3. the checks, 4. what changed since the previous profile.
+the step; MFU; peak memory), where the step goes in the model (regions, forward and backward; see
+profiling/regions.py) and by source line (profiling/lines.py), 2. the top kernels, 3. the checks, 4. what
+changed since the previous profile.
 Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
 """
 import json
@@ -35,6 +36,9 @@ MAX_FINDINGS = 4        # at most this many in the Markdown (about 3 lines each)
 ROOF_HEADERS = ["TFLOP/s (% of peak)", "GB/s (% of peak)"]
 ROOF_NOTE = ("TFLOP/s: GEMM and attention FLOPs (from shapes) over the region's whole time; GB/s: the tensor bytes "
              "of its Triton kernels (each argument once: a floor) over their own time; rules: profiling/roofline.py")
+MAX_LINES = 8           # source lines shown (summary.json `lines` keeps more)
+LINE_TEXT = 70          # characters of source text shown per row
+LINE_WHERE = 28         # characters of a fused row's line list shown
 CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
             "self times per step.")
 
@@ -55,7 +59,8 @@ def to_markdown(summary, previous=None, top=10):
     lines += [f"# Profile: {_ms(summary['step_ms'])} ms/step" + (" (CPU)" if cpu else ""), _header(summary), ""]
     if not cpu and "findings" in summary:
         lines += _findings(summary) + [""]
-    lines += _budget(summary) + _regions(summary) + [""] + _kernels(summary, top) + [""] + _checks(summary)
+    lines += _budget(summary) + _regions(summary) + _lines(summary) + [""] + _kernels(summary, top) + [""] \
+        + _checks(summary)
     if previous is not None:
         lines += [""] + _changes(diff(previous, summary))
     return "\n".join(lines)
@@ -160,6 +165,52 @@ def _bandwidth(row, unit=""):
 def _rate(k):
     """A kernel's achieved rate: TFLOP/s where its FLOPs are known, else GB/s where its bytes are; or `-`."""
     return _tflops(k, " TFLOP/s") if k.get("flops") else _bandwidth(k, " GB/s")
+
+
+def _lines(s, shown=MAX_LINES):
+    """Section 1b: the step by source line (profiling/lines.py), a fused kernel's lines shown together."""
+    table = s.get("lines")
+    if not table:
+        return []
+    title = "### Lines of train.py"
+    if table.get("missing"):
+        return ["", title, f"not available: {table['missing']}"]
+    step = s["step_ms"]
+    rows = [[_cell(_where(r)), f"`{_code(_line_text(r))}`", _ms(r["forward_ms"]), _ms(r["backward_ms"]),
+             _ms(r["ms_per_step"]), _pct(r["ms_per_step"], step)] for r in table["rows"][:shown]]
+    head = ["line", "code", "forward ms", "backward ms", "ms/step", "% of step"]
+    what = "operator time" if s.get("kind") == "cpu" else "device time"
+    out = ["", f"{title} (top {len(rows)} of {table['rows_total']} by ms/step)",
+           _table(head, rows) if rows else "(none)", "",
+           f"{_share(table['placed_percent'])}% of {what} placed on source lines ({_ms(table['placed_ms'])} "
+           f"ms/step, {table['graphs']} compiled graphs); a fused kernel counts once, against all its lines"]
+    if len(table.get("files") or {}) > 1:
+        out.append("by file: " + ", ".join(f"{f} {_ms(ms)} ms" for f, ms in table["files"].items()))
+    return out + _unplaced_lines(table)
+
+
+def _unplaced_lines(table):
+    """One line: the time not placed on a line, by reason, the largest operators of each."""
+    if not table.get("unplaced"):
+        return []
+    by_reason = {}
+    for u in table["unplaced"]:
+        by_reason.setdefault(u["reason"], []).append(f"`{_code(u['name'])}` {_ms(u['ms_per_step'])} ms")
+    reasons = "; ".join(f"{_cell(reason)}: " + ", ".join(names) for reason, names in by_reason.items())
+    return [f"not placed: {_ms(table['unplaced_ms'])} ms/step; {reasons}"]
+
+
+def _where(row, width=LINE_WHERE):
+    """`train.py:427`, or `train.py:426-427, fused`; a long group cut to its first lines and a count."""
+    where = row["where"]
+    if len(where) > width:
+        where = where[:width].rsplit(",", 1)[0] + f",... ({len(row['lines'])} lines)"
+    return where + (", fused" if row["fused"] else "")
+
+
+def _line_text(row, width=LINE_TEXT):
+    text = " · ".join(x["text"] for x in row["lines"] if x["text"])
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _region_notes(table, step):

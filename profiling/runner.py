@@ -17,7 +17,7 @@ import traceback
 import torch
 
 import prepare
-from profiling import gate, hardware, memory, runfile
+from profiling import gate, hardware, memory, provenance, runfile
 
 
 class ConfigError(ValueError):
@@ -232,6 +232,8 @@ class Run:
         self.record["gate"] = {"status": self.gate.describe() if self.gate else why_off, "decisions": []}
         if not a.profile:
             print(f"Early-abort gate: {self.record['gate']['status']}")
+        if self.profiling:  # before anything compiles: the report's "Lines of train.py" (profiling/provenance.py)
+            provenance.start()
 
     def describe_model(self, model, flops_per_token, tokens_per_step, micro_batches):
         """Record the model's size (the summary, the profile's metadata) and print it."""

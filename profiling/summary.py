@@ -50,6 +50,12 @@ The summary (plain JSON data; `render.to_json` writes it as is):
     roofline fields (device profiles; profiling/roofline.py): flops and bytes per step, tflops_per_s and
     percent_of_peak (FLOPs over the row's time), gb_per_s and percent_of_bandwidth (bytes over the time of
     the kernels whose bytes are known); None where unknown
+    lines                                             the step by source line (profiling/lines.py): rows
+                                                      [{where, lines: [{file, line, text}], fused, forward_ms,
+                                                      backward_ms, ms_per_step, pct_of_step, kernels,
+                                                      top_kernel}], rows_total, placed_percent, placed_ms,
+                                                      unplaced_ms, unplaced [{reason, name, ms_per_step}],
+                                                      files, graphs; or `missing` (why there is no table)
 
 The capture adds its measurements to the trace as a top-level key (`prof.add_metadata_json(META_KEY,
 json.dumps(meta))`); every field is optional and None means unknown:
@@ -70,10 +76,12 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "micro_batches": 2,              # forward/backward passes per optimizer step
         "host_samples": {...},           # the main thread's Python stack every 2 ms (profiling/sampler.py)
         "syncs": [{"where": "train.py:702", "line": "...", "count": 10}],  # CUDA sync debug mode's warnings
-        "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8}
+        "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8},
+        "provenance": {"frames", "stacks", "graphs": [...]}  # source lines of the compiled kernels
+                                         # (profiling/provenance.py), None when not recorded
     }
 """
-from profiling import findings, hardware, kernel_match, regions, roofline
+from profiling import findings, hardware, kernel_match, lines, regions, roofline
 from profiling.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.errors import UserError
 from profiling.timeline import Timeline
@@ -196,7 +204,8 @@ def _summarize_device(ix, meta):
              kernels=kernels, kernels_total=len(kernels),
              not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
                           "bogus_timestamps": len(out["bogus"])},
-             regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}, work, peaks))
+             regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}, work, peaks),
+             lines=lines.device_table(tl, ix.graph_calls, meta, step_ms))
     s["findings"] = findings.diagnose(tl, s)
     s["checks"] = [
         _check_counts(counts, "device events"),
@@ -242,7 +251,8 @@ def _summarize_cpu(ix, meta):
              idle_percent=_r(100 * cats["outside ops"] / step_ms if step_ms else 0.0),
              device_ms=None, categories={k: _r(v) for k, v in cats.items()}, other_kernels=[],
              kernels=_kernel_rows(rows, n, step_ms, readable=False), kernels_total=len(rows),
-             not_counted={}, findings=[], regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}))
+             not_counted={}, findings=[], regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}),
+             lines=lines.cpu_table(ix, placed, meta, step_ms))
     s["checks"] = [_check_counts(counts, "CPU ops"), _check_step_time(step_ms, meta)]
     return s
 

@@ -10,6 +10,7 @@ import json
 from profiling.errors import UserError
 
 STEP_PREFIX = "ProfilerStep#"
+GRAPH_CALL_PREFIX = "## Call CompiledFxGraph "  # inductor's annotation around one call of a compiled graph
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
 AUTOGRAD_OP = "autograd::engine::evaluate_function"  # the autograd engine runs a backward node
@@ -92,6 +93,7 @@ class Index:
         self.launches = {}     # correlation -> launch event
         self.device = []       # device events
         self.cpu_ops = []
+        self.graph_calls = []  # `## Call CompiledFxGraph <key> ##` annotations (profiling/lines.py)
         self.span = None       # (start, end) of the recorded window
 
 
@@ -135,6 +137,8 @@ def index(events):
             optimizer.append((ts, ts + dur))
         elif cat == "cpu_op":
             ix.cpu_ops.append(e)
+        elif name.startswith(GRAPH_CALL_PREFIX):
+            ix.graph_calls.append(e)
     ix.steps.sort()
     ix.optimizer = merge(optimizer)
     if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
