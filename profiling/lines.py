@@ -169,9 +169,10 @@ class Totals:
             self.unplaced[key] = self.unplaced.get(key, 0.0) + us
 
 
-def device_table(tl, graph_calls, meta, step_ms):
+def device_table(tl, graph_calls, meta, step_ms, moved=frozenset()):
     """The lines table of a device profile. tl: the trace's Timeline (profiling/timeline.py); graph_calls:
-    the `## Call CompiledFxGraph` annotations (traceio.Index.graph_calls)."""
+    the `## Call CompiledFxGraph` annotations (traceio.Index.graph_calls); moved: ids of the device events
+    that are backward work run in a compiled forward (profiling/regions.py `moved_to_backward`)."""
     record = meta.get("provenance")
     if not _usable(record):
         return _missing(record)
@@ -182,7 +183,7 @@ def device_table(tl, graph_calls, meta, step_ms):
         for e, launch in evs:
             device_us += e["dur"]
             lines, reason, name = _place_launch(tl, calls, launch, e)
-            totals.add(e["dur"], lines, reason, is_backward(launch, windows), name)
+            totals.add(e["dur"], lines, reason, is_backward(launch, windows) or id(e) in moved, name)
     return _table(totals, tl.n, step_ms, device_us, calls.prov, record)
 
 

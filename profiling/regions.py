@@ -298,18 +298,19 @@ class Totals:
             self.shared[shared] = self.shared.get(shared, 0.0) + us
 
 
-def device_table(tl, categories, meta, budget, work=None, peaks=(None, None)):
+def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), moved=None):
     """The region table of a device profile.
 
     tl: the trace's Timeline (profiling/timeline.py: device events per step, operators by External id and by
     thread); categories: the step-budget category of each event, nested as tl.per_step; budget: the
     summary's step_ms and categories; work: each event's (FLOPs, bytes), nested as tl.per_step
-    (profiling/roofline.py), or None; peaks: the device's peak FLOP/s and bytes/s (None where unknown).
+    (profiling/roofline.py), or None; peaks: the device's peak FLOP/s and bytes/s (None where unknown);
+    moved: `moved_to_backward`'s result, when the caller has it.
     """
     placer = Placer(Parameters(meta.get("parameters")))
     windows = backward_windows(tl.threads)
     totals = Totals(work=work is not None)
-    moved = moved_to_backward(tl, placer.params)
+    moved = moved_to_backward(tl, placer.params) if moved is None else moved
     moved_us = 0.0
     for k, (evs, cats) in enumerate(zip(tl.per_step, categories)):
         for i, ((e, launch), cat) in enumerate(zip(evs, cats)):

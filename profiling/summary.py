@@ -195,6 +195,7 @@ def _summarize_device(ix, meta):
     kernels = _kernel_rows(rows, n, step_ms)
     tl = Timeline(ix, per_step, windows, labels, meta)
     work = roofline.work(tl)
+    moved = regions.moved_to_backward(tl, regions.Parameters(meta.get("parameters")))
     peaks = (meta.get("peak_flops") or hardware.peak_flops(meta.get("device")), hardware.peak_bandwidth(meta.get("device")))
     _kernel_work(kernels, tl, work, n, peaks)
     s = _header("cuda", meta, n, step_ms, each)
@@ -204,8 +205,9 @@ def _summarize_device(ix, meta):
              kernels=kernels, kernels_total=len(kernels),
              not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
                           "bogus_timestamps": len(out["bogus"])},
-             regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}, work, peaks),
-             lines=lines.device_table(tl, ix.graph_calls, meta, step_ms))
+             regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}, work, peaks,
+                                          moved),
+             lines=lines.device_table(tl, ix.graph_calls, meta, step_ms, moved))
     s["findings"] = findings.diagnose(tl, s)
     s["checks"] = [
         _check_counts(counts, "device events"),
