@@ -31,8 +31,8 @@ vs 51.8 s without (+2%; the handler's share, torch's own `structured_logging_ove
 cache 30.8 s vs 30.6 s; the step itself is unchanged (the compiled code is the same). On the CPU the C++
 kernels' profiler records (`cpp.enable_kernel_profile`, needed to see them in the trace) add another 3 s.
 On an H100 (train.py --profile at the default config, INDUCTOR_PROVENANCE=1 with TORCH_TRACE, cold caches):
-step 0, which compiles, 50.2 s vs 42.6 s without, and 70.5 vs 59.4 s on a second machine (+18%: with the
-logger on, inductor also formats the graphs it logs); warm caches 14.8 vs 14.9 s; steps unchanged. Over 2%:
+step 0, which compiles, 50.2 s vs 42.6 s without, and 70.5 vs 59.4 s on a second machine (+18%; TORCH_TRACE
+also wrote every record to disk there); warm caches 14.8 vs 14.9 s; steps unchanged. Over 2%:
 so it runs only when the run will profile, and compilation falls in the steps the time budget excludes.
 """
 import json
