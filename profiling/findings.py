@@ -126,14 +126,29 @@ def graph_break(tl, ctx, found):
     reasons = "; ".join(f"{r['reason']} x{r['count']}" for r in dynamo.get("graph_breaks", [])[:2])
     resumes = ", ".join(name.replace("torch_dynamo_resume_in_", "").replace("_at_", " at line ")
                         for name in list(dynamo.get("resumes", {}))[:3])
+    lines = _break_lines(tl.meta.get("provenance"))
     evidence = (f"{per_mb:g} compiled regions per micro-batch (1 expected); eager kernels between them "
                 f"{eager:.1f} ms/step (" + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in top(eager_ops))
                 + f"), GPU idle between them {_idle(idle, ctx):.1f} ms/step"
-                + (f"; dynamo: {reasons}" if reasons else "") + (f"; resumes in {resumes}" if resumes else "")
+                + (f"; dynamo: {reasons}" if reasons else "")
+                + (f"; breaks at {', '.join(lines[:3])}" if lines else f"; resumes in {resumes}" if resumes else "")
                 + "; fusion lost inside the fragments is not counted")
     return finding("graph_break", eager + _idle(idle, ctx), ctx, evidence,
                     "keep the model one graph: no data-dependent Python branch, .item(), print or "
                     "non-torch call inside forward (check such things once per step, outside the model)")
+
+
+def _break_lines(record):
+    """`train.py:439 `if x.isnan().any():`` per graph break the compile recorded (profiling/provenance.py: the
+    innermost frame of the project's own files), most frequent first; [] when the trace has no such record."""
+    record = record if isinstance(record, dict) else {}
+    frames, stacks, out = record.get("frames") or [], record.get("stacks") or [], []
+    for sid, count in sorted(record.get("breaks") or [], key=lambda b: -b[1]):
+        own = [frames[i] for i in (stacks[sid] if 0 <= sid < len(stacks) else []) if 0 <= i < len(frames)]
+        own = [f for f in own if f[4]]
+        if own:
+            out.append(f"{own[0][0]}:{own[0][1]} `{own[0][3]}`" + (f" x{count}" if count > 1 else ""))
+    return out
 
 
 def _between_fragments(tl, g):

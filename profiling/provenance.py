@@ -47,6 +47,7 @@ TAG = "autoresearch-provenance"   # torch.compiler.config.cache_key_tag while pr
 STACKS = "inductor_provenance_tracking_kernel_stack_traces"
 CODE = "inductor_output_code"
 CACHE = "fx_graph_cache_"
+BREAK = "dynamo_graph_break_reason"   # Dynamo's graph breaks, with the user code's stack where each happened
 HANDLE = re.compile(r"\[Provenance debug handles\] (\S+):(\d+)\s*$", re.M)
 FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
 MAX_TEXT = 100   # characters of a source line kept
@@ -89,8 +90,9 @@ def result():
                      "kernels": [[name, [stack index, ...]], ...]}],  # the graph's calls, in call order;
                                           # names as inductor writes them: triton_poi_fused_add_0,
                                           # extern_kernels.mm, torch.ops.ns.op.default
-         "without": n}                                         # graphs compiled with no record (a cache entry
+         "without": n,                                         # graphs compiled with no record (a cache entry
                                                                # made without provenance)
+         "breaks": [[stack index, count], ...]}                # Dynamo's graph breaks by the user code's stack
     """
     return None if _collector is None else _collector.result()
 
@@ -103,7 +105,7 @@ class Collector(logging.Handler):
         self.root = os.path.abspath(root)
         self.handles = None   # the NAME:N of the graph being compiled, from its wrapper code
         self.entries = UNSEEN  # its [(N, name, [stack trace])] from the stack-trace artifact; None: empty
-        self.graphs, self.without = [], 0
+        self.graphs, self.without, self.breaks = [], 0, {}
         self.frames, self.frame_ids, self.stacks, self.stack_ids = [], {}, [], {}
 
     def emit(self, record):
@@ -116,12 +118,21 @@ class Collector(logging.Handler):
                 self.handles = set(HANDLE.findall(payload or ""))
                 return
             name = (meta.get("artifact") or {}).get("name", "")
-            if name == STACKS:
+            if name == BREAK:
+                self._break(payload or "")
+            elif name == STACKS:
                 self.entries = self._entries(payload)
             elif name.startswith(CACHE):
                 self._graph(json.loads(payload or "{}").get("key"))
         except Exception:  # a record we do not understand must never break a compile
             self.handles, self.entries = None, UNSEEN
+
+    def _break(self, payload):
+        """Counts a graph break by the user code's stack (the frames before the exception's traceback)."""
+        user = payload.split("User code traceback:", 1)[-1].split("Traceback (most recent call last)", 1)[0]
+        stack = self._stack(user)
+        if stack is not None:
+            self.breaks[stack] = self.breaks.get(stack, 0) + 1
 
     def _entries(self, payload):
         table = json.loads(payload) if payload else None
@@ -175,4 +186,4 @@ class Collector(logging.Handler):
 
     def result(self):
         return {"version": VERSION, "frames": self.frames, "stacks": self.stacks, "graphs": self.graphs,
-                "without": self.without}
+                "without": self.without, "breaks": [[stack, n] for stack, n in self.breaks.items()]}

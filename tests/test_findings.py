@@ -93,6 +93,21 @@ def test_graph_break_counts_regions_and_eager_kernels(summaries):
     assert "16 syncs/step: aten::is_nonzero x16" in sync["evidence"] and "train.py:439" in sync["evidence"]
 
 
+def test_graph_break_names_the_line_the_compile_recorded():
+    """With the compile's record of its graph breaks (profiling/provenance.py `breaks`), the finding names the
+    line and its code instead of Dynamo's resume function."""
+    trace = load_trace(plant("nan_check"))
+    text = "if torch.isnan(x).any():  # planted"
+    trace["autoresearch"]["provenance"] = {
+        "version": 1, "frames": [["torch/nn/modules/module.py", 1787, "_call_impl", "", False],
+                                 ["train.py", 439, "forward", text, True],
+                                 ["train.py", 508, "forward", "x = block(x, ve, cos_sin, mask)", True]],
+        "stacks": [[0, 1, 2]], "graphs": [], "without": 0, "breaks": [[0, 5]]}
+    f = top(summarize(trace))
+    assert f["kind"] == "graph_break"
+    assert f"breaks at train.py:439 `{text}` x5" in f["evidence"] and "resumes in" not in f["evidence"]
+
+
 def test_fp32_matmul_shows_shapes_and_the_bf16_estimate(summaries):
     f = top(summaries("fp32_mlp"))
     assert "on float32 inputs" in f["evidence"]

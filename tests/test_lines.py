@@ -279,6 +279,14 @@ def f(x, w):
 x, w = torch.randn(8, 16), torch.randn(16, 16, requires_grad=True)
 torch.compile(f)(x, w).backward()
 print(json.dumps(provenance.result()))
+
+def g(x):
+    if x.sum() > 0:  # a data-dependent branch: a graph break
+        x = x + 1
+    return x * 2
+
+torch.compile(g)(torch.ones(4))
+print(json.dumps(provenance.result()))
 """
 
 
@@ -290,8 +298,13 @@ def test_a_real_compile_records_forward_and_backward(tmp_path):
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(r["graphs"]) == 2 and r["without"] == 0  # forward, backward
+    r, after = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
+    assert len(r["graphs"]) == 2 and r["without"] == 0 and r["breaks"] == []  # forward, backward
+    (stack, count), = after["breaks"]
+    innermost = after["frames"][after["stacks"][stack][0]]
+    branch = "if x.sum() > 0:  # a data-dependent branch: a graph break"
+    line = [x.strip() for x in COMPILE_SCRIPT.splitlines()].index(branch) + 1
+    assert innermost[:4] == ["tiny.py", line, "g", branch] and count == 1
     fwd, bwd = ([lines.canonical(name) for name, _ in g["kernels"]] for g in r["graphs"])
     assert fwd[0] == "aten::mm" and bwd.count("aten::mm") == 1  # dw = x.T @ dh (x needs no gradient)
     texts = {(f[0], f[3]) for f in r["frames"]}
