@@ -123,31 +123,35 @@ def tensor_bytes(op):
     return total or None
 
 
+def _flops_of(tl, op, category):
+    """(operator owning the FLOPs, its FLOPs) for a device event launched by `op`; None when unknown."""
+    if category == "GEMM" and op is not None and GEMM_OPS.match(str(op.get("name", ""))):
+        owner, flops = op, gemm_flops(op)
+    elif category == "attention":
+        owner = op
+        while owner is not None and not ATTENTION_OP.match(str(owner.get("name", ""))):
+            owner = tl.parent.get(id(owner))
+        flops = attention_flops(owner) if owner is not None else None
+    else:
+        return None
+    return (owner, flops) if flops else None
+
+
 def work(tl):
-    """[[(flops or None, bytes or None)]] parallel to tl.per_step: what each device event does."""
-    owner, us = [], {}   # each event's FLOP-owning operator (or None); device us per operator
+    """[[(flops or None, bytes or None)]] parallel to tl.per_step: what each device event does. An operator's
+    FLOPs are shared among its kernels by device time."""
+    found, us = [], {}   # per event: (owner, FLOPs) or None, bytes; device us per owning operator
     for evs, cats in zip(tl.per_step, tl.labels):
         row = []
         for (e, launch), cat in zip(evs, cats):
             op = tl.op_of(launch)
-            found = None
-            if cat == "GEMM" and op is not None and GEMM_OPS.match(str(op.get("name", ""))):
-                found = (op, gemm_flops(op))
-            elif cat == "attention":
-                around = op
-                while around is not None and not ATTENTION_OP.match(str(around.get("name", ""))):
-                    around = tl.parent.get(id(around))
-                if around is not None:
-                    found = (around, attention_flops(around))
-            if found and found[1]:
-                us[id(found[0])] = us.get(id(found[0]), 0.0) + e["dur"]
-            row.append((found if found and found[1] else None, tensor_bytes(op)))
-        owner.append(row)
-    out = []
-    for evs, row in zip(tl.per_step, owner):
-        out.append([((f[1] * e["dur"] / us[id(f[0])] if us[id(f[0])] else None) if f else None, b)
-                    for (e, _), (f, b) in zip(evs, row)])
-    return out
+            owned = _flops_of(tl, op, cat)
+            if owned:
+                us[id(owned[0])] = us.get(id(owned[0]), 0.0) + e["dur"]
+            row.append((owned, tensor_bytes(op)))
+        found.append(row)
+    return [[(owned[1] * e["dur"] / us[id(owned[0])] if owned and us[id(owned[0])] else None, nbytes)
+             for (e, _), (owned, nbytes) in zip(evs, row)] for evs, row in zip(tl.per_step, found)]
 
 
 def rates(flops, us, nbytes=None, bytes_us=None, peak_flops=None, peak_bandwidth=None):
