@@ -124,3 +124,12 @@ def test_rates_without_a_known_peak():
     r = roofline.rates(1e12, 1e6, 2e9, 1e6)
     assert r == {"flops": 1e12, "tflops_per_s": 1.0, "percent_of_peak": None, "bytes": 2e9, "gb_per_s": 2.0,
                  "percent_of_bandwidth": None}
+
+
+def test_nothing_moves_where_the_backward_runs_in_the_backward_graph():
+    """The unfused loss (h200-default: F.cross_entropy) keeps the head's gradient GEMMs in the compiled
+    backward: the rule finds nothing to move, and the head's backward is measured where it runs."""
+    s = summarize(load_trace(DATA / "h200-default-gpt-5steps.trace.json.gz"))
+    assert s["regions"]["moved_to_backward_ms"] == 0.0
+    head = rows(s)["head and loss"]
+    assert head["backward_ms"] > 2 * 2 * 262144 * 8192 * 512 * 2 / PEAK * 1e3
