@@ -39,6 +39,8 @@ ROOF_NOTE = ("TFLOP/s: GEMM and attention FLOPs (from shapes) over the region's 
 MAX_LINES = 8           # source lines shown (summary.json `lines` keeps more)
 LINE_TEXT = 70          # characters of source text shown per row
 LINE_WHERE = 28         # characters of a fused row's line list shown
+ROOF_MISSING = ("TFLOP/s and GB/s: `-` throughout: this trace recorded no input shapes (record_shapes=False), so no "
+                "FLOPs or bytes; `train.py --profile` records them")
 CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
             "self times per step.")
 
@@ -142,7 +144,8 @@ def _regions(s):
     head = ["region", "forward ms", "backward ms", "ms/step", "% of step"] + (ROOF_HEADERS if roof else [])
     lines = ["", "### Where the step goes in the model", _table(head, body), "", placed]
     if roof:
-        lines.append(ROOF_NOTE)
+        measured = any(r.get("flops") or r.get("gb_per_s") is not None for r in table["rows"])
+        lines.append(ROOF_NOTE if measured else ROOF_MISSING)
     return lines + _region_notes(table, step)
 
 

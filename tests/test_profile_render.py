@@ -78,6 +78,9 @@ def test_kernel_table(h100):
     assert len(kernels) == 6
     assert kernels[1][:6] == ["1", "`nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT`", "GEMM", "11.41", "12.9", "49"]
     assert kernels[1][6] == "-"  # recorded without shapes: no FLOPs, no rate (tests/test_roofline.py has them)
+    md = to_markdown(h100)
+    assert "this trace recorded no input shapes (record_shapes=False)" in md  # the dashes say why
+    assert "over the region's whole time" not in md
 
 
 def test_failed_check_is_at_the_very_top(h100):

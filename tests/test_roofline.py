@@ -78,6 +78,7 @@ def test_kernel_rates(default):
     attention = [k for k in s["kernels"] if k["category"] == "attention"]
     assert all(k["tflops_per_s"] for k in attention)
     md = to_markdown(s)
+    assert "over the region's whole time" in md and "recorded no input shapes" not in md
     assert f"| {relu['gb_per_s']:,.0f} GB/s ({relu['percent_of_bandwidth']:.0f}%)" in md
 
 
