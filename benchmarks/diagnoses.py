@@ -177,7 +177,7 @@ def evaluate(case, s, baseline_ms):
 def report(args):
     from tabulate import tabulate
 
-    from profiling import summary
+    from profiling.profile import summary
     cases = [c for c in CASES if os.path.exists(os.path.join(args.out, f"{c}.trace.json.gz"))]
     summaries = {c: summary.summarize(summary.load_trace(os.path.join(args.out, f"{c}.trace.json.gz")))
                  for c in cases}

@@ -22,7 +22,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from profiling import memory, runfile
+from profiling import runfile
+from profiling.research import experiments
 
 SETTINGS = {"preset": "default", "MAX_SEQ_LEN": 2048, "TIME_BUDGET": 300, "EVAL_TOKENS": 40 * 524288,
             "VOCAB_SIZE": 8192}
@@ -34,9 +35,9 @@ def fake_record(i, rng, best):
     val = None if status in ("crash", "early_abort") else round(best + rng.uniform(-0.002, 0.01), 6)
     if status == "keep":
         val = round(best - rng.uniform(0.0, 0.003) * (best - 0.8), 6)
-    rec = dict.fromkeys(memory.RECORD_KEYS)
+    rec = dict.fromkeys(experiments.RECORD_KEYS)
     rec.update(id=i, time=f"2026-11-{1 + i % 28:02d}T{i % 24:02d}:00:00Z", commit=f"{rng.getrandbits(28):07x}",
-               dimension=rng.choice(memory.DEFAULT_DIMENSIONS), status=status, run_status="ok",
+               dimension=rng.choice(experiments.DEFAULT_DIMENSIONS), status=status, run_status="ok",
                change=f"try variant {i} of an idea: change a constant and see what happens", val_bpb=val,
                baseline_bpb=best, baseline_id=max(1, i - 3), improvement=None if val is None else round(best - val, 9),
                peak_vram_mb=45060.2, mfu_percent=39.8, num_steps=953, training_seconds=300.1,
@@ -51,12 +52,12 @@ def fake_record(i, rng, best):
 
 
 def make_memory(n, seed=0):
-    rng, best, mem = random.Random(seed), 1.0, memory.empty_memory()
+    rng, best, mem = random.Random(seed), 1.0, experiments.empty_memory()
     for i in range(1, n + 1):
         rec, best = fake_record(i, rng, best)
         mem["experiments"].append(rec)
     mem["rescue_pool"] = [{"id": k, "time": "2026-11-02T00:00:00Z", "from_experiment": k * 7,
-                           "dimension": memory.DEFAULT_DIMENSIONS[k], "mechanism": "a near miss worth combining",
+                           "dimension": experiments.DEFAULT_DIMENSIONS[k], "mechanism": "a near miss worth combining",
                            "reuse_signal": "when this dimension comes up again"} for k in (1, 2, 3)]
     return mem
 
@@ -92,7 +93,7 @@ def environments(workdir, which):
 def bench(exe, n, repeats, workdir, env):
     path, pristine, run = (os.path.join(workdir, name) for name in (f"m{n}.json", f"m{n}.orig", "run.json"))
     with open(pristine, "w", encoding="utf-8") as f:
-        f.write(memory.dumps(make_memory(n)))
+        f.write(experiments.dumps(make_memory(n)))
     shutil.copyfile(pristine, path)
     write_run(run)
     size_mb = os.path.getsize(path) / 1e6

@@ -19,10 +19,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+from common import report  # noqa: E402
 
 import prepare  # noqa: E402
-from common import report  # noqa: E402
-from profiling import hardware  # noqa: E402
+from profiling.profile import hardware  # noqa: E402
 
 
 def main():

@@ -19,8 +19,8 @@ import re
 import sys
 from datetime import datetime, timezone
 
-from profiling import memory
 from profiling.errors import UserError
+from profiling.research import experiments
 
 
 def _now():
@@ -28,7 +28,7 @@ def _now():
 
 
 def _path(args):
-    return memory.default_path(getattr(args, "memory", None))
+    return experiments.default_path(getattr(args, "memory", None))
 
 
 def _label(path):
@@ -41,10 +41,10 @@ def _print_json(data):
 
 
 def _check_dimension(mem, dimension):
-    if dimension in mem["dimensions"] or dimension == memory.BASELINE_DIMENSION:
+    if dimension in mem["dimensions"] or dimension == experiments.BASELINE_DIMENSION:
         return
     raise UserError(f"unknown dimension {dimension!r}; valid: {', '.join(mem['dimensions'])} (or "
-                    f"{memory.BASELINE_DIMENSION}, for a rerun of the unchanged baseline); add one with "
+                    f"{experiments.BASELINE_DIMENSION}, for a rerun of the unchanged baseline); add one with "
                     f"`research dimension add NAME`")
 
 
@@ -52,7 +52,8 @@ def _check_dimension(mem, dimension):
 # Commands
 
 def cmd_log(args):
-    from profiling import history, memory_text, runfile
+    from profiling import runfile
+    from profiling.research import history, render
 
     if not args.change.strip():
         raise UserError("--change is empty; describe the change in a few words")
@@ -69,21 +70,21 @@ def cmd_log(args):
             status=args.status, now=now)
         return (record, reason, base), [record]
 
-    record, reason, base = memory.update(path, change)
+    record, reason, base = experiments.update(path, change)
     if args.json:
         _print_json(record)
     else:
-        print(memory_text.log_text(record, reason, base, path))
+        print(render.log_text(record, reason, base, path))
     return 0
 
 
 def cmd_next(args):
-    from profiling import history, memory_text, ucb1
+    from profiling.research import history, render, ucb1
 
     if args.c < 0 or not args.reward_scale > 0:
         raise UserError("--c must be >= 0 and --reward-scale > 0")
     path = _path(args)
-    mem = memory.load(path)
+    mem = experiments.load(path)
     records = mem["experiments"]
     sel = ucb1.select(records, mem["dimensions"], c=args.c, scale=args.reward_scale)
     stag = history.stagnation(records)
@@ -96,17 +97,17 @@ def cmd_next(args):
                      "total_trials": rows[0]["total_trials"] if rows else 0, "dimensions": rows,
                      "stagnation": stag, "rescue": rescue})
     else:
-        print(memory_text.next_text(sel, stag, rescue, _label(path), len(records)))
+        print(render.next_text(sel, stag, rescue, _label(path), len(records)))
     return 0
 
 
 def cmd_show(args):
-    from profiling import history, memory_text, ucb1
+    from profiling.research import history, render, ucb1
 
     if args.last < 0:
         raise UserError("--last must be >= 0 (0 shows every experiment)")
     path = _path(args)
-    mem = memory.load(path)
+    mem = experiments.load(path)
     records = mem["experiments"]
     view = {"count": len(records), "experiments": records[-args.last:] if args.last else records,
             "best": history.best_per_group(records), "dimensions": ucb1.dimension_stats(records, mem["dimensions"]),
@@ -115,12 +116,12 @@ def cmd_show(args):
     if args.json:
         _print_json({"memory": path, **view})
     else:
-        print(memory_text.show_text(view, _label(path)))
+        print(render.show_text(view, _label(path)))
     return 0
 
 
 def cmd_rescue_add(args):
-    from profiling import history
+    from profiling.research import history
 
     if args.from_experiment is None and args.dimension is None:
         raise UserError("give --from ID (the experiment the idea came from) or --dimension D")
@@ -134,34 +135,34 @@ def cmd_rescue_add(args):
                                 "(see `research show`)")
             dimension = dimension or source["dimension"]
         _check_dimension(mem, dimension)
-        entry = {"id": memory.next_id(mem["rescue_pool"]), "time": history.timestamp(_now()),
+        entry = {"id": experiments.next_id(mem["rescue_pool"]), "time": history.timestamp(_now()),
                  "from_experiment": args.from_experiment, "dimension": dimension,
                  "mechanism": args.mechanism, "reuse_signal": args.reuse_signal}
         mem["rescue_pool"].append(entry)
         return entry, []
 
-    entry = memory.update(_path(args), change)
+    entry = experiments.update(_path(args), change)
     print(f"added rescue entry {entry['id']} for {entry['dimension']}: {entry['mechanism']}")
     return 0
 
 
 def cmd_rescue_list(args):
-    from profiling import memory_text
+    from profiling.research import render
 
-    entries = memory.load(_path(args))["rescue_pool"]
+    entries = experiments.load(_path(args))["rescue_pool"]
     if args.dimension:
         entries = [e for e in entries if e["dimension"] == args.dimension]
     if args.json:
         _print_json(entries)
     elif entries:
-        print(memory_text.rescue_table(entries))
+        print(render.rescue_table(entries))
     else:
         print("rescue pool: empty" + (f" for {args.dimension}" if args.dimension else ""))
     return 0
 
 
 def cmd_import_tsv(args):
-    from profiling import history, tsv
+    from profiling.research import history, tsv
 
     try:
         with open(args.file, encoding="utf-8-sig") as f:
@@ -183,7 +184,7 @@ def cmd_import_tsv(args):
         unlisted = sorted({r["dimension"] for r in records} - set(mem["dimensions"]))
         return (records, unlisted), records
 
-    records, unlisted = memory.update(path, change)
+    records, unlisted = experiments.update(path, change)
     skipped = f", {len(bad)} bad skipped" if bad else ""
     print(f"imported {len(records)} of {len(rows) + len(bad)} rows from {args.file} into {path} "
           f"({len(rows) - len(records)} already there{skipped})")
@@ -196,11 +197,11 @@ def cmd_import_tsv(args):
 
 
 def cmd_export_tsv(args):
-    from profiling import tsv
+    from profiling.research import tsv
 
-    text = tsv.export(memory.load(_path(args))["experiments"], args.columns)
+    text = tsv.export(experiments.load(_path(args))["experiments"], args.columns)
     if args.out:
-        memory.atomic_write(args.out, text)
+        experiments.atomic_write(args.out, text)
         print(f"wrote {text.count(chr(10)) - 1} rows to {args.out}")
     else:
         sys.stdout.write(text)
@@ -209,9 +210,9 @@ def cmd_export_tsv(args):
 
 def cmd_dimension_add(args):
     name = args.name
-    if not re.fullmatch(r"[a-z][a-z0-9_-]*", name) or name in memory.RESERVED_DIMENSIONS:
+    if not re.fullmatch(r"[a-z][a-z0-9_-]*", name) or name in experiments.RESERVED_DIMENSIONS:
         raise UserError(f"dimension {name!r}: use lowercase letters, digits, - and _ (starting with a letter), "
-                        f"and not {' or '.join(memory.RESERVED_DIMENSIONS)}")
+                        f"and not {' or '.join(experiments.RESERVED_DIMENSIONS)}")
 
     def change(mem):
         if name in mem["dimensions"]:
@@ -219,7 +220,7 @@ def cmd_dimension_add(args):
         mem["dimensions"].append(name)
         return list(mem["dimensions"]), []
 
-    dims = memory.update(_path(args), change)
+    dims = experiments.update(_path(args), change)
     print(f"added dimension {name}; dimensions: {', '.join(dims)}")
     return 0
 
@@ -236,13 +237,13 @@ def _memory_option():
 
 
 def _add_memory_commands(sub, parent):
-    from profiling import ucb1
+    from profiling.research import ucb1
 
     p = sub.add_parser("log", parents=[parent], help="append the last run to the memory")
     p.add_argument("--dimension", required=True, help="the research dimension the change belongs to")
     p.add_argument("--change", required=True, help="the change, in a few words")
     p.add_argument("--rationale", help="why it should help")
-    p.add_argument("--status", choices=memory.STATUSES,
+    p.add_argument("--status", choices=experiments.STATUSES,
                    help="override: default keep if val_bpb beats the best kept run with the same settings and "
                         "dataset (or is the first), discard if not; crash/early_abort from the run")
     p.add_argument("--run", default="run.json", metavar="PATH", help="the run summary (default ./run.json)")
@@ -321,11 +322,11 @@ def _add_other_modules(sub, command):
     if command in OWN_COMMANDS:
         return
     if command != "report":
-        from profiling import cli_profile
+        from profiling.profile import cli_profile
 
         cli_profile.add_subparser(sub)
     if command != "profile":
-        from profiling import cli_report  # light: matplotlib is imported only when `report` runs
+        from profiling.research import cli_report  # light: matplotlib is imported only when `report` runs
 
         cli_report.add_subparser(sub)
 

@@ -17,7 +17,9 @@ import traceback
 import torch
 
 import prepare
-from profiling import gate, hardware, memory, provenance, runfile
+from profiling import runfile
+from profiling.profile import hardware, provenance
+from profiling.research import experiments, gate
 
 
 class ConfigError(ValueError):
@@ -227,12 +229,12 @@ class Run:
         print("Settings: " + ", ".join(f"{k}={v}" for k, v in self.record["settings"].items()))
         a = self.args
         reference, why_off = (None, "off (--no-gate)") if a.no_gate or a.profile else \
-            gate.find_reference(memory.default_path(), self.record["settings"], self.record["dataset"])
+            gate.find_reference(experiments.default_path(), self.record["settings"], self.record["dataset"])
         self.gate = gate.Gate(reference) if reference else None
         self.record["gate"] = {"status": self.gate.describe() if self.gate else why_off, "decisions": []}
         if not a.profile:
             print(f"Early-abort gate: {self.record['gate']['status']}")
-        if self.profiling:  # before anything compiles: the report's "Lines of train.py" (profiling/provenance.py)
+        if self.profiling:  # before anything compiles: the report's "Lines of train.py" (profile/provenance.py)
             provenance.start()
 
     def describe_model(self, model, flops_per_token, tokens_per_step, micro_batches):
@@ -265,7 +267,7 @@ class Run:
     def profile(self, train_step, first_step, step_times):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, and
         print the report. Returns W + A: the steps it ran (they train the model like any other)."""
-        from profiling import capture  # the only module that drives torch.profiler
+        from profiling.profile import capture  # the only module that drives torch.profiler
         a = self.args
         steps = iter(range(first_step, first_step + a.warmup_steps + a.active_steps))
         meta = dict(device=self.device, torch=torch.__version__, commit=self.record["commit"],

@@ -15,7 +15,8 @@ import torch
 
 import prepare
 import train
-from profiling import cli, gate, runfile
+from profiling import cli, runfile
+from profiling.research import gate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = 2.0

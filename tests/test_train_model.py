@@ -6,7 +6,7 @@ import torch
 
 import kernels
 import train
-from profiling import hardware
+from profiling.profile import hardware
 
 
 def dense_reference(q, k, v, window):

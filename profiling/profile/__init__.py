@@ -1,0 +1,11 @@
+"""The step profile: where each training step's time goes on the device, as a report an agent reads.
+
+Data flows one way. `capture` (the only module that drives torch.profiler) profiles a few steps of a live
+run, with `sampler` (the host's Python stack) and `provenance` (which lines of train.py each compiled kernel
+came from) beside it, and exports a Chrome trace. `traceio` and `timeline` read and index any such trace;
+`classify` names kernels and their categories; `summary` makes the per-step numbers, with `regions` (the
+model's parts), `roofline` (FLOPs and bytes against the device's peaks, `hardware`), `lines` (time per
+source line) and `kernel_match` (kernels matched across recompiles for diffs); `findings` and
+`kernel_findings` turn the summary into causes with evidence, gain and fix; `render` writes the Markdown
+report and its JSON twin. `cli_profile` is `research profile TRACE`, the same path on a saved trace.
+"""

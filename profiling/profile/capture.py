@@ -1,0 +1,212 @@
+"""Profile a few training steps with torch.profiler and write the report. The only module that imports torch.
+
+One code path: the live profile exports a Chrome trace, and the report is made by reading that trace
+(profiling.profile.summary), exactly as `research profile TRACE` does later on any machine.
+
+Files, under ./profiles (git-ignored; AUTORESEARCH_PROFILE_DIR names another), one folder per profile:
+    profiles/<time>-<commit>/report.md        the Markdown report printed to stdout
+    profiles/<time>-<commit>/summary.json     the same numbers as JSON
+    profiles/<time>-<commit>/trace.json.gz    the Chrome trace (open it in https://ui.perfetto.dev)
+    profiles/latest                           a link to the newest folder (the next report diffs against it):
+                                              `cat profiles/latest/report.md`
+"""
+import contextlib
+import gzip
+import json
+import linecache
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from profiling.errors import UserError
+from profiling.files import atomic_write
+from profiling.profile import provenance, render, summary
+from profiling.profile.sampler import StackSampler, frame_label
+
+# torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
+# repeat=1 there is one cycle, so the warning says nothing here.
+CYCLE_WARNING = "Warning: Profiler clears events at the end of each cycle"
+# kineto (torch.profiler's C++ side) asks CUDA for its devices when a trace ends, even when only the CPU
+# was profiled; on a machine without a GPU it logs this ERROR line, which tells a new user that a normal
+# CPU run failed (torch 2.11: "ERROR:<time> <pid>:<tid> DeviceProperties.cpp:48] gpuGetDeviceCount
+# failed with code 35"). Only this line is dropped, only without CUDA, only while the trace ends.
+NO_GPU_LINE = re.compile(rb"^ERROR:.*\] gpuGetDeviceCount failed with code \d+\s*$")
+
+
+def profile_dir():
+    """Where profiles go: $AUTORESEARCH_PROFILE_DIR, else ./profiles (git-ignored)."""
+    return os.environ.get("AUTORESEARCH_PROFILE_DIR", "profiles")
+
+
+def capture(step_fn, warmup, active, metadata):
+    """Run `warmup + active` calls of step_fn under the profiler; return (the exported trace as a dict,
+    the perf_counter time when the last step was done).
+
+    The device is synchronized at the window's edges only: nothing launched before it runs inside it, and
+    everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
+    the summary gives each kernel to the step that launched it. During the active steps the capture also
+    records what the trace cannot show (profiling/profile/findings.py reads it): the main thread's Python stack
+    every few ms (profiling/profile/sampler.py), the Python lines of the host syncs (CUDA's sync debug mode), the
+    graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
+    profiling.profile.provenance.start() ran before compilation (profiling/profile/lines.py reads them).
+    """
+    if active < 1 or warmup < 0:
+        raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
+                        "use at least 1 active step and 0 or more warm-up steps")
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sampler, syncs = StackSampler(), SyncRecorder(cuda)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        path = os.path.join(tmp, "trace.json")
+        sync()
+        warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
+        with profile(activities=activities, record_shapes=True,
+                     schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+            for i in range(warmup + active):
+                last = i == warmup + active - 1
+                if i == warmup:
+                    sampler.start()
+                if i >= warmup:
+                    sampler.step(i - warmup)
+                with syncs.watch(i >= warmup):
+                    step_fn()
+                if last:
+                    sampler.stop()
+                    sync()  # the last step's kernels finish before the profiler stops recording
+                    t_end = time.perf_counter()
+                with stderr_without(NO_GPU_LINE) if last and not cuda else contextlib.nullcontext():
+                    prof.step()  # after the last active step: stops recording and exports the trace
+        with open(path, encoding="utf-8") as f:
+            trace = json.load(f)
+    trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
+                                 dynamo=dynamo_record(), provenance=provenance.result())
+    return trace, t_end
+
+
+@contextlib.contextmanager
+def stderr_without(pattern):
+    """Run the block with file descriptor 2 (where C++ code writes too, not only Python) sent to a temporary
+    file, then write its lines back to stderr, all but those `pattern` (bytes) matches. For short blocks:
+    what the block writes shows when it ends."""
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp if not pattern.search(line)]
+            if kept:
+                with open(2, "wb", closefd=False) as err:
+                    err.writelines(kept)
+
+
+class SyncRecorder:
+    """The Python lines that synchronize the host with the GPU, from CUDA's sync debug mode ("warn"): a
+    warning at each synchronizing call (`.item()`, `if tensor:`, `.cpu()`, `.nonzero()`), located at the
+    Python line that made it. Other warnings pass through."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.counts = {}
+
+    @contextlib.contextmanager
+    def watch(self, on):
+        if not (on and self.cuda):
+            yield
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        for w in caught:
+            if "synchronizing" in str(w.message):
+                key = (w.filename, w.lineno)
+                self.counts[key] = self.counts.get(key, 0) + 1
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def result(self, root):
+        """[{where: "train.py:412", line: its text, count}] over the active steps, most first."""
+        rows = [{"where": frame_label(f, n, "", root).strip(), "line": linecache.getline(f, n).strip()[:100],
+                 "count": c} for (f, n), c in self.counts.items()]
+        return sorted(rows, key=lambda r: -r["count"])
+
+
+def dynamo_record():
+    """The graph breaks TorchDynamo met so far in this process (compilation happens before profiling):
+    {"graph_breaks": [{reason, count}], "resumes": {resume function: count}, "unique_graphs": n}; None when
+    nothing was compiled."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    counters = utils.counters
+    reasons = {}
+    for group in ("graph_break", "unimplemented"):
+        for reason, n in counters.get(group, {}).items():
+            first = str(reason).strip().splitlines()[0][:200] if str(reason).strip() else "?"
+            reasons[first] = reasons.get(first, 0) + n
+    return {"graph_breaks": [{"reason": r, "count": n} for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])],
+            "resumes": dict(counters.get("resumes", {})),
+            "unique_graphs": counters.get("stats", {}).get("unique_graphs")}
+
+
+def previous_summary(folder):
+    """The newest earlier profile's summary under `folder`, or None."""
+    try:
+        with open(os.path.join(folder, "latest", "summary.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def new_folder(root, stem):
+    """Create root/stem (root/stem-2, ... if taken: two profiles in one second); return its name."""
+    os.makedirs(root, exist_ok=True)
+    name, n = stem, 1
+    while True:
+        try:
+            os.mkdir(os.path.join(root, name))
+            return name
+        except FileExistsError:
+            n += 1
+            name = f"{stem}-{n}"
+
+
+def profile_training(step_fn, warmup, active, metadata, top=10):
+    """Capture, summarize, render and save one profile.
+
+    Returns (markdown report, folder, seconds spent after the last profiled step: export, summary, render
+    and writing the files)."""
+    trace, t_end = capture(step_fn, warmup, active, metadata)
+    result = summary.summarize(trace)
+    root = profile_dir()
+    previous = previous_summary(root)
+    report = render.to_markdown(result, previous=previous, top=top)
+    name = new_folder(root, time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit"))
+    folder = os.path.join(root, name)
+    trace_gz = gzip.compress(json.dumps(trace).encode(), compresslevel=1, mtime=0)
+    atomic_write(os.path.join(folder, "trace.json.gz"), trace_gz)
+    atomic_write(os.path.join(folder, "summary.json"), render.to_json(result))
+    atomic_write(os.path.join(folder, "report.md"), report + "\n")
+    link = os.path.join(root, f".latest-{os.getpid()}")
+    os.symlink(name, link)  # relative, so the folder can move
+    os.replace(link, os.path.join(root, "latest"))
+    return report, folder, time.perf_counter() - t_end

@@ -1,0 +1,51 @@
+"""`research profile TRACE`: where each training step's time goes, from any torch.profiler Chrome trace.
+
+A thin layer over profiling.profile.summary and profiling.profile.render; the main CLI (profiling/cli.py) registers it with
+`add_subparser` and turns a UserError into `research: error: <message>` and exit status 2.
+"""
+import argparse
+
+from profiling.profile import render, summary
+
+DEFAULT_TOP = 10
+
+
+def _count(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of kernels, 1 or more, got {text!r}")
+    return n
+
+
+def add_subparser(subparsers):
+    """Register `profile TRACE [--top N] [--json] [--previous TRACE_OR_JSON]` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "profile", help="summarize a torch.profiler trace: where each step's time goes",
+        description="Summarize a torch.profiler Chrome trace (gzip or plain JSON, from any script, on any "
+                    "machine): per-step time by category, GPU idle, top kernels and checks, as Markdown.")
+    p.add_argument("trace", metavar="TRACE", help="the trace file (.json or .json.gz)")
+    p.add_argument("--top", type=_count, metavar="N",
+                   help=f"list the top N kernels (default {DEFAULT_TOP} in Markdown, all in JSON)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of Markdown")
+    p.add_argument("--previous", metavar="TRACE_OR_JSON",
+                   help="an earlier trace, or a summary saved with --json, to report what changed since")
+    p.set_defaults(func=handler)
+    return p
+
+
+def handler(args):
+    """Print the report (or the JSON summary) for args.trace; bad input raises UserError. Returns 0."""
+    result = summary.summarize(summary.load_trace(args.trace))
+    previous = summary.load_summary(args.previous) if args.previous else None
+    if args.json:
+        if previous is not None:
+            result["changes"] = summary.diff(previous, result)
+        if args.top is not None:
+            result["kernels"] = result["kernels"][:args.top]
+        print(render.to_json(result))
+    else:
+        print(render.to_markdown(result, previous=previous, top=args.top or DEFAULT_TOP))
+    return 0

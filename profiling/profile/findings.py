@@ -1,0 +1,282 @@
+"""Pure: the causes that cost the most, each with its evidence, an estimated gain and a fix. Stdlib only.
+
+    findings = diagnose(timeline, summary)   # [{kind, ms_per_step, pct_of_step, evidence, fix}], costliest first
+
+One small rule per kind, run in order, each reading the trace's events through profiling/profile/timeline.py (and
+what the live run put in the trace's metadata), never train.py's source. A rule returns a finding or None.
+
+Costs (`ms_per_step`: what fixing the cause would save, estimated):
+- GPU idle is split once, so no two findings claim the same gap: first the gaps that begin while the host is
+  blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break), then the
+  rest (gpu_waits_on_host: long gaps, by what the host was doing; launch_bound: the host cannot launch fast
+  enough). When the profiled step is more than 3% slower than the unprofiled one, the profiler's own host
+  cost inflated the idle: idle-based costs are scaled to the unprofiled run's idle (unprofiled step - device
+  busy), and the profiler_overhead finding says so.
+- Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
+  attention calls), else a fraction of the device's peak (profiling/profile/kernel_findings.py names them).
+"""
+import statistics
+
+from profiling.profile import hardware
+from profiling.profile.classify import short_name
+from profiling.profile.kernel_findings import attention_fallback, finding, fp32_matmul, slow_device, top
+from profiling.profile.timeline import LAUNCH_CALLS
+
+STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
+LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
+FRAGMENT_GAP_US = 2000.0   # idle between fragments is a resume's Python; longer gaps (the loader: 20-55 ms
+                           # in the H100 plants) are not the graph break's
+LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
+LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
+COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
+FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
+
+
+def diagnose(tl, summary):
+    """The findings of one device profile, costliest first (profiler_overhead, which costs training nothing,
+    last)."""
+    ctx = _context(tl, summary)
+    found = []
+    for rule in (host_sync, graph_break, fp32_matmul, slow_device, attention_fallback, launch_bound,
+                 gpu_waits_on_host):
+        f = rule(tl, ctx, found)
+        if f:
+            found.append(f)
+    found.sort(key=lambda f: -f["ms_per_step"])
+    overhead = profiler_overhead(tl, ctx, found)
+    return found + ([overhead] if overhead else [])
+
+
+def _context(tl, s):
+    step, idle = s["step_ms"], s["idle_ms"]
+    busy = step - idle
+    unprofiled = tl.meta.get("unprofiled_step_ms")
+    scale = 1.0
+    if isinstance(unprofiled, (int, float)) and unprofiled > 0 and step > unprofiled * (1 + STEP_TOLERANCE):
+        scale = max(0.0, min(1.0, (unprofiled - busy) / idle)) if idle > 0 else 1.0
+    peak = tl.meta.get("peak_flops") or hardware.peak_flops(s.get("device"))
+    return {"step": step, "idle": idle, "busy": busy, "unprofiled": unprofiled, "scale": scale, "peak": peak,
+            "n": tl.n, "micro_batches": tl.meta.get("micro_batches")}
+
+
+def _idle(gaps, ctx):
+    """ms/step of GPU idle in these gaps, scaled to the unprofiled run when the profiler inflated it."""
+    return sum(g.us for g in gaps) / ctx["n"] / 1e3 * ctx["scale"]
+
+
+def _scaled(ctx):
+    return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The rules
+# ---------------------------------------------------------------------------------------------------------
+
+def host_sync(tl, ctx, found):
+    """Host syncs made by the step's operators, costed by the GPU idle that begins while the host waits."""
+    syncs = [(e, chain) for e, chain in tl.syncs if chain]  # none around it: the capture's own final sync
+    if not syncs:
+        return None
+    claimed = []
+    for g in tl.gaps:
+        hit = tl.sync_at(g)
+        if hit and hit[1] and g.launch["ts"] >= hit[0]["ts"] + hit[0]["dur"] - 50.0:
+            g.cause = "host_sync"
+            claimed.append(g)
+    ops = {}
+    for _, chain in syncs:
+        name = ([c for c in chain if c.startswith("aten::")] or [chain[0]])[-1]
+        ops[name] = ops.get(name, 0) + 1
+    lines = [s for s in tl.meta.get("syncs") or () if not s["where"].startswith(SYNC_NOISE)]
+    where = "; ".join(f"{s['where']} `{s['line']}` ({s['count'] / ctx['n']:g}/step)" for s in lines[:3])
+    evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in top(ops))
+                + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"
+                + (f"; at {where}" if where else ""))
+    return finding("host_sync", _idle(claimed, ctx), ctx, evidence,
+                    "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
+                    "tensor); read them once per step after the next step is launched, as train.py's loop does")
+
+
+def graph_break(tl, ctx, found):
+    """More compiled regions per micro-batch than one: the eager kernels and idle between the fragments."""
+    counts = [len(r) for r in tl.regions]
+    if not counts or not max(counts):
+        return None
+    frames = {f for r in tl.regions for _, f in r}
+    mb = ctx["micro_batches"] or max(counts) // len(frames)  # old traces: each fragment runs once a micro-batch
+    per_mb = max(counts) / max(1, mb)
+    if per_mb <= 1:
+        return None
+    eager_us, eager_ops, idle = 0.0, {}, []
+    for k, evs in enumerate(tl.per_step):
+        for (e, launch), cat in zip(evs, tl.labels[k]):
+            if cat in ("optimizer", "memory"):
+                continue
+            chain = tl.chain(tl.op_of(launch))
+            if chain and not any(c.startswith(COMPILED) for c in chain):
+                eager_us += e["dur"]
+                eager_ops[_launcher(chain)] = eager_ops.get(_launcher(chain), 0.0) + e["dur"]
+    for g in tl.gaps:
+        if g.cause is None and g.us < FRAGMENT_GAP_US and _between_fragments(tl, g):
+            g.cause = "graph_break"
+            idle.append(g)
+    eager = eager_us / ctx["n"] / 1e3
+    dynamo = tl.meta.get("dynamo") or {}
+    reasons = "; ".join(f"{r['reason']} x{r['count']}" for r in dynamo.get("graph_breaks", [])[:2])
+    resumes = ", ".join(name.replace("torch_dynamo_resume_in_", "").replace("_at_", " at line ")
+                        for name in list(dynamo.get("resumes", {}))[:3])
+    lines = _break_lines(tl.meta.get("provenance"))
+    evidence = (f"{per_mb:g} compiled regions per micro-batch (1 expected); eager kernels between them "
+                f"{eager:.1f} ms/step (" + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in top(eager_ops))
+                + f"), GPU idle between them {_idle(idle, ctx):.1f} ms/step"
+                + (f"; dynamo: {reasons}" if reasons else "")
+                + (f"; breaks at {', '.join(lines[:3])}" if lines else f"; resumes in {resumes}" if resumes else "")
+                + "; fusion lost inside the fragments is not counted")
+    return finding("graph_break", eager + _idle(idle, ctx), ctx, evidence,
+                    "keep the model one graph: no data-dependent Python branch, .item(), print or "
+                    "non-torch call inside forward (check such things once per step, outside the model)")
+
+
+def _break_lines(record):
+    """`train.py:439 `if x.isnan().any():`` per graph break the compile recorded (profiling/profile/provenance.py: the
+    innermost frame of the project's own files), most frequent first; [] when the trace has no such record."""
+    record = record if isinstance(record, dict) else {}
+    frames, stacks, out = record.get("frames") or [], record.get("stacks") or [], []
+    for sid, count in sorted(record.get("breaks") or [], key=lambda b: -b[1]):
+        own = [frames[i] for i in (stacks[sid] if 0 <= sid < len(stacks) else []) if 0 <= i < len(frames)]
+        own = [f for f in own if f[4]]
+        if own:
+            out.append(f"{own[0][0]}:{own[0][1]} `{own[0][3]}`" + (f" x{count}" if count > 1 else ""))
+    return out
+
+
+def _between_fragments(tl, g):
+    """True when the kernel ending gap g was launched by the main thread outside compiled code (model ops
+    run eagerly between two fragments), not by a copy."""
+    if "memcpy" in str(g.after.get("cat", "")).lower() or "Memcpy" in str(g.after.get("name", "")):
+        return False
+    chain = tl.chain(tl.op_of(g.launch))
+    return bool(chain) and not any(c.startswith(COMPILED) for c in chain)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The host: what the GPU waits for
+# ---------------------------------------------------------------------------------------------------------
+
+def _host_line(tl, gap):
+    """What the host did during a gap: the most sampled line of the project's own files (else the innermost
+    frame) among the live run's samples inside it, or None without samples."""
+    host = tl.meta.get("host_samples") or {}
+    stacks, own = host.get("stacks") or [], _own(tl)
+    counts = {}
+    for sid in tl.samples_between(gap.step, gap.start, gap.end):
+        if 0 <= sid < len(stacks) and stacks[sid]:
+            label = next((f for f in stacks[sid] if f in own), stacks[sid][0])
+            counts[label] = counts.get(label, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def _own(tl):
+    """Frame labels of the project's own files (samplers before "own" was kept: top-level files)."""
+    host = tl.meta.get("host_samples") or {}
+    if "own" in host:
+        return set(host["own"])
+    return {f for stack in host.get("stacks") or () for f in stack
+            if "/" not in f.split(":")[0] or f.startswith((".bench/", "profiling/"))}
+
+
+def _launcher(chain):
+    """Who launched a kernel, readably: the outermost aten operator, else the compiled graph."""
+    aten = [c for c in chain if c.startswith("aten::")]
+    if aten:
+        return aten[-1]
+    if any(c.startswith("CompiledFunctionBackward") for c in chain):
+        return "the compiled backward"
+    if any(c.startswith(COMPILED) for c in chain):
+        return "a compiled graph"
+    return chain[0] if chain else "?"
+
+
+def _open_gaps(tl):
+    return [g for g in tl.gaps if g.cause is None]
+
+
+def _launch_heavy(tl, ctx):
+    events = sum(len(evs) for evs in tl.per_step) / ctx["n"]
+    return events * LAUNCH_HOST_US / 1e3 >= LAUNCH_SHARE * ctx["busy"], events
+
+
+def launch_bound(tl, ctx, found):
+    """The host cannot launch kernels as fast as the GPU runs them: many short kernels, idle between them."""
+    heavy, events = _launch_heavy(tl, ctx)
+    if not heavy:
+        return None
+    gaps = [g for g in _open_gaps(tl) if g.us < LONG_GAP_US or not _train_line(tl, _host_line(tl, g))]
+    for g in gaps:
+        g.cause = "launch_bound"
+    durs = [e["dur"] for evs in tl.per_step for e, _ in evs]
+    launch_ms = sum(e["dur"] for e in tl.ix.launches.values() if LAUNCH_CALLS.match(str(e.get("name", ""))))
+    mb = ctx["micro_batches"]
+    evidence = (f"{events:.0f} device events/step" + (f" ({mb} micro-batches of {events / mb:.0f})" if mb else "")
+                + f", median {statistics.median(durs):.1f} us; host launch calls {launch_ms / ctx['n'] / 1e3:.1f} "
+                f"ms/step; GPU idle between kernels {_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}")
+    return finding("launch_bound", _idle(gaps, ctx), ctx, evidence,
+                    "fewer, larger kernels: raise DEVICE_BATCH_SIZE (fewer micro-batches per step), keep the "
+                    "model compiled" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
+
+
+def _train_line(tl, label):
+    """True for a line of the project's own files other than the fixed ones (FIXED_FILES, profiling/)."""
+    return label in _own(tl) and not label.split(":")[0].endswith(FIXED_FILES) and "profiling/" not in label
+
+
+def gpu_waits_on_host(tl, ctx, found):
+    """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing."""
+    gaps = [g for g in _open_gaps(tl) if g.us >= LONG_GAP_US]
+    if not gaps:
+        return None
+    by_line, places = {}, {}
+    for g in gaps:
+        g.cause = "gpu_waits_on_host"
+        line = _host_line(tl, g) or "no host sample"
+        by_line[line] = by_line.get(line, 0.0) + g.us
+        place = (short_name(str(g.before.get("name", ""))), short_name(str(g.after.get("name", ""))),
+                 _launcher(tl.chain(tl.op_of(g.launch))))
+        places[place] = places.get(place, 0.0) + g.us
+    texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
+    total = sum(by_line.values())
+    host = ", ".join(f"{line} ({100 * us / total:.0f}%)" + (f" `{texts[line]}`" if line in texts else "")
+                     for line, us in top(by_line, 2))
+    (before, after, op), _ = top(places, 1)[0]
+    evidence = (f"{len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU idle "
+                f"{_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}; mostly after `{before}`, before `{after}` "
+                f"(launched by {op}); the host meanwhile: {host}")
+    main = top(by_line, 1)[0][0]
+    synced = any(f["kind"] in ("host_sync", "graph_break") for f in found)
+    fix = (("the GPU waits for the next batch: " + ("the host syncs above leave no queued GPU work to hide the "
+            "loader behind; fix them first" if synced else "the loader is slower than the GPU; make it cheaper "
+            "or prepare batches ahead")) if main.startswith("prepare.py") else
+           f"make the host work at {main} cheaper or move it out of the step" if main != "no host sample" else
+           "find what the host does between these kernels (no stack samples in this trace) and move it out of "
+           "the step")
+    return finding("gpu_waits_on_host", _idle(gaps, ctx), ctx, evidence, fix)
+
+
+def profiler_overhead(tl, ctx, found):
+    """The profiled step differs from the unprofiled one by more than 3%: which figures are inflated."""
+    u = ctx["unprofiled"]
+    if not isinstance(u, (int, float)) or u <= 0 or abs(ctx["step"] / u - 1) <= STEP_TOLERANCE:
+        return None
+    change = 100 * (ctx["step"] / u - 1)
+    if change < 0:
+        evidence = (f"profiled {ctx['step']:.1f} ms/step vs {u:.1f} unprofiled ({change:+.1f}%): the unprofiled "
+                    "steps were slower (a recompile or warm-up in them?); the profiled figures stand")
+    else:
+        corrected = max(0.0, u - ctx["busy"])
+        evidence = (f"profiled {ctx['step']:.1f} ms/step vs {u:.1f} unprofiled ({change:+.1f}%): the profiler's "
+                    f"host cost inflates the step and the GPU idle ({ctx['idle']:.1f} ms/step), not kernel times; "
+                    f"corrected idle = unprofiled - device busy = {corrected:.1f} ms/step; idle-based findings "
+                    f"above are scaled by {ctx['scale']:.2f}")
+    return {"kind": "profiler_overhead", "ms_per_step": 0.0, "pct_of_step": 0.0, "evidence": evidence,
+            "fix": "nothing to change for this: judge speed by the unprofiled step time"}

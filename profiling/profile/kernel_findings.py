@@ -1,0 +1,169 @@
+"""Pure: the findings about kernels running below their rate (profiling/profile/findings.py runs them). Stdlib only.
+
+- fp32_matmul: GEMMs on float32 inputs, against this trace's bf16 GEMM rate.
+- slow_device: large bf16 GEMMs far below the device's peak (a braked, throttled or shared GPU).
+- attention_fallback: attention operators far below the fused kernels' rate (a masked fallback, the math path).
+
+Each rule takes (timeline, context, findings so far) and returns a finding or None. Rates are per operator
+call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once.
+"""
+from profiling.profile.classify import short_name
+from profiling.profile.roofline import ATTENTION_OP, attention_flops, gemm_flops
+from profiling.profile.timeline import input_types
+
+LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
+SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (a healthy H100 here:
+                             # 0.70, benchmarks/diagnoses_results.md; a shared one 0.30; braked: 140 of 989, 0.14)
+EXPECTED_GEMM_FRACTION = 0.60  # what large bf16 GEMMs reach on a healthy device, for the gain estimate
+ATTENTION_SLOW_FRACTION = 0.30  # attention below this share of peak (causal FLOPs) is a fallback kernel (fused
+                                # cuDNN attention on the H100 here: 0.43-0.55; a dense mask: 0.13-0.18)
+ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate when the trace has none to measure
+
+
+def finding(kind, ms, ctx, evidence, fix):
+    return {"kind": kind, "ms_per_step": round(ms, 2), "pct_of_step": round(100 * ms / ctx["step"], 1),
+            "evidence": evidence, "fix": fix}
+
+
+def top(counts, k=3):
+    """The k largest (key, value) pairs of a dict."""
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:k]
+
+
+def _gemms(tl):
+    """[(first kernel, launching op or None, device us, flops or None)] per GEMM operator call of every step: a
+    GEMM may run as several kernels (split-K and its reduction), its FLOPs count once."""
+    calls = {}
+    for k, evs in enumerate(tl.per_step):
+        for (e, launch), cat in zip(evs, tl.labels[k]):
+            if cat == "GEMM":
+                op = tl.op_of(launch)
+                row = calls.setdefault(id(op) if op is not None else id(e), [e, op, 0.0, gemm_flops(op)])
+                row[2] += e["dur"]
+    return list(calls.values())
+
+
+def _dims(op):
+    """An operator's input shapes as `[262144, 512] x [512, 2048]`."""
+    dims = (op.get("args") or {}).get("Input Dims") if op else None
+    shown = [d for d in dims if isinstance(d, list) and d][:2] if isinstance(dims, list) else []
+    return " x ".join(str(d) for d in shown) or "?"
+
+
+def _is_fp32(e, op):
+    types = input_types(op)
+    if types:
+        return any(t in ("float", "double") for t in types[:2])
+    name = str(e.get("name", "")).lower()
+    return "tf32" in name or "sgemm" in name or "f32f32" in name
+
+
+def fp32_matmul(tl, ctx, found):
+    """GEMMs on float32 inputs (TF32 or full fp32 kernels), against this trace's bf16 GEMM rate."""
+    gemms = _gemms(tl)
+    fp32 = [g for g in gemms if _is_fp32(g[0], g[1])]
+    if not fp32:
+        return None
+    us, flops = sum(g[2] for g in fp32), sum(g[3] or 0.0 for g in fp32)
+    bf16 = [g for g in gemms if g[3] and not _is_fp32(g[0], g[1])]
+    rate = sum(g[3] for g in bf16) / (sum(g[2] for g in bf16) / 1e6) if bf16 else \
+        (EXPECTED_GEMM_FRACTION * ctx["peak"] if ctx["peak"] else None)
+    ms = us / ctx["n"] / 1e3
+    if not rate or not flops:
+        estimate, basis = ms / 2, "half its time (no shapes recorded to estimate better)"
+    else:
+        estimate = flops / rate / ctx["n"] * 1e3
+        basis = f"{estimate:.1f} ms at this run's bf16 GEMM rate ({rate / 1e12:.0f} TFLOP/s)"
+    kernels, shapes = {}, {}
+    for e, op, g_us, _ in fp32:
+        name = short_name(str(e.get("name", "")))
+        kernels[name] = kernels.get(name, 0) + 1
+        shapes[_dims(op)] = shapes.get(_dims(op), 0.0) + g_us
+    evidence = (f"{len(fp32) / ctx['n']:g} GEMMs/step on float32 inputs: {ms:.1f} ms/step"
+                + (f" at {flops / (us / 1e6) / 1e12:.0f} TFLOP/s" if flops else "") + f"; in bf16: {basis}; "
+                + "shapes " + ", ".join(s for s, _ in top(shapes, 2)) + "; kernel "
+                + ", ".join(f"`{k}`" for k, _ in top(kernels, 1)) + "; the float32 elementwise work around them "
+                "is not counted")
+    return finding("fp32_matmul", max(0.0, ms - estimate), ctx, evidence,
+                    "run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() "
+                    "on their inputs")
+
+
+def slow_device(tl, ctx, found):
+    """Large bf16 GEMMs far below the device's peak: a braked, throttled or shared GPU, not the code."""
+    if not ctx["peak"]:
+        return None
+    large = [g for g in _gemms(tl) if g[3] and g[3] >= LARGE_GEMM_FLOPS and not _is_fp32(g[0], g[1])]
+    us = sum(g[2] for g in large)
+    if not large or us <= 0:
+        return None
+    flops = sum(g[3] for g in large)
+    rate = flops / (us / 1e6)
+    if rate >= SLOW_DEVICE_FRACTION * ctx["peak"]:
+        return None
+    expected = flops / (EXPECTED_GEMM_FRACTION * ctx["peak"]) / ctx["n"] * 1e3
+    ms = us / ctx["n"] / 1e3
+    evidence = (f"{len(large) / ctx['n']:g} large bf16 GEMMs/step (>= {LARGE_GEMM_FLOPS:.0e} FLOP each) run at "
+                f"{rate / 1e12:.0f} TFLOP/s, {100 * rate / ctx['peak']:.0f}% of the device's {ctx['peak'] / 1e12:.0f} "
+                f"(a healthy GPU: ~{100 * EXPECTED_GEMM_FRACTION:.0f}% or more): {ms:.1f} ms/step where "
+                f"{expected:.1f} would do; every other kernel is likely slowed too (not counted)")
+    return finding("slow_device", max(0.0, ms - expected), ctx, evidence,
+                    "check the GPU before editing code: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: "
+                    "power brake, thermal), other processes on it (`nvidia-smi`), one timed 8192^3 bf16 matmul")
+
+
+def _attention_calls(tl):
+    """{(op, input dims text): (device us, calls, flops per call or None, input dims)} of the attention
+    operators that take q, k, v (the math path's kernels count under it). Kernels of compiled attention
+    templates (FlexAttention in a Triton kernel) have no such operator: not judged."""
+    groups = {}
+    for k, evs in enumerate(tl.per_step):
+        for (e, launch), cat in zip(evs, tl.labels[k]):
+            if cat in ("memory", "optimizer"):
+                continue
+            op = next((o for o in _ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))),
+                      None)
+            if op is None:
+                continue
+            name, dims = str(op["name"]), (op.get("args") or {}).get("Input Dims")
+            row = groups.setdefault((name, str(dims)), [0.0, set(), attention_flops(op, exact=False), dims])
+            row[0] += e["dur"]
+            row[1].add(id(op))
+    return {key: (us, len(ids), f, dims) for key, (us, ids, f, dims) in groups.items()}
+
+
+def _ancestors(tl, op):
+    while op is not None:
+        yield op
+        op = tl.parent.get(id(op))
+
+
+def attention_fallback(tl, ctx, found):
+    """Attention on a kernel far slower than the fused ones (a masked fallback, the math path, an old kernel)."""
+    if not ctx["peak"] or any(f["kind"] == "slow_device" for f in found):
+        return None  # on a slow device every kernel is slow: attention is not judged
+    calls = _attention_calls(tl)
+    slow, fast = {}, [0.0, 0.0]
+    for (name, key), (us, n, flops, dims) in calls.items():
+        rate = flops * n / (us / 1e6) if flops and us else None
+        if "attention_math" in name or rate is not None and rate < ATTENTION_SLOW_FRACTION * ctx["peak"]:
+            slow[(name, key)] = (us, n, flops, rate, dims)
+        elif rate is not None:
+            fast[0] += flops * n
+            fast[1] += us / 1e6
+    if not slow:
+        return None
+    fast_rate = fast[0] / fast[1] if fast[1] else ATTENTION_FAST_FRACTION * ctx["peak"]
+    gain, parts = 0.0, []
+    for (name, _), (us, n, flops, rate, dims) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
+        ms = us / ctx["n"] / 1e3
+        target = flops * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2
+        gain += max(0.0, ms - target)
+        mask = [d for d in (dims or [])[3:] if isinstance(d, list) and len(d) == 2]
+        parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a ' + str(mask[0]) + ' mask' if mask else ''}: "
+                     f"{ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
+    evidence = ("; ".join(parts[:3]) + f"; the fused kernels run at {fast_rate / 1e12:.0f} TFLOP/s "
+                "(causal-attention FLOPs; a window does less)")
+    return finding("attention_fallback", gain, ctx, evidence,
+                    "give attention a form the fused kernel takes: is_causal=True, or the sliding window as "
+                    "train.py's window attention (a band), not a dense attn_mask")

@@ -1,0 +1,287 @@
+"""Pure: the step's time by source line -- "Lines of train.py" in the report (issue #20). Stdlib only.
+
+The capture records, while torch.compile compiles, where each compiled graph's calls came from
+(profiling/profile/provenance.py; the trace metadata's `provenance`): for each graph, by its FX graph cache key, its
+kernel and extern calls in call order, each with the source stacks of the FX nodes it was made from. A
+backward node carries the stack of the forward op it differentiates, so a backward kernel lands on that line.
+
+Placing one device event (CPU profile: one operator's self time):
+1. The graph call: the profiler's `## Call CompiledFxGraph <key> ##` annotation around the launch on the
+   launching thread names the graph. Outside every call the work is eager (the optimizer's stacks and
+   copies, gradient accumulation, the loader's copies): not placed, listed by its operator.
+2. The call: the launching operator (by the launch's External id), or the one around it, up to the outermost
+   operator inside the graph call -- a Triton kernel's own record (`triton_poi_fused_..._3`; on CPU
+   `graph_0_cpp_fused_..._1`), `aten::mm` for `extern_kernels.mm`, `ns::op` for a custom op. The k-th call of
+   a name in one graph call is the graph's k-th recorded call of that name (kernel names are unique only
+   within a graph, and a graph may call one kernel or extern op from several lines).
+3. The lines: each source stack's innermost frame in the project's own files (train.py, prepare.py; a
+   frame in torch is passed over for the user line that called it). A call whose nodes came from several
+   lines (a fused kernel) is one row against all its lines, never counted twice.
+
+Forward and backward: by where the call ran (inside the autograd engine: backward), as the region table.
+"""
+import bisect
+import re
+
+from profiling.profile.traceio import backward_windows, by_thread, is_backward, parents
+
+GRAPH_CALL = re.compile(r"^## Call CompiledFxGraph (\S+) ##$")
+CPU_PREFIX = re.compile(r"^graph_\d+_")   # inductor.config.cpp.enable_kernel_profile's names on the CPU
+TOP = 30               # rows kept in the summary (the report shows fewer)
+MAX_UNPLACED = 5       # reasons for unplaced time listed
+MISSING = ("no source-line record in this trace; `uv run train.py --profile` records one (other scripts: "
+           "profiling.profile.provenance.start() before the first compiled call)")
+
+
+def canonical(name):
+    """The trace's operator name for a call as inductor records it: extern_kernels.mm -> aten::mm,
+    torch.ops.ns.op.default -> ns::op; kernels keep their names (the CPU's graph_N_ prefix dropped)."""
+    if name.startswith("extern_kernels."):
+        return "aten::" + name[len("extern_kernels."):]
+    parts = name[len("torch.ops."):].split(".") if name.startswith("torch.ops.") else name.split(".")
+    if len(parts) >= 2:  # an op overload: namespace.op[.overload]; kernel names have no dots
+        return f"{parts[0]}::{parts[1]}"
+    return CPU_PREFIX.sub("", name)
+
+
+class Provenance:
+    """The metadata record, indexed: per graph key its calls [(canonical name, lines)]; the lines' texts."""
+
+    def __init__(self, record):
+        frames, stacks = record.get("frames") or [], record.get("stacks") or []
+        self.text = {}
+        self.graphs = {}
+        lines_of = [self._line(stack, frames) for stack in stacks]
+        for g in record.get("graphs") or []:
+            calls = []
+            for name, ids in g.get("kernels") or []:
+                lines = sorted({lines_of[i] for i in ids if 0 <= i < len(lines_of)} - {None})
+                calls.append((canonical(str(name)), tuple(lines)))
+            self.graphs.setdefault(str(g.get("key")), []).append(calls)  # no key: "None", as annotated
+
+    def _line(self, stack, frames):
+        """(file, line) of a stack's innermost own frame (else its innermost frame); None if it has none."""
+        own = [frames[i] for i in stack if 0 <= i < len(frames)]
+        if not own:
+            return None
+        f = next((f for f in own if len(f) > 4 and f[4]), own[0])
+        key = (str(f[0]), int(f[1]))
+        self.text.setdefault(key, str(f[3]) if len(f) > 3 else "")
+        return key
+
+
+class Calls:
+    """The graph calls of a trace per thread, and for each the lines of its outermost operators."""
+
+    def __init__(self, graph_calls, threads, parent, prov):
+        self.threads, self.parent, self.prov = threads, parent, prov
+        self.by_thread = {}
+        for e in graph_calls:
+            m = GRAPH_CALL.match(str(e.get("name", "")))
+            if m:
+                self.by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        for calls in self.by_thread.values():
+            calls.sort(key=lambda e: e["ts"])
+        self.starts = {k: [e["ts"] for e in v] for k, v in self.by_thread.items()}
+        self.op_starts = {}
+        self.aligned = {}   # id(graph call) -> {id(op): lines or reason}
+
+    def call_of(self, e):
+        """The graph call around event e (a launch or an operator) on its thread, or None."""
+        key = (e.get("pid"), e.get("tid"))
+        calls = self.by_thread.get(key)
+        if not calls:
+            return None
+        i = bisect.bisect_right(self.starts[key], e["ts"]) - 1
+        return calls[i] if i >= 0 and e["ts"] <= calls[i]["ts"] + calls[i]["dur"] else None
+
+    def place(self, op, call):
+        """(lines, None) for an operator inside a graph call, or (None, why not)."""
+        top = op
+        while True:
+            up = self.parent.get(id(top))
+            if up is None or up["ts"] < call["ts"]:
+                break
+            top = up
+        table = self.aligned.get(id(call))
+        if table is None:
+            table = self.aligned[id(call)] = self._align(call)
+        name = CPU_PREFIX.sub("", str(top.get("name")))
+        return table.get(id(top), (None, f"no recorded call named `{name}`"))
+
+    def _align(self, call):
+        key = GRAPH_CALL.match(call["name"]).group(1)
+        graphs = self.prov.graphs.get(key)
+        tops = self._tops(call)
+        if not graphs:
+            return {id(op): (None, "a compiled graph without a source-line record") for op in tops}
+        names = [CPU_PREFIX.sub("", str(op.get("name", ""))) for op in tops]
+        calls = max(graphs, key=lambda g: _overlap(g, names))  # one graph per key, but keys may repeat
+        by_name = {}
+        for name, lines in calls:
+            by_name.setdefault(name, []).append(lines)
+        seen, table = {}, {}
+        counts = {n: names.count(n) for n in set(names)}
+        for op, name in zip(tops, names):
+            recorded = by_name.get(name)
+            if recorded is None:
+                continue
+            k = seen[name] = seen.get(name, -1) + 1
+            if counts[name] == len(recorded) or len(set(recorded)) == 1:
+                table[id(op)] = (recorded[min(k, len(recorded) - 1)], None)
+            else:
+                why = f"`{name}` called {counts[name]} times, recorded {len(recorded)} times"
+                table[id(op)] = (None, why)
+        return table
+
+    def _tops(self, call):
+        """The operators directly inside a graph call, in time order."""
+        key = (call.get("pid"), call.get("tid"))
+        ops = self.threads.get(key, [])
+        if key not in self.op_starts:
+            self.op_starts[key] = [op["ts"] for op in ops]
+        lo = bisect.bisect_left(self.op_starts[key], call["ts"])
+        hi = bisect.bisect_right(self.op_starts[key], call["ts"] + call["dur"])
+        return [op for op in ops[lo:hi] if (self.parent.get(id(op)) or {"ts": -1})["ts"] < call["ts"]]
+
+
+def _overlap(calls, names):
+    have = {}
+    for name, _ in calls:
+        have[name] = have.get(name, 0) + 1
+    return sum(1 for n in names if have.get(n, 0) > 0)
+
+
+class Totals:
+    """Summed microseconds (all steps) by line group and phase, and what could not be placed, by reason."""
+
+    def __init__(self):
+        self.us, self.unplaced, self.kernels = {}, {}, {}
+
+    def add(self, us, lines, reason, backward, name):
+        if lines:
+            row = self.us.setdefault(lines, [0.0, 0.0])
+            row[1 if backward else 0] += us
+            k = self.kernels.setdefault(lines, {})
+            k[name] = k.get(name, 0.0) + us
+        else:
+            key = (reason, CPU_PREFIX.sub("", name))
+            self.unplaced[key] = self.unplaced.get(key, 0.0) + us
+
+
+def device_table(tl, graph_calls, meta, step_ms, moved=frozenset()):
+    """The lines table of a device profile. tl: the trace's Timeline (profiling/profile/timeline.py); graph_calls:
+    the `## Call CompiledFxGraph` annotations (traceio.Index.graph_calls); moved: ids of the device events
+    that are backward work run in a compiled forward (profiling/profile/regions.py `moved_to_backward`)."""
+    record = meta.get("provenance")
+    if not _usable(record):
+        return _missing(record)
+    calls = Calls(graph_calls, tl.threads, tl.parent, Provenance(record))
+    windows = backward_windows(tl.threads)
+    totals, device_us = Totals(), 0.0
+    for evs in tl.per_step:
+        for e, launch in evs:
+            device_us += e["dur"]
+            lines, reason, name = _place_launch(tl, calls, launch, e)
+            totals.add(e["dur"], lines, reason, is_backward(launch, windows) or id(e) in moved, name)
+    return _table(totals, tl.n, step_ms, device_us, calls.prov, record)
+
+
+def _place_launch(tl, calls, launch, e):
+    call = calls.call_of(launch)
+    op = tl.op_of(launch)
+    if call is None:
+        what = str(op.get("name")) if op else str(e.get("name", ""))
+        return None, "eager (outside the compiled graphs)", what
+    if op is None:
+        return None, "no operator recorded around the launch", str(e.get("name", ""))
+    lines, reason = calls.place(op, call)
+    return lines, reason, str(e.get("name", ""))
+
+
+def cpu_table(ix, placed_ops, meta, step_ms):
+    """The lines table of a CPU profile: placed_ops is [(operator, self time in us, category)]."""
+    record = meta.get("provenance")
+    if not _usable(record):
+        return _missing(record)
+    threads = by_thread(ix.cpu_ops)
+    parent = parents(threads)
+    calls = Calls(ix.graph_calls, threads, parent, Provenance(record))
+    windows = backward_windows(threads)
+    totals, total_us = Totals(), 0.0
+    for op, self_us, _ in placed_ops:
+        total_us += self_us
+        call = calls.call_of(op)
+        if call is None:
+            lines, reason = None, "eager (outside the compiled graphs)"
+        else:
+            lines, reason = calls.place(op, call)
+        totals.add(self_us, lines, reason, is_backward(op, windows), str(op.get("name", "")))
+    return _table(totals, len(ix.steps), step_ms, total_us, calls.prov, record)
+
+
+def _usable(record):
+    return isinstance(record, dict) and bool(record.get("graphs"))
+
+
+def _missing(record):
+    note = MISSING
+    if isinstance(record, dict) and not record.get("without"):
+        note = ("no compiled graph was recorded: the model ran eager, or was compiled before "
+                "profiling.profile.provenance.start()")
+    elif isinstance(record, dict):
+        note = (f"no source-line record: {record['without']} compiled graphs came from a cache entry made "
+                "without one; delete the inductor cache (TORCHINDUCTOR_CACHE_DIR) and profile again")
+    return {"rows": [], "rows_total": 0, "placed_percent": None, "placed_ms": None, "unplaced": [],
+            "graphs": 0, "missing": note}
+
+
+def _table(totals, n, step_ms, total_us, prov, record):
+    rows = []
+    for lines, (fwd, bwd) in sorted(totals.us.items(), key=lambda kv: (-sum(kv[1]), kv[0])):
+        ms = (fwd + bwd) / n / 1e3
+        kernels = sorted(totals.kernels[lines].items(), key=lambda kv: -kv[1])
+        rows.append({
+            "where": where(lines), "lines": [{"file": f, "line": ln, "text": prov.text.get((f, ln), "")}
+                                             for f, ln in lines],
+            "fused": len(lines) > 1, "forward_ms": _r(fwd / n / 1e3), "backward_ms": _r(bwd / n / 1e3),
+            "ms_per_step": _r(ms), "pct_of_step": _r(100 * ms / step_ms if step_ms else 0.0),
+            "kernels": len(kernels), "top_kernel": CPU_PREFIX.sub("", kernels[0][0]),
+        })
+    placed_us = sum(sum(v) for v in totals.us.values())
+    unplaced = sorted(totals.unplaced.items(), key=lambda kv: -kv[1])
+    by_file = {}  # a kernel fused from lines of several files is split evenly between them
+    for lines, (fwd, bwd) in totals.us.items():
+        files = set(f for f, _ in lines)
+        for f in files:
+            by_file[f] = by_file.get(f, 0.0) + (fwd + bwd) / len(files)
+    return {
+        "rows": rows[:TOP], "rows_total": len(rows),
+        "placed_percent": _r(100 * placed_us / total_us if total_us else 0.0),
+        "placed_ms": _r(placed_us / n / 1e3), "unplaced_ms": _r((total_us - placed_us) / n / 1e3),
+        "unplaced": [{"reason": reason, "name": name, "ms_per_step": _r(us / n / 1e3)}
+                     for (reason, name), us in unplaced[:MAX_UNPLACED]],
+        "files": {f: _r(us / n / 1e3) for f, us in sorted(by_file.items(), key=lambda kv: -kv[1])},
+        "graphs": len(record.get("graphs") or []), "missing": None,
+    }
+
+
+def where(lines):
+    """`train.py:426-427` for a group of (file, line): per file, runs of consecutive lines as ranges."""
+    by_file = {}
+    for f, ln in lines:
+        by_file.setdefault(f, []).append(ln)
+    parts = []
+    for f, nums in by_file.items():
+        nums, runs = sorted(set(nums)), []
+        for x in nums:
+            if runs and x == runs[-1][1] + 1:
+                runs[-1][1] = x
+            else:
+                runs.append([x, x])
+        parts.append(f + ":" + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs))
+    return "; ".join(parts)
+
+
+def _r(x):
+    return None if x is None else round(float(x), 4)

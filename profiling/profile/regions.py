@@ -1,0 +1,459 @@
+"""Pure: where a step's time goes inside the model -- the region table of the profile. Stdlib only, never torch.
+
+Regions: embedding, attention (projections and attention kernels), MLP, norms and residuals, head and loss,
+optimizer, data movement, and `unattributed` (time no rule below could place: shown, never dropped); then
+GPU idle and overlap from the step budget, so the rows add up to the step. The model regions (and
+unattributed) are split into forward and backward.
+
+Each device event (CPU profile: each operator's self time) is placed by the first rule that applies:
+
+1. The step budget's own categories: `optimizer` (launched inside the optimizer annotation window, or
+   named for an optimizer) and `memory` (memcpy/memset records) -> optimizer, data movement; `attention`
+   kernels (flex/flash/fused attention) -> attention. So these rows match the budget.
+2. GEMMs (the budget's GEMM kernels, or launched by aten::mm/addmm/bmm/linear/...): by the weight they
+   multiply. The launching operator is found by the launch's `External id`; with record_shapes=True it
+   has its input shapes. Every operand, and the product (a weight-gradient GEMM *produces* the weight's
+   shape), is matched, as is or transposed, against the parameter shapes the capture records in the
+   trace metadata (`autoresearch.parameters`: name -> shape). The matching parameters' module paths give
+   the region (below). Embedding tables are read by index, never multiplied, so they count only when no
+   other parameter has the shape: a product with an embedding table is a tied output head (head and loss).
+3. Names: the ops a Triton kernel fused (Inductor names the kernel after them:
+   `triton_per_fused__fused_rms_norm_add_embedding_mul_select_0`), then the launching operator's name and
+   those of the operators around it (eager: aten::index_select inside aten::embedding; autograd nodes
+   such as ReluBackward0). In this order: attention (flex_attention, attention, attn, flash, fmha, sdpa,
+   scaled_dot_product); embedding (embedding, embedding_dense_backward); MLP (relu, gelu, silu, glu,
+   mish, threshold_backward; relu squared is relu + pow); head and loss (log_softmax, nll_loss,
+   cross_entropy, tanh: the logit soft-cap); attention again for a plain softmax; norms and residuals
+   (rms_norm, layer_norm, any *norm). Generic CUDA kernel names (templates) are not read: they name
+   functors, not layers.
+4. Parameter-shaped inputs (weight casts `_to_copy`, gradient accumulation `add_`): that parameter's region.
+5. Residual arithmetic (add, mul, sub, rsub, lerp, neg in the fused ops or the operator name): norms and
+   residuals (the residual adds and the x = a*x + b*x0 mixes); not inside AccumulateGrad (that add_ sums
+   a parameter's gradient: rule 4 or unattributed).
+6. Otherwise unattributed, listed with the reason (no shapes recorded, no parameter with that shape, a
+   parameter of no known region, no rule for the name).
+
+Parameters -> regions, by module path (`blocks.3.mlp.c_fc.weight`), innermost name first, each split at
+`_`: embedding (wte, wpe, emb, embed, embeds, embedding...), head and loss (head, unembed, classifier),
+attention (attn, attention, qkv, rotary), MLP (mlp, ffn, ff, fc, experts, moe), norms and residuals (ln,
+*norm, resid, residual, lambda, lambdas). A path naming none of these (a new layer type) places nothing:
+its GEMMs stay unattributed and the parameter is listed.
+
+Shared shapes: when the parameters with a GEMM's shape live in several regions (c_q and c_proj are both
+[512, 512], both attention: fine; an MLP of 1x width would share [512, 512] with attention), the time is
+split in proportion to the number of those parameters in each region: same-shaped weights do the same
+GEMM work per token. Every split is listed (`shared_shapes`), so it can be checked.
+
+Forward and backward: an event is backward when its launch lies inside an
+`autograd::engine::evaluate_function` operator on the launching thread (on CUDA the autograd engine runs on
+its own thread; the compiled backward graph runs inside CompiledFunctionBackward), or when it is a gradient
+GEMM the compiler moved into a compiled forward (`moved_to_backward`: train.py's fused loss has the head's
+two gradient GEMMs there), forward otherwise. A kernel fusing forward and backward work (train.py's loss
+kernel writes the loss's gradient as it reads the logits) counts where it runs.
+
+Roofline: each row's FLOPs (GEMMs and attention, from shapes) and Triton bytes, and the rates they give
+against the device's peaks (profiling/profile/roofline.py).
+
+Limits: without parameter shapes (or record_shapes) GEMMs are unattributed; the q/k RMSNorm and rotary
+are fused into one rms_norm kernel and count as norms; value-embedding gates fuse with their embedding.
+"""
+import itertools
+import re
+
+from profiling.profile import roofline
+from profiling.profile.classify import classify_cpu_op, short_name
+from profiling.profile.traceio import backward_windows, by_thread, is_backward, outer_names, parents
+
+MODEL_REGIONS = ("embedding", "attention", "MLP", "norms and residuals", "head and loss")
+REGIONS = MODEL_REGIONS + ("optimizer", "data movement", "unattributed")
+BY_CATEGORY = {"optimizer": "optimizer", "memory": "data movement", "attention": "attention"}
+NO_PARAMETERS = "no parameter shapes in the trace metadata (autoresearch.parameters): GEMMs are unattributed"
+MAX_LISTED = 5          # unattributed kernels and parameters listed in the summary
+
+# ---------------------------------------------------------------------------------------------------------
+# Rules: module paths and op names -> regions
+# ---------------------------------------------------------------------------------------------------------
+
+_PATH_WORDS = (
+    ("embedding", {"wte", "wpe", "emb", "embed", "embeds", "embedding", "embeddings"}),
+    ("head and loss", {"head", "unembed", "unembedding", "classifier"}),
+    ("attention", {"attn", "attention", "qkv", "rotary"}),
+    ("MLP", {"mlp", "ffn", "ff", "fc", "experts", "moe"}),
+    ("norms and residuals", {"ln", "norm", "resid", "residual", "lambda", "lambdas"}),
+)
+
+
+def _words(*words):
+    return re.compile(r"(?<![a-z0-9])(?:" + "|".join(words) + r")(?![a-z0-9])")
+
+
+_NAME_RULES = (
+    ("attention", _words("flex_attention", "attention", "attn", "flash", "fmha", "sdpa", "scaled_dot_product")),
+    ("embedding", _words("embedding")),
+    ("MLP", _words("relu", "gelu", "silu", "swiglu", "geglu", "glu", "mish", "threshold_backward")),
+    ("head and loss", _words("log_softmax", "nll_loss", "cross_entropy", "tanh")),
+    ("attention", _words("(?<!log_)softmax")),
+    ("norms and residuals", _words("[a-z0-9]*norm")),
+)
+_RESIDUAL = _words("add", "mul", "sub", "rsub", "lerp", "neg")
+_GRAD_ACCUMULATION = _words("accumulate_grad")
+_TRITON = re.compile(r"^triton_(?:poi|per|red|tem|for)_fused_(.*?)(?:_\d+)?$")
+_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+_NON_WORD = re.compile(r"[^a-z0-9]+")
+
+
+def path_region(name):
+    """The region of a parameter from its module path, innermost name first; None when none is named."""
+    for part in reversed(name.lower().split(".")):
+        tokens = set(part.split("_"))
+        for region, words in _PATH_WORDS:
+            if tokens & words or (region == "norms and residuals" and any(t.endswith("norm") for t in tokens)):
+                return region
+    return None
+
+
+def normalize(name):
+    """An op or kernel name as lowercase words joined by `_` (camelCase split): ReluBackward0 -> relu_backward0."""
+    return _NON_WORD.sub("_", _CAMEL.sub(r"\1_\2", name).lower()).strip("_")
+
+
+def name_region(text):
+    """The region a (normalized) name names, by the ordered rules of the module docstring; or None."""
+    for region, pattern in _NAME_RULES:
+        if pattern.search(text):
+            return region
+    return None
+
+
+def triton_ops(kernel):
+    """The fused-op part of an Inductor Triton kernel name, or None for other kernels."""
+    m = _TRITON.match(kernel)
+    return m.group(1) if m else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parameter shapes
+# ---------------------------------------------------------------------------------------------------------
+
+class Parameters:
+    """Parameter shapes from the trace metadata: shape (as is, and transposed for matrices) -> parameters."""
+
+    def __init__(self, parameters):
+        self.region = {}
+        self.by_shape = {}
+        for name, shape in (parameters or {}).items():
+            if not (isinstance(shape, list) and shape and all(isinstance(x, int) for x in shape)):
+                continue
+            self.region[name] = path_region(name)
+            for key in {tuple(shape), tuple(reversed(shape)) if len(shape) == 2 else tuple(shape)}:
+                self.by_shape.setdefault(key, []).append(name)
+
+    def __bool__(self):
+        return bool(self.region)
+
+    def unplaced(self):
+        return [name for name, region in self.region.items() if region is None]
+
+    def matching(self, shapes):
+        """The parameters having one of `shapes` (each once), in metadata order."""
+        found = {}
+        for shape in shapes:
+            for name in self.by_shape.get(shape, ()):
+                found[name] = True
+        return list(found)
+
+    def counts(self, names, gemm=False):
+        """{region: number of these parameters in it}; a parameter of no known region counts as unattributed.
+
+        For a GEMM, embedding tables count only when nothing else matched (then: a tied head).
+        """
+        regions = [self.region[n] for n in names]
+        if gemm:
+            others = [r for r in regions if r != "embedding"]
+            regions = others or ["head and loss"] * len(regions)
+        counts = {}
+        for r in regions:
+            counts[r or "unattributed"] = counts.get(r or "unattributed", 0) + 1
+        return counts
+
+
+def _shapes(dims, gemm):
+    """The tensor shapes among an operator's `Input Dims`; for a GEMM also the product of its first two
+    chained matrices (a weight-gradient GEMM's output has the weight's shape and need not be listed)."""
+    if not isinstance(dims, list):
+        return []
+    shapes = [tuple(d) for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+    mats = [s for s in shapes if len(s) >= 2] if gemm else []
+    for a, b in itertools.pairwise(mats):
+        if a[-1] == b[-2]:
+            shapes.append(a[:-1] + b[-1:])
+            break
+    return shapes
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Placing one event
+# ---------------------------------------------------------------------------------------------------------
+
+class Placer:
+    """Places events by the rules of the module docstring; results cached by what they depend on."""
+
+    def __init__(self, params):
+        self.params = params
+        self.cache = {}
+
+    def place(self, kernel, category, op, outer=()):
+        """(((region, share), ...), reason for any unattributed share or None, shared-shape record or None).
+
+        `kernel`: the device event's (or CPU operator's) name; `category`: its step-budget category; `op`:
+        the operator that launched it (None if unknown); `outer`: the names of the operators around that one.
+        """
+        op = op or {}
+        dims = (op.get("args") or {}).get("Input Dims")
+        names = ((str(op["name"]),) if "name" in op else ()) + outer
+        key = (kernel, category, names, str(dims))
+        if key not in self.cache:
+            self.cache[key] = self._place(kernel, category, names, dims)
+        return self.cache[key]
+
+    def _place(self, kernel, category, names, dims):
+        if category in BY_CATEGORY:
+            return ((BY_CATEGORY[category], 1.0),), None, None
+        gemm = category == "GEMM" or bool(names) and classify_cpu_op(names[0]) == "GEMM"
+        reason = None
+        if gemm:
+            placed = self._by_shape(dims, gemm=True)
+            if placed[0]:
+                return placed
+            reason = placed[1]
+        fused = triton_ops(kernel)
+        texts = ([normalize(fused)] if fused else []) + [normalize(n) for n in names]
+        for text in texts:
+            region = name_region(text)
+            if region:
+                return ((region, 1.0),), None, None
+        if not gemm and self.params and dims:
+            placed = self._by_shape(dims, gemm=False)
+            if placed[0]:
+                return placed
+        accumulating = any(_GRAD_ACCUMULATION.search(t) for t in texts)  # a parameter's .grad, not a residual
+        if not accumulating and any(_RESIDUAL.search(t) for t in texts[:2 if fused else 1]):
+            return (("norms and residuals", 1.0),), None, None
+        return (("unattributed", 1.0),), reason or "no rule for its name or shapes", None
+
+    def _by_shape(self, dims, gemm):
+        """Placement by parameter shapes: (shares or None, reason, shared-shape record or None)."""
+        if not self.params:
+            return None, "GEMM: no parameter shapes in the trace metadata", None
+        if not isinstance(dims, list):
+            return None, "GEMM: no input shapes recorded (record_shapes=False)", None
+        shapes = _shapes(dims, gemm)
+        names = self.params.matching(shapes)
+        if not names:
+            return None, "GEMM: no parameter has its shapes " + " x ".join(map(_fmt, shapes[:3])), None
+        counts = self.params.counts(names, gemm=gemm)
+        total = sum(counts.values())
+        shares = tuple((r, c / total) for r, c in counts.items())
+        unknown = [n for n in names if self.params.region[n] is None]
+        reason = "parameter of no known region: " + ", ".join(unknown[:3]) if unknown else None
+        shared = None
+        if len(counts) > 1:
+            shape = next(s for s in shapes if s in self.params.by_shape)
+            shared = (shape, tuple(counts.items()))
+        return shares, reason, shared
+
+
+def _fmt(shape):
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------------------
+
+class Totals:
+    """Summed time (us, all steps) by (region, phase), with the work done (FLOPs; bytes and the time of the
+    kernels whose bytes are known), what was unattributed and which shapes were split."""
+
+    def __init__(self, work=False):
+        self.work = work   # whether FLOPs and bytes are counted (device profiles)
+        self.us, self.flops, self.bytes, self.bytes_us = {}, {}, {}, {}
+        self.unplaced = {}
+        self.shared = {}
+
+    def add(self, us, placed, backward, name, flops=None, nbytes=None):
+        shares, reason, shared = placed
+        phase = "backward" if backward else "forward"
+        for region, f in shares:
+            key = (region, phase if region in MODEL_REGIONS or region == "unattributed" else None)
+            self.us[key] = self.us.get(key, 0.0) + us * f
+            if flops:
+                self.flops[key] = self.flops.get(key, 0.0) + flops * f
+            if nbytes:
+                self.bytes[key] = self.bytes.get(key, 0.0) + nbytes * f
+                self.bytes_us[key] = self.bytes_us.get(key, 0.0) + us * f
+            if region == "unattributed":
+                self.unplaced[(name, reason)] = self.unplaced.get((name, reason), 0.0) + us * f
+        if shared:
+            self.shared[shared] = self.shared.get(shared, 0.0) + us
+
+
+def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), moved=None):
+    """The region table of a device profile.
+
+    tl: the trace's Timeline (profiling/profile/timeline.py: device events per step, operators by External id and by
+    thread); categories: the step-budget category of each event, nested as tl.per_step; budget: the
+    summary's step_ms and categories; work: each event's (FLOPs, bytes), nested as tl.per_step
+    (profiling/profile/roofline.py), or None; peaks: the device's peak FLOP/s and bytes/s (None where unknown);
+    moved: `moved_to_backward`'s result, when the caller has it.
+    """
+    placer = Placer(Parameters(meta.get("parameters")))
+    windows = backward_windows(tl.threads)
+    totals = Totals(work=work is not None)
+    moved = moved_to_backward(tl, placer.params) if moved is None else moved
+    moved_us = 0.0
+    for k, (evs, cats) in enumerate(zip(tl.per_step, categories)):
+        for i, ((e, launch), cat) in enumerate(zip(evs, cats)):
+            op = tl.ops.get((launch.get("args") or {}).get("External id"))
+            name = str(e.get("name", ""))
+            placed = placer.place(name, cat, op, outer_names(op, tl.parent, tl.memo) if op else ())
+            backward = is_backward(launch, windows) or id(e) in moved
+            moved_us += e["dur"] if id(e) in moved else 0.0
+            flops, nbytes = work[k][i] if work else (None, None)
+            totals.add(e["dur"], placed, backward, name, flops, nbytes)
+    table = _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params, peaks)
+    table["moved_to_backward_ms"] = _r(moved_us / max(1, len(tl.per_step)) / 1e3)
+    return table
+
+
+def moved_to_backward(tl, params):
+    """ids of the device events that are backward work run inside a compiled forward.
+
+    AOTAutograd's partitioner may move backward work into the forward graph when that saves memory: train.py's
+    fused loss computes the head's gradient GEMMs there, since their outputs are smaller than the logits'
+    gradient they need. By thread and time such GEMMs look like forward work; by shapes they are not. Inside
+    one call of a compiled forward (`CompiledFunction`):
+    1. a weight-gradient GEMM: its product has a parameter's shape and neither operand has one (a forward GEMM
+       always multiplies by a parameter);
+    2. an input-gradient GEMM of a parameter with a weight-gradient GEMM of rule 1 in the same call: it
+       multiplies by that parameter, its other operand has the shape of the first GEMM on that parameter's
+       output, and differs from that GEMM's input (a square weight cannot be told apart: left forward).
+    """
+    if not params:
+        return set()
+    scopes = {}
+    for evs, cats in zip(tl.per_step, tl.labels):
+        for (e, launch), cat in zip(evs, cats):
+            if cat != "GEMM":
+                continue
+            op = tl.ops.get((launch.get("args") or {}).get("External id"))
+            mats = _operands(op)
+            scope = _compiled_call(tl, op) if mats else None
+            if scope is not None:
+                scopes.setdefault(scope, []).append((launch["ts"], e, mats))
+    moved = set()
+    for gemms in scopes.values():
+        gemms.sort(key=lambda g: g[0])
+        grads, first, inputs = set(), {}, []
+        for _, e, (a, b, product) in gemms:
+            pa, pb, pp = (_param_key(params, x) for x in (a, b, product))
+            if pp and not pa and not pb:
+                grads.add(pp)
+                moved.add(id(e))
+            elif bool(pa) != bool(pb):
+                key, other = (pa, b) if pa else (pb, a)
+                seen = first.setdefault(key, (other, product))
+                if seen[0] != other and seen[1] == other:
+                    inputs.append((key, e))
+        moved.update(id(e) for key, e in inputs if key in grads)
+    return moved
+
+
+def _operands(op):
+    """(a, b, a @ b) shapes of a GEMM operator's two matrices, each as (rows, cols); None when not recorded."""
+    dims = (op.get("args") or {}).get("Input Dims") if op else None
+    if not isinstance(dims, list):
+        return None
+    mats = [tuple(d) for d in dims if isinstance(d, list) and len(d) == 2 and all(isinstance(x, int) for x in d)]
+    if str(op.get("name", "")) == "aten::addmm":
+        mats = mats[1:]
+    if len(mats) < 2 or mats[0][1] != mats[1][0]:
+        return None
+    return mats[0], mats[1], (mats[0][0], mats[1][1])
+
+
+def _param_key(params, shape):
+    names = params.by_shape.get(shape)
+    return tuple(sorted(names)) if names else None
+
+
+def _compiled_call(tl, op):
+    """The `CompiledFunction` operator (one call of a compiled forward) around op, as an id; None outside."""
+    while op is not None:
+        if op.get("name") == "CompiledFunction":
+            return id(op)
+        op = tl.parent.get(id(op))
+    return None
+
+
+def cpu_table(ix, placed_ops, meta, budget):
+    """The region table of a CPU profile: placed_ops is [(operator, self time in us, budget category)]."""
+    placer, memo = Placer(Parameters(meta.get("parameters"))), {}
+    threads = by_thread(ix.cpu_ops)
+    parent, windows = parents(threads), backward_windows(threads)
+    totals = Totals()
+    for op, self_us, cat in placed_ops:
+        name = str(op.get("name", ""))
+        placed = placer.place(name, cat, op, outer_names(op, parent, memo))
+        totals.add(self_us, placed, is_backward(op, windows), name)
+    gap = budget["categories"]["outside ops"]
+    return _table(totals, len(ix.steps), budget, "outside ops", gap, placer.params)
+
+
+def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None)):
+    step = budget["step_ms"]
+    rows = []
+    for region in REGIONS:
+        keys = [(region, p) for p in ("forward", "backward", None)]
+        fwd, bwd, other = (totals.us.get(key, 0.0) / n / 1e3 for key in keys)
+        split = region in MODEL_REGIONS or region == "unattributed"
+        row = _row(region, fwd + bwd + other, step, fwd if split else None, bwd if split else None)
+        if totals.work:
+            flops, nbytes, bytes_us = (sum(d.get(key, 0.0) for key in keys) / n
+                                       for d in (totals.flops, totals.bytes, totals.bytes_us))
+            row.update(roofline.rates(flops, (fwd + bwd + other) * 1e3, nbytes or None, bytes_us, *peaks))
+        rows.append(row)
+    device = sum(r["ms_per_step"] for r in rows)
+    rows += [_row(gap_name, gap_ms, step), _row("overlap", budget["categories"]["overlap"], step)]
+    if totals.work:
+        for row in rows[-2:]:
+            row.update(roofline.rates(None, None))
+    unplaced = sorted(totals.unplaced.items(), key=lambda kv: -kv[1])
+    unknown = params.unplaced()
+    return {
+        "parameters": len(params.region),
+        "rows": rows,
+        "attributed_percent": _r(100 * (1 - rows[REGIONS.index("unattributed")]["ms_per_step"] / device)
+                                 if device else 0.0),
+        "unattributed": [{"name": short_name(name), "raw_name": name, "reason": reason,
+                          "ms_per_step": _r(us / n / 1e3)} for (name, reason), us in unplaced[:MAX_LISTED]],
+        "shared_shapes": [{"shape": list(shape), "parameters": dict(counts), "ms_per_step": _r(us / n / 1e3)}
+                          for (shape, counts), us in sorted(totals.shared.items(), key=lambda kv: -kv[1])],
+        "unplaced_parameters": unknown[:MAX_LISTED], "unplaced_parameters_total": len(unknown),
+        "notes": [] if params else [NO_PARAMETERS],
+    }
+
+
+def _row(region, ms, step, forward=None, backward=None):
+    return {"region": region, "forward_ms": _r(forward), "backward_ms": _r(backward), "ms_per_step": _r(ms),
+            "pct_of_step": _r(100 * ms / step if step else 0.0)}
+
+
+def _r(x):
+    return None if x is None else round(float(x), 4)
+
+
+def by_region(summary):
+    """{region: ms/step} of a summary's region table; empty when it has none (an older summary)."""
+    table = summary.get("regions") or {}
+    return {r["region"]: r["ms_per_step"] for r in table.get("rows", [])}

@@ -1,0 +1,329 @@
+"""Pure: a profile summary (profiling.profile.summary) -> the Markdown report the agent reads, or JSON.
+
+The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
+header line (device, torch, steps profiled, tokens/step), then 0. the findings (the few causes that cost
+the most, each with its evidence and fix: profiling/profile/findings.py), 1. the step budget (parts that add up to
+the step; MFU; peak memory), where the step goes in the model (regions, forward and backward; see
+profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the top kernels, 3. the checks, 4. what
+changed since the previous profile.
+Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
+"""
+import json
+
+from tabulate import tabulate
+
+from profiling.profile.summary import diff
+
+PART_LABELS = {
+    "GEMM": "GEMM",
+    "attention": "attention",
+    "other compute": "other compute (fused elementwise, norms, loss)",
+    "optimizer": "optimizer",
+    "memory": "memory (copy/set)",
+    "idle": "GPU idle (waiting on the CPU)",
+    "outside ops": "outside operators (Python, data, waiting)",
+    "overlap": "overlap (concurrent kernels, counted once)",
+}
+REGION_LABELS = {
+    "attention": "attention (projections, attention kernels)",
+    "data movement": "data movement (copies, sets)",
+    "GPU idle": "GPU idle (waiting on the CPU)",
+    "outside ops": "outside operators (Python, data, waiting)",
+    "overlap": "overlap (concurrent kernels, counted once)",
+}
+SHOW_PERCENT = 1.0      # findings below this share of the step stay in the JSON only
+MAX_FINDINGS = 4        # at most this many in the Markdown (about 3 lines each)
+ROOF_HEADERS = ["TFLOP/s (% of peak)", "GB/s (% of peak)"]
+ROOF_NOTE = ("TFLOP/s: GEMM and attention FLOPs (from shapes) over the region's whole time; GB/s: the tensor bytes "
+             "of its Triton kernels (each argument once: a floor) over their own time; rules: profiling/profile/roofline.py")
+MAX_LINES = 8           # source lines shown (summary.json `lines` keeps more)
+LINE_TEXT = 70          # characters of source text shown per row
+LINE_WHERE = 28         # characters of a fused row's line list shown
+ROOF_MISSING = ("TFLOP/s and GB/s: `-` throughout: this trace recorded no input shapes (record_shapes=False), so no "
+                "FLOPs or bytes; `train.py --profile` records them")
+CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
+            "self times per step.")
+
+
+def to_json(summary):
+    """The summary as indented JSON; json.loads gives back an equal dict."""
+    return json.dumps(summary, indent=2, allow_nan=False)
+
+
+def to_markdown(summary, previous=None, top=10):
+    """The report as Markdown. `previous`: an earlier summary to compare with (section 4), or None."""
+    cpu = summary.get("kind") == "cpu"
+    lines = [f"CHECK FAILED: {c['name']}: {c['detail']}" for c in summary.get("checks", []) if not c["ok"]]
+    if cpu:
+        lines.append(CPU_NOTE)
+    if lines:
+        lines.append("")
+    lines += [f"# Profile: {_ms(summary['step_ms'])} ms/step" + (" (CPU)" if cpu else ""), _header(summary), ""]
+    if not cpu and "findings" in summary:
+        lines += _findings(summary) + [""]
+    lines += _budget(summary) + _regions(summary) + _lines(summary) + [""] + _kernels(summary, top) + [""] \
+        + _checks(summary)
+    if previous is not None:
+        lines += [""] + _changes(diff(previous, summary))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------------------
+
+def _header(s):
+    tokens = s.get("tokens_per_step")
+    parts = [s.get("device") or "unknown device", f"torch {s.get('torch') or 'unknown'}",
+             f"{s['steps']} steps profiled",
+             f"{tokens:,} tokens/step" if isinstance(tokens, int) else "tokens/step unknown"]
+    if s.get("commit"):
+        parts.append(f"commit {s['commit']}")
+    return " · ".join(parts)
+
+
+def _findings(s, shown=MAX_FINDINGS):
+    """Section 0: the findings worth an edit (1% of the step or more), costliest first; then the caveat."""
+    step = s["step_ms"]
+    found = [f for f in s["findings"] if f["kind"] != "profiler_overhead"]
+    big = [f for f in found if f["ms_per_step"] >= SHOW_PERCENT / 100 * step][:shown]
+    lines = ["## 0. Findings (start here: the tables below are their evidence)"]
+    for i, f in enumerate(big, 1):
+        lines += [f"{i}. **{f['kind']}**: ~{_ms(f['ms_per_step'])} ms/step to gain ({f['pct_of_step']:.1f}% of the step)",
+                  f"   evidence: {f['evidence']}", f"   fix: {f['fix']}"]
+    if not big:
+        lines.append(f"No cause found costing {SHOW_PERCENT:g}% of the step or more (GPU idle "
+                     f"{s['idle_percent']:.1f}%): the step is the kernels' own time; see where it goes below.")
+    if len(found) > len(big):
+        lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
+    lines += [f"note: {f['evidence']}" for f in s["findings"] if f["kind"] == "profiler_overhead"]
+    return lines
+
+
+def _budget(s):
+    step = s["step_ms"]
+    rows = []
+    for name, ms in s["categories"].items():
+        if name == "other" and round(ms, 2) == 0 or name == "overlap" and abs(ms) < 1e-3 * step:
+            continue  # overlap under 0.1% of the step is timestamp noise
+        label = _cell(PART_LABELS.get(name, name))
+        if name == "other" and s.get("other_kernels"):
+            label = "other: " + _names(s["other_kernels"])
+        rows.append([label, _ms(ms), _pct(ms, step)])
+    rows.append(["**step**", f"**{_ms(step)}**", "**100.0**"])
+    extras = [f"MFU {_num(s.get('mfu_percent'), '.1f')}%" if s.get("mfu_percent") is not None else "MFU n/a",
+              f"peak memory {_num(s.get('peak_memory_mb'), ',.0f')} MB"
+              if s.get("peak_memory_mb") is not None else "peak memory n/a"]
+    if s.get("tokens_per_second"):
+        extras.append(f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s")
+    return ["## 1. Step budget", _table(["part", "ms/step", "% of step"], rows), "", " · ".join(extras)]
+
+
+def _regions(s):
+    """The region table (section 1, second part): where the step goes in the model, forward and backward."""
+    table = s.get("regions")
+    if not table:
+        return []
+    step, body, fwd, bwd = s["step_ms"], [], 0.0, 0.0
+    roof = "flops" in table["rows"][0]
+    for row in table["rows"]:
+        if row["region"] == "overlap" and abs(row["ms_per_step"]) < 1e-3 * step:
+            continue  # as in the budget: timestamp noise
+        split = row["forward_ms"] is not None
+        fwd, bwd = fwd + (row["forward_ms"] or 0.0), bwd + (row["backward_ms"] or 0.0)
+        body.append([_cell(REGION_LABELS.get(row["region"], row["region"])),
+                     _ms(row["forward_ms"]) if split else "", _ms(row["backward_ms"]) if split else "",
+                     _ms(row["ms_per_step"]), _pct(row["ms_per_step"], step)]
+                    + ([_tflops(row), _bandwidth(row)] if roof else []))
+    body.append(["**step**", f"**{_ms(fwd)}**", f"**{_ms(bwd)}**", f"**{_ms(step)}**", "**100.0**"]
+                + (["", ""] if roof else []))
+    what = "device time" if s.get("kind") != "cpu" else "operator time"
+    basis = f"{table['parameters']} parameter shapes" if table["parameters"] else "no parameter shapes"
+    placed = f"{_share(table['attributed_percent'])}% of {what} placed in a named region ({basis}; rules: " \
+             "profiling/profile/regions.py)"
+    head = ["region", "forward ms", "backward ms", "ms/step", "% of step"] + (ROOF_HEADERS if roof else [])
+    lines = ["", "### Where the step goes in the model", _table(head, body), "", placed]
+    if roof:
+        measured = any(r.get("flops") or r.get("gb_per_s") is not None for r in table["rows"])
+        lines.append(ROOF_NOTE if measured else ROOF_MISSING)
+    return lines + _region_notes(table, step)
+
+
+def _tflops(row, unit=""):
+    """`446 (45%)`: achieved TFLOP/s and % of the device's peak; `-` for no FLOPs counted."""
+    if not row.get("flops"):
+        return "-"
+    pct = row.get("percent_of_peak")
+    return f"{row['tflops_per_s']:,.0f}{unit}" + (f" ({pct:.0f}%)" if pct is not None else "")
+
+
+def _bandwidth(row, unit=""):
+    """`2,434 (73%)`: achieved GB/s of the kernels whose bytes are known and % of the device's bandwidth."""
+    if row.get("gb_per_s") is None:
+        return "-"
+    pct = row.get("percent_of_bandwidth")
+    return f"{row['gb_per_s']:,.0f}{unit}" + (f" ({pct:.0f}%)" if pct is not None else "")
+
+
+def _rate(k):
+    """A kernel's achieved rate: TFLOP/s where its FLOPs are known, else GB/s where its bytes are; or `-`."""
+    return _tflops(k, " TFLOP/s") if k.get("flops") else _bandwidth(k, " GB/s")
+
+
+def _lines(s, shown=MAX_LINES):
+    """Section 1b: the step by source line (profiling/profile/lines.py), a fused kernel's lines shown together."""
+    table = s.get("lines")
+    if not table:
+        return []
+    title = "### Lines of train.py"
+    if table.get("missing"):
+        return ["", title, f"not available: {table['missing']}"]
+    step = s["step_ms"]
+    rows = [[_cell(_where(r)), f"`{_code(_line_text(r))}`", _ms(r["forward_ms"]), _ms(r["backward_ms"]),
+             _ms(r["ms_per_step"]), _pct(r["ms_per_step"], step)] for r in table["rows"][:shown]]
+    head = ["line", "code", "forward ms", "backward ms", "ms/step", "% of step"]
+    what = "operator time" if s.get("kind") == "cpu" else "device time"
+    out = ["", f"{title} (top {len(rows)} of {table['rows_total']} by ms/step)",
+           _table(head, rows) if rows else "(none)", "",
+           f"{_share(table['placed_percent'])}% of {what} placed on source lines ({_ms(table['placed_ms'])} "
+           f"ms/step, {table['graphs']} compiled graphs); a fused kernel counts once, against all its lines"]
+    if len(table.get("files") or {}) > 1:
+        out.append("by file: " + ", ".join(f"{f} {_ms(ms)} ms" for f, ms in table["files"].items()))
+    return out + _unplaced_lines(table)
+
+
+def _unplaced_lines(table):
+    """One line: the time not placed on a line, by reason, the largest operators of each."""
+    if not table.get("unplaced"):
+        return []
+    by_reason = {}
+    for u in table["unplaced"]:
+        by_reason.setdefault(u["reason"], []).append(f"`{_code(u['name'])}` {_ms(u['ms_per_step'])} ms")
+    reasons = "; ".join(f"{_cell(reason)}: " + ", ".join(names) for reason, names in by_reason.items())
+    return [f"not placed: {_ms(table['unplaced_ms'])} ms/step; {reasons}"]
+
+
+def _where(row, width=LINE_WHERE):
+    """`train.py:427`, or `train.py:426-427, fused`; a long group cut to its first lines and a count."""
+    where = row["where"]
+    if len(where) > width:
+        where = where[:width].rsplit(",", 1)[0] + f",... ({len(row['lines'])} lines)"
+    return where + (", fused" if row["fused"] else "")
+
+
+def _line_text(row, width=LINE_TEXT):
+    text = " · ".join(x["text"] for x in row["lines"] if x["text"])
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _region_notes(table, step):
+    """One line per note, shape split (over 0.1% of the step), the unplaced parameters, and each reason for
+    unattributed time."""
+    lines = [f"note: {n}" for n in table.get("notes", [])]
+    if (table.get("moved_to_backward_ms") or 0.0) >= 1e-3 * step:
+        lines.append(f"backward work run inside the compiled forward (gradient GEMMs the compiler moved there): "
+                     f"{_ms(table['moved_to_backward_ms'])} ms/step, counted as backward")
+    lines += [f"shared shape {_shape(x['shape'])}: {_ms(x['ms_per_step'])} ms/step split by parameter count, "
+              + ", ".join(f"{r} {c}" for r, c in x["parameters"].items())
+              for x in table.get("shared_shapes", [])[:3] if x["ms_per_step"] >= 1e-3 * step]
+    if table.get("unplaced_parameters"):
+        lines.append(f"parameters of no known region ({table['unplaced_parameters_total']}): "
+                     + _names(table["unplaced_parameters"]))
+    by_reason = {}
+    for u in table.get("unattributed", []):
+        by_reason.setdefault(u["reason"], []).append(f"`{_code(u['name'])}` {_ms(u['ms_per_step'])} ms")
+    lines += [f"unattributed ({_cell(reason)}): " + ", ".join(names) for reason, names in by_reason.items()]
+    return lines
+
+
+def _kernels(s, top):
+    what = "CPU ops (self time)" if s.get("kind") == "cpu" else "kernels"
+    shown = s["kernels"][:top]
+    roof = bool(shown) and "flops" in shown[0]
+    rows = [[str(i), f"`{_code(k['name'])}`", k["category"], _ms(k["ms_per_step"]),
+             f"{k['pct_of_step']:.1f}", _calls(k["calls_per_step"])] + ([_rate(k)] if roof else [])
+            for i, k in enumerate(shown, 1)]
+    head = ["#", "op" if s.get("kind") == "cpu" else "kernel", "category", "ms/step", "% of step", "calls/step"] \
+        + (["achieved (% of peak)"] if roof else [])
+    title = f"## 2. Top {len(shown)} {what} per step (of {s.get('kernels_total', len(s['kernels']))})"
+    return [title, _table(head, rows) if rows else "(none)"]
+
+
+def _checks(s):
+    rows = [[_cell(c["name"]), "ok" if c["ok"] else "FAILED", _cell(c["detail"])] for c in s.get("checks", [])]
+    return ["## 3. Checks", _table(["check", "result", "detail"], rows)]
+
+
+def _changes(d):
+    step = d["step_ms"]
+    title = f"## 4. Changes since the previous profile ({d['previous_commit'] or '?'} -> " \
+            f"{d['current_commit'] or '?'})"
+    moved = f"({step['change_ms']:+.2f} ms{_signed_pct(step['change_pct'])})"
+    lines = [title, f"step: {_ms(step['previous'])} -> {_ms(step['current'])} ms/step {moved}"]
+    lines += [f"note: {n}" for n in d.get("notes", [])]
+    rows = [[_cell(f"category: {c['name']}"), _ms(c["previous"]), _ms(c["current"]), f"{c['change_ms']:+.2f}"]
+            for c in d["categories"][:5] if round(c["change_ms"], 2) != 0]
+    rows += [[_cell(f"region: {r['name']}"), _ms(r["previous"]), _ms(r["current"]), f"{r['change_ms']:+.2f}"]
+             for r in d.get("regions", [])[:5] if round(r["change_ms"], 2) != 0]
+    rows += [[f"kernel: `{_code(k['name'])}`", _ms(k["previous"]), _ms(k["current"]), f"{k['change_ms']:+.2f}"]
+             for k in d["kernels"] if round(k["change_ms"], 2) != 0]
+    if rows:
+        lines += ["", _table(["what", "before ms/step", "now ms/step", "change ms/step"], rows)]
+    else:
+        lines.append("no category or kernel moved by 0.01 ms/step or more")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------------------
+
+def _table(headers, rows):
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _ms(x):
+    if x is None:
+        return "n/a"
+    return f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.3f}"
+
+
+def _pct(ms, step):
+    return f"{100 * ms / step:.1f}" if step else "n/a"
+
+
+def _signed_pct(p):
+    return "" if p is None else f", {p:+.1f}%"
+
+
+def _share(pct):
+    """A percentage with one decimal that never rounds a shortfall up to 100.0."""
+    text = f"{pct:.1f}"
+    return ">99.9" if text == "100.0" and pct < 100 else text
+
+
+def _shape(shape):
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _num(x, fmt):
+    return format(x, fmt)
+
+
+def _calls(x):
+    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+
+
+def _cell(text):
+    """Text safe inside a Markdown table cell: one line, pipes escaped."""
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+
+def _code(text):
+    """Text safe inside a `code span` inside a table cell."""
+    return _cell(text).replace("`", "'")
+
+
+def _names(names, limit=3):
+    shown = ", ".join(f"`{_code(n)}`" for n in names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")

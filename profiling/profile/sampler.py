@@ -1,0 +1,115 @@
+"""What the host was doing while the GPU waited: a sampler of the main thread's Python stack. Stdlib only.
+
+Scalene and py-spy find where a program spends its time by looking at its stack every few milliseconds
+instead of tracing every call; this does the same for the profiled steps, from a daemon thread inside the
+process (`sys._current_frames`), so it needs no extra tool or permission. The capture starts it for the
+active steps and calls `step(i)` as each one begins; each sample is kept as (step, microseconds since that
+step began, stack id), which the findings place on the trace's timeline from the ProfilerStep windows, on
+any machine, later.
+
+    sampler = StackSampler()           # samples the thread that creates it
+    sampler.start()
+    for i in range(steps):
+        sampler.step(i)                # before each profiled step
+        ...
+    sampler.stop()
+    data = sampler.result()            # plain JSON data: interval_ms, stacks, samples (see `result`)
+
+Cost: one sample walks the main thread's frames under the GIL, about 10-30 us; at the default 2 ms that is
+about 1% of a busy host thread, measured as the profiled-vs-unprofiled step check (profiling/profile/summary.py).
+"""
+import linecache
+import os
+import sys
+import threading
+import time
+
+INTERVAL_S = 0.002   # 500 samples a second: a 1 ms wait is seen about every other time
+MAX_FRAMES = 12      # frames kept per sample
+INNERMOST = 3        # innermost frames kept whatever their file; further out, only the project's own
+MAX_TEXT = 100       # characters of a source line kept
+
+
+def frame_label(code_file, line, function, root):
+    """`file:line function`: a file inside `root` (not an installed package) relative to it, an installed
+    package's file from its package folder (`torch/nn/modules/linear.py`), else the last two parts."""
+    path = os.path.abspath(code_file)
+    parts = path.split(os.sep)
+    if "site-packages" in parts:
+        name = "/".join(parts[len(parts) - parts[::-1].index("site-packages"):])
+    elif path.startswith(root + os.sep):
+        name = os.path.relpath(path, root)
+    else:
+        name = "/".join(parts[-2:]) if code_file.startswith(os.sep) else code_file
+    return f"{name}:{line} {function}".strip()
+
+
+def is_own(code_file, root):
+    """True for the project's own files (train.py, prepare.py, ...), not installed packages."""
+    path = os.path.abspath(code_file)
+    return path.startswith(root + os.sep) and "site-packages" not in path.split(os.sep)
+
+
+class StackSampler:
+    """Samples one thread's Python stack every `interval` seconds between start() and stop()."""
+
+    def __init__(self, interval=INTERVAL_S, thread_id=None, root=None):
+        self.interval = interval
+        self.thread_id = thread_id if thread_id is not None else threading.get_ident()
+        self.root = os.path.abspath(root or os.getcwd())
+        self.stacks, self.ids, self.samples, self.texts, self.own = [], {}, [], {}, set()
+        self.current = None           # (step, perf_counter at its start)
+        self._stop = threading.Event()
+        self._thread = None
+
+    def step(self, index):
+        """Mark the start of profiled step `index` (0 = the first one recorded)."""
+        self.current = (index, time.perf_counter())
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name="autoresearch-stack-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            current = self.current
+            frame = sys._current_frames().get(self.thread_id)
+            if current is None or frame is None:
+                continue
+            at = time.perf_counter()
+            self.samples.append([current[0], round((at - current[1]) * 1e6), self._stack_id(frame)])
+            del frame
+
+    def _stack_id(self, frame):
+        """The id of this stack: its INNERMOST frames, then the project's own frames further out."""
+        labels, depth = [], 0
+        while frame is not None and len(labels) < MAX_FRAMES:
+            code = frame.f_code
+            own = is_own(code.co_filename, self.root)
+            if depth < INNERMOST or own:
+                label = frame_label(code.co_filename, frame.f_lineno, code.co_name, self.root)
+                if own:
+                    self.own.add(label)
+                if label not in self.texts:
+                    self.texts[label] = linecache.getline(code.co_filename, frame.f_lineno).strip()[:MAX_TEXT]
+                labels.append(label)
+            frame, depth = frame.f_back, depth + 1
+        key = tuple(labels)
+        if key not in self.ids:
+            self.ids[key] = len(self.stacks)
+            self.stacks.append(labels)
+        return self.ids[key]
+
+    def result(self):
+        """{"interval_ms", "stacks": [[frame label, innermost first]], "samples": [[step, us, stack id]],
+        "lines": {frame label: its source line}, "own": [labels of the project's own files]}: plain data for
+        the trace metadata."""
+        used = {label for stack in self.stacks for label in stack}
+        return {"interval_ms": self.interval * 1e3, "stacks": self.stacks, "samples": self.samples,
+                "lines": {label: text for label, text in self.texts.items() if label in used and text},
+                "own": sorted(self.own & used)}

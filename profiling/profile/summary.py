@@ -1,0 +1,409 @@
+"""Pure: a torch.profiler Chrome trace -> a per-step summary (plain data). Stdlib only, never torch.
+
+    trace = load_trace("trace.json.gz")      # gzip or plain; bad input -> UserError (one line)
+    s = summarize(trace)                     # dict: steps, step_ms, idle_ms, categories, kernels, checks
+    d = diff(previous_summary, s)            # what moved since the previous profile
+
+How the numbers are made (so they add up and can be trusted):
+
+- Steps are the `ProfilerStep#N` CPU windows. Each device event (kernel, memcpy, memset) belongs to the
+  step whose CPU window contains its launch (the cuda_runtime/cuda_driver event with the same
+  `correlation`), whatever thread launched it. Device events launched before the profiled steps (warm-up
+  work still running, whose launch was never recorded: correlation below every recorded launch) or
+  outside every step window are not counted; they are reported in the checks.
+- Step time is measured on the GPU timeline: a step runs from its first device event to the next step's
+  first device event (the last step: to its last device event). So steps tile the timeline, and the gap
+  while the GPU waits is idle of the step before it.
+  `step_ms` is the mean over the profiled steps.
+- Per step: categories = the summed device time of its events by category (classify.py has the rules;
+  events launched inside an annotation window whose name starts with "optimizer"/"Optimizer." -- torch's
+  own `Optimizer.step#...` and `Optimizer.zero_grad#...` or a `record_function("optimizer")` -- count as
+  optimizer); idle = step time minus the union of its busy intervals; `overlap` (zero or negative) removes
+  time counted twice when kernels ran concurrently. categories + idle + overlap = step, exactly.
+- A trace without device events is a CPU profile: the same summary over CPU operators' self time
+  (kind "cpu"); step time is the ProfilerStep window; idle becomes "outside ops" (Python, data, waiting).
+
+The summary (plain JSON data; `render.to_json` writes it as is):
+    version, kind ("cuda" or "cpu"), device, torch, commit, tokens_per_step, tokens_per_second,
+    mfu_percent, peak_memory_mb, unprofiled_step_ms   header; None where unknown
+    steps, step_ms, step_ms_each                      profiled steps; mean and per-step ms
+    idle_ms, idle_percent, device_ms                  per step (device_ms: None for a CPU profile)
+    categories                                        part -> ms/step: GEMM, attention, other compute,
+                                                      optimizer, memory, other, idle ("outside ops" on
+                                                      CPU), overlap; they sum to step_ms
+    other_kernels                                     names of the kernels in "other"
+    kernels, kernels_total                            [{name, raw_name, category, ms_per_step,
+                                                      pct_of_step, calls_per_step, + the roofline fields}],
+                                                      ms/step descending (CPU profile: operators by self
+                                                      time, no roofline fields)
+    not_counted                                       device events left out, by reason
+    checks                                            [{name, ok, detail}]
+    findings                                          the causes that cost the most (profiling/profile/findings.py):
+                                                      [{kind, ms_per_step, pct_of_step, evidence, fix}]
+    regions                                           where the step goes in the model (profiling/profile/regions.py):
+                                                      rows [{region, forward_ms, backward_ms, ms_per_step,
+                                                      pct_of_step, + the roofline fields}] that sum to
+                                                      step_ms, attributed_percent, unattributed,
+                                                      shared_shapes, unplaced_parameters,
+                                                      moved_to_backward_ms (backward GEMMs run in a
+                                                      compiled forward, counted as backward)
+    roofline fields (device profiles; profiling/profile/roofline.py): flops and bytes per step, tflops_per_s and
+    percent_of_peak (FLOPs over the row's time), gb_per_s and percent_of_bandwidth (bytes over the time of
+    the kernels whose bytes are known); None where unknown
+    lines                                             the step by source line (profiling/profile/lines.py): rows
+                                                      [{where, lines: [{file, line, text}], fused, forward_ms,
+                                                      backward_ms, ms_per_step, pct_of_step, kernels,
+                                                      top_kernel}], rows_total, placed_percent, placed_ms,
+                                                      unplaced_ms, unplaced [{reason, name, ms_per_step}],
+                                                      files, graphs; or `missing` (why there is no table)
+
+The capture adds its measurements to the trace as a top-level key (`prof.add_metadata_json(META_KEY,
+json.dumps(meta))`); every field is optional and None means unknown:
+
+    "autoresearch": {
+        "version": 1,
+        "unprofiled_step_ms": 88.5,      # mean ms/step measured just before profiling, same process
+        "tokens_per_step": 131072,       # tokens processed per optimizer step
+        "device": "NVIDIA H100 80GB HBM3",
+        "torch": "2.11.0+cu130",
+        "commit": "6efc013",             # git commit of train.py (add "-dirty" when modified)
+        "peak_memory_mb": 45060.2,       # torch.cuda.max_memory_allocated() / 2**20 over the run
+        "mfu_percent": 36.1,             # from the unprofiled step time
+        "flops_per_step": 3.2e14,        # model FLOPs per step (used for MFU when mfu_percent is absent)
+        "peak_flops": 9.895e14,          # device peak FLOP/s (bf16 dense), None when unknown
+        "warmup_steps": 2, "active_steps": 5,
+        "parameters": {"blocks.0.mlp.c_fc.weight": [2048, 512], ...}, # name -> shape: the region table
+        "micro_batches": 2,              # forward/backward passes per optimizer step
+        "host_samples": {...},           # the main thread's Python stack every 2 ms (profiling/profile/sampler.py)
+        "syncs": [{"where": "train.py:702", "line": "...", "count": 10}],  # CUDA sync debug mode's warnings
+        "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8},
+        "provenance": {"frames", "stacks", "graphs": [...]}  # source lines of the compiled kernels
+                                         # (profiling/profile/provenance.py), None when not recorded
+    }
+"""
+from profiling.errors import UserError
+from profiling.profile import findings, hardware, kernel_match, lines, regions, roofline
+from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
+from profiling.profile.timeline import Timeline
+from profiling.profile.traceio import (
+    attribute,
+    check_content,
+    check_events,
+    check_trace,
+    corr,
+    find,
+    index,
+    load_trace,
+    num,
+    read_json,
+    self_times,
+    step_windows,
+    union_length,
+)
+
+__all__ = ["META_KEY", "check_trace", "diff", "load_summary", "load_trace", "summarize"]
+
+VERSION = 1
+META_KEY = "autoresearch"
+STEP_TOLERANCE = 0.03   # profiled vs unprofiled step time
+OTHER_LIMIT = 0.01      # at most this share of device time may stay uncategorised
+LAUNCH_WORDS = ("launch", "memcpy", "memset")  # runtime calls that must produce a device event
+
+
+def load_summary(path):
+    """A summary from a file holding either a summary (JSON, as `research profile --json` writes) or a trace."""
+    data = read_json(path)
+    if isinstance(data, dict) and "step_ms" in data and "kernels" in data:
+        return data
+    check_trace(data, source=str(path))
+    return summarize(data)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Device (GPU) profile
+# ---------------------------------------------------------------------------------------------------------
+
+def _device_tables(ix, per_step, windows):
+    """Per-step means: categories (with idle and overlap), busy; per-kernel totals; each event's category."""
+    n, opt_starts = len(per_step), [w[0] for w in ix.optimizer]
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    rows, busy, counts, labels = {}, 0.0, [], []
+    for evs in per_step:
+        counts.append(len(evs))
+        labels.append([])
+        busy += union_length([(e["ts"], e["ts"] + e["dur"]) for e, _ in evs])
+        for e, launch in evs:
+            in_opt = find(ix.optimizer, opt_starts, launch["ts"]) is not None
+            cat = classify_kernel(str(e.get("name", "")), str(e.get("cat", "")).lower(), in_opt)
+            labels[-1].append(cat)
+            cats[cat] += e["dur"]
+            row = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0])
+            row[0] += e["dur"]
+            row[1] += 1
+    step_us = sum(end - start for start, end in windows)
+    device_us = sum(cats.values())
+    cats = {k: v / n / 1e3 for k, v in cats.items()}
+    cats["idle"] = (step_us - busy) / n / 1e3
+    cats["overlap"] = (busy - device_us) / n / 1e3
+    return cats, rows, counts, labels
+
+
+def _kernel_rows(rows, n, step_ms, readable=True):
+    """The kernel (or CPU op) table: unique readable names, by ms/step descending."""
+    order = sorted(rows, key=lambda key: (-rows[key][0], key))
+    raws = list(dict.fromkeys(raw for raw, _ in order))
+    names = unique_names(raws) if readable else {raw: raw for raw in raws}
+    split = {raw for raw in raws if sum(1 for r, _ in order if r == raw) > 1}
+    table = []
+    for raw, cat in order:
+        total, calls = rows[(raw, cat)]
+        ms = total / n / 1e3
+        table.append({
+            "name": names[raw] + (f" ({cat})" if raw in split else ""), "raw_name": raw, "category": cat,
+            "ms_per_step": _r(ms), "pct_of_step": _r(100 * ms / step_ms if step_ms else 0.0),
+            "calls_per_step": _r(calls / n),
+        })
+    return table
+
+
+def _kernel_work(kernels, tl, work, n, peaks):
+    """Adds the roofline fields (profiling/profile/roofline.py) to each kernel row, from each event's work."""
+    sums = {}
+    for evs, cats, done in zip(tl.per_step, tl.labels, work):
+        for (e, _), cat, (flops, nbytes) in zip(evs, cats, done):
+            acc = sums.setdefault((str(e.get("name", "")), cat), [None, None, 0.0])
+            if flops:
+                acc[0] = (acc[0] or 0.0) + flops
+            if nbytes:
+                acc[1], acc[2] = (acc[1] or 0.0) + nbytes, acc[2] + e["dur"]
+    for k in kernels:
+        flops, nbytes, bytes_us = sums.get((k["raw_name"], k["category"]), (None, None, 0.0))
+        k.update(roofline.rates(flops and flops / n, k["ms_per_step"] * 1e3, nbytes and nbytes / n, bytes_us / n,
+                                *peaks))
+
+
+def _summarize_device(ix, meta):
+    if not ix.launches:
+        raise UserError("trace has device events but no CUDA runtime/driver launch events; record with "
+                        "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
+    per_step, out = attribute(ix)
+    windows = step_windows(per_step, ix.steps)
+    n = len(per_step)
+    cats, rows, counts, labels = _device_tables(ix, per_step, windows)
+    each = [(end - start) / 1e3 for start, end in windows]
+    step_ms = sum(each) / n
+    kernels = _kernel_rows(rows, n, step_ms)
+    tl = Timeline(ix, per_step, windows, labels, meta)
+    work = roofline.work(tl)
+    moved = regions.moved_to_backward(tl, regions.Parameters(meta.get("parameters")))
+    peaks = (meta.get("peak_flops") or hardware.peak_flops(meta.get("device")), hardware.peak_bandwidth(meta.get("device")))
+    _kernel_work(kernels, tl, work, n, peaks)
+    s = _header("cuda", meta, n, step_ms, each)
+    s.update(idle_ms=_r(cats["idle"]), idle_percent=_r(100 * cats["idle"] / step_ms if step_ms else 0.0),
+             device_ms=_r(sum(cats[c] for c in CATEGORIES)), categories={k: _r(v) for k, v in cats.items()},
+             other_kernels=[k["name"] for k in kernels if k["category"] == "other"],
+             kernels=kernels, kernels_total=len(kernels),
+             not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
+                          "bogus_timestamps": len(out["bogus"])},
+             regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}, work, peaks,
+                                          moved),
+             lines=lines.device_table(tl, ix.graph_calls, meta, step_ms, moved))
+    s["findings"] = findings.diagnose(tl, s)
+    s["checks"] = [
+        _check_counts(counts, "device events"),
+        _check_step_time(step_ms, meta),
+        _check_bogus(out["bogus"]),
+        _check_unlaunched(out),
+        _check_launches(ix, out["seen"]),
+        _check_coverage(cats, s["other_kernels"]),
+    ]
+    return s
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU profile (no device events)
+# ---------------------------------------------------------------------------------------------------------
+
+def _summarize_cpu(ix, meta):
+    starts, opt_starts = [s[0] for s in ix.steps], [w[0] for w in ix.optimizer]
+    n = len(ix.steps)
+    cats, rows, counts = dict.fromkeys(CATEGORIES, 0.0), {}, [0] * n
+    tops, placed = [[] for _ in range(n)], []
+    for e, self_us, top in self_times(ix.cpu_ops):
+        k = find(ix.steps, starts, e["ts"])
+        if k is None:
+            continue
+        cat = classify_cpu_op(str(e.get("name", "")), find(ix.optimizer, opt_starts, e["ts"]) is not None)
+        cats[cat] += self_us
+        placed.append((e, self_us, cat))
+        row = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0])
+        row[0] += self_us
+        row[1] += 1
+        counts[k] += 1
+        if top:
+            tops[k].append((e["ts"], e["ts"] + e["dur"]))
+    each = [(end - start) / 1e3 for start, end, _ in ix.steps]
+    step_ms = sum(each) / n
+    busy = sum(union_length(t) for t in tops) / n / 1e3
+    ops_ms = sum(cats.values()) / n / 1e3
+    cats = {k: v / n / 1e3 for k, v in cats.items()}
+    cats["outside ops"], cats["overlap"] = step_ms - busy, busy - ops_ms
+    s = _header("cpu", meta, n, step_ms, each)
+    s.update(idle_ms=_r(cats["outside ops"]),
+             idle_percent=_r(100 * cats["outside ops"] / step_ms if step_ms else 0.0),
+             device_ms=None, categories={k: _r(v) for k, v in cats.items()}, other_kernels=[],
+             kernels=_kernel_rows(rows, n, step_ms, readable=False), kernels_total=len(rows),
+             not_counted={}, findings=[], regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}),
+             lines=lines.cpu_table(ix, placed, meta, step_ms))
+    s["checks"] = [_check_counts(counts, "CPU ops"), _check_step_time(step_ms, meta)]
+    return s
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Header, checks, entry points
+# ---------------------------------------------------------------------------------------------------------
+
+def _r(x):
+    return None if x is None else round(float(x), 4)
+
+
+def _metadata(trace):
+    meta = trace.get(META_KEY)
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    props = trace.get("deviceProperties")
+    if not meta.get("device") and isinstance(props, list) and props and isinstance(props[0], dict):
+        meta["device"] = props[0].get("name")
+    return meta
+
+
+def _header(kind, meta, n, step_ms, each):
+    tokens = meta.get("tokens_per_step")
+    mfu = meta.get("mfu_percent")
+    flops, peak = meta.get("flops_per_step"), meta.get("peak_flops")
+    if mfu is None and num(flops) and num(peak) and peak > 0 and step_ms > 0:
+        mfu = 100 * flops / (step_ms / 1e3) / peak
+    return {
+        "version": VERSION, "kind": kind, "device": meta.get("device") or ("CPU" if kind == "cpu" else None),
+        "torch": meta.get("torch"), "commit": meta.get("commit"), "tokens_per_step": tokens,
+        "tokens_per_second": _r(tokens / (step_ms / 1e3)) if num(tokens) and step_ms > 0 else None,
+        "mfu_percent": _r(mfu) if num(mfu) else None, "peak_memory_mb": meta.get("peak_memory_mb"),
+        "unprofiled_step_ms": meta.get("unprofiled_step_ms"),
+        "steps": n, "step_ms": _r(step_ms), "step_ms_each": [_r(x) for x in each],
+    }
+
+
+def _check(name, ok, detail):
+    return {"name": name, "ok": bool(ok), "detail": detail}
+
+
+def _check_counts(counts, what):
+    if len(set(counts)) <= 1:
+        return _check(f"{what} per step", True, f"{counts[0] if counts else 0} in each of {len(counts)} steps")
+    return _check(f"{what} per step", False, "differ across steps: " + ", ".join(map(str, counts)))
+
+
+def _check_step_time(step_ms, meta):
+    ref = meta.get("unprofiled_step_ms")
+    name = "profiled vs unprofiled step time"
+    if not num(ref) or ref <= 0:
+        return _check(name, True, f"not measured (no {META_KEY}.unprofiled_step_ms in the trace)")
+    change = step_ms / ref - 1
+    return _check(name, abs(change) <= STEP_TOLERANCE, f"{step_ms:.2f} ms profiled vs {ref:.2f} ms "
+                  f"unprofiled ({100 * change:+.1f}%, limit ±{100 * STEP_TOLERANCE:.0f}%)")
+
+
+def _check_bogus(bogus):
+    if not bogus:
+        return _check("bogus timestamps", True, "none")
+    e, reason = bogus[0]
+    return _check("bogus timestamps", False, f"{len(bogus)} device events ignored, e.g. "
+                  f"{str(e.get('name', ''))[:60]!r}: {reason} (pytorch/pytorch#192021)")
+
+
+def _check_unlaunched(out):
+    skipped = f"not counted: {out['before']} launched before the profiled steps"
+    if out["outside"]:
+        skipped += f", {out['outside']} launched outside every ProfilerStep window"
+    if not out["unlaunched"]:
+        return _check("device events without a launch", True, f"none; {skipped}")
+    example = str(out["unlaunched"][0].get("name", ""))[:60]
+    return _check("device events without a launch", False,
+                  f"{len(out['unlaunched'])} (launch records dropped), e.g. {example!r}; {skipped}")
+
+
+def _check_launches(ix, seen):
+    starts = [s[0] for s in ix.steps]
+    missing = [e for c, e in ix.launches.items() if c not in seen
+               and any(w in str(e.get("name", "")).lower() for w in LAUNCH_WORDS)
+               and find(ix.steps, starts, e["ts"]) is not None]
+    if not missing:
+        return _check("launches without a device event", True, "none")
+    return _check("launches without a device event", False, f"{len(missing)} device records dropped, e.g. "
+                  f"{missing[0].get('name')} at correlation {corr(missing[0])}")
+
+
+def _check_coverage(cats, other_names):
+    device = sum(cats[c] for c in CATEGORIES)
+    share = cats["other"] / device if device else 0.0
+    detail = f"{100 * (1 - share):.1f}% of device time in named categories"
+    if other_names:
+        detail += "; other: " + ", ".join(other_names[:5]) + (" ..." if len(other_names) > 5 else "")
+    return _check("categories cover device time", share <= OTHER_LIMIT, detail)
+
+
+def summarize(trace, top=None):
+    """The per-step summary of a torch.profiler trace (plain data; see the module docstring).
+
+    `top` keeps only the first `top` kernel rows (`kernels_total` still counts all of them).
+    """
+    check_events(trace)
+    ix = index(trace["traceEvents"])
+    check_content(bool(ix.steps), bool(ix.device or ix.cpu_ops))
+    meta = _metadata(trace)
+    s = _summarize_device(ix, meta) if ix.device else _summarize_cpu(ix, meta)
+    if top is not None:
+        s["kernels"] = s["kernels"][:max(0, top)]
+    return s
+
+
+def _change(before, now):
+    before, now = before or 0.0, now or 0.0
+    return {"previous": _r(before), "current": _r(now), "change_ms": _r(now - before),
+            "change_pct": _r(100 * (now - before) / before) if before else None}
+
+
+def diff(previous, current, top=5):
+    """What changed between two summaries: step time, and the categories, regions and kernels that moved most.
+
+    Kernels are matched by category and name modulo the compile's numbering, never by their display name;
+    kernels that share a key are compared as one group (profiling/profile/kernel_match.py). Plain data.
+    """
+    notes = []
+    for key in ("kind", "device"):
+        if previous.get(key) != current.get(key):
+            notes.append(f"{key} differs: {previous.get(key)} -> {current.get(key)}; not comparable")
+    if previous.get("kernels_total", 0) > len(previous.get("kernels", [])):
+        notes.append("previous summary lists only its top kernels; others show as new")
+    names = list(dict.fromkeys(list(previous.get("categories", {})) + list(current.get("categories", {}))))
+    cats = [dict(name=c, **_change(previous["categories"].get(c), current["categories"].get(c)))
+            for c in names]
+    kernels = [dict(k, **_change(k["previous"], k["current"]))
+               for k in kernel_match.match(previous.get("kernels", []), current.get("kernels", []))]
+    renamed = sum(k["match"] == "renamed" for k in kernels)
+    if renamed:
+        notes.append(f"{renamed} kernel{'s' * (renamed > 1)} renamed by the recompile (another number, view "
+                     "or cast), matched by op list (profiling/profile/kernel_match.py)")
+    before, now = regions.by_region(previous), regions.by_region(current)
+    moved = [dict(name=r, **_change(before.get(r), now.get(r))) for r in now if before]
+
+    def by_size(row):
+        return -abs(row["change_ms"])
+
+    return {
+        "previous_commit": previous.get("commit"), "current_commit": current.get("commit"),
+        "step_ms": _change(previous.get("step_ms"), current.get("step_ms")),
+        "categories": sorted(cats, key=by_size),
+        "kernels": sorted(kernels, key=by_size)[:top],
+        "regions": sorted(moved, key=by_size),
+        "notes": notes,
+    }

@@ -1,0 +1,321 @@
+"""Reading torch.profiler Chrome traces: load and check a file, index its events in one pass, and give each
+device event to the step that launched it. Stdlib only.
+
+Bad input raises UserError with a one-line message (the CLI prints it and exits 2).
+"""
+import bisect
+import gzip
+import json
+
+from profiling.errors import UserError
+
+STEP_PREFIX = "ProfilerStep#"
+GRAPH_CALL_PREFIX = "## Call CompiledFxGraph "  # inductor's annotation around one call of a compiled graph
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+AUTOGRAD_OP = "autograd::engine::evaluate_function"  # the autograd engine runs a backward node
+MAX_CHAIN = 8           # operators around a launch looked at
+LAUNCH_SLACK_US = 1.0   # CPU and GPU clocks agree to better than this
+KNOWN_CATS = DEVICE_CATS | LAUNCH_CATS | {"cpu_op", "user_annotation", "gpu_user_annotation", "trace"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------
+
+def read_json(path):
+    """The JSON in a file, gzip or plain; UserError when unreadable or not JSON."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise UserError(f"{path}: not a valid gzip file ({e})") from None
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path}: not JSON ({reason}); expected a torch.profiler Chrome trace") from None
+
+
+def check_events(trace, source="trace"):
+    """Raise UserError unless `trace` is a dict with a traceEvents list."""
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise UserError(f"{source}: not a torch.profiler trace (no traceEvents list); "
+                        "export one with prof.export_chrome_trace(PATH)")
+
+
+def check_content(has_step, has_work, source="trace"):
+    """Raise UserError unless the trace has ProfilerStep markers and device events or CPU ops."""
+    if not has_step:
+        raise UserError(f"{source}: no ProfilerStep markers; profile with a schedule and call prof.step() "
+                        "once per training step")
+    if not has_work:
+        raise UserError(f"{source}: no device events and no CPU operators; nothing to summarize")
+
+
+def check_trace(trace, source="trace"):
+    """Raise UserError (one line) unless `trace` is a torch.profiler trace with steps and something to sum."""
+    check_events(trace, source)
+    has_step = has_work = False
+    for e in trace["traceEvents"]:
+        if not isinstance(e, dict):
+            continue
+        cat = str(e.get("cat", "")).lower()
+        if str(e.get("name", "")).startswith(STEP_PREFIX) and not cat.startswith("gpu_"):
+            has_step = True
+        elif cat in DEVICE_CATS or cat == "cpu_op":
+            has_work = True
+    check_content(has_step, has_work, source)
+
+
+def load_trace(path):
+    """Read a torch.profiler Chrome trace (gzip or plain JSON) and check it; bad input raises UserError."""
+    trace = read_json(path)
+    check_trace(trace, source=str(path))
+    return trace
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One pass over the events
+# ---------------------------------------------------------------------------------------------------------
+
+class Index:
+    """What the summary needs from a trace, found in one pass (see `index`)."""
+
+    def __init__(self):
+        self.steps = []        # (start, end, name), sorted by start
+        self.optimizer = []    # (start, end) of optimizer annotation windows, merged
+        self.launches = {}     # correlation -> launch event
+        self.device = []       # device events
+        self.cpu_ops = []
+        self.graph_calls = []  # `## Call CompiledFxGraph <key> ##` annotations (profiling/profile/lines.py)
+        self.span = None       # (start, end) of the recorded window
+
+
+def num(x):
+    """True for an int or float (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def corr(e):
+    """The CUPTI correlation id linking a launch to its device events, or None."""
+    args = e.get("args")
+    return args.get("correlation") if isinstance(args, dict) else None
+
+
+def index(events):
+    """One pass over the events: steps, optimizer windows, launches by correlation, device events, CPU ops."""
+    ix, optimizer, lo, hi = Index(), [], None, None
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat", ""), e.get("name", "")
+        if cat not in KNOWN_CATS:
+            cat = str(cat).lower()
+        if not isinstance(name, str):
+            name = str(name)
+        if cat in DEVICE_CATS:
+            ix.device.append(e)
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if not (num(ts) and num(dur)) or cat.startswith("gpu_"):
+            continue
+        if cat == "trace":
+            ix.span = (ts, ts + dur)
+            continue
+        lo, hi = (ts, ts + dur) if lo is None else (min(lo, ts), max(hi, ts + dur))
+        if cat in LAUNCH_CATS and corr(e) is not None:
+            ix.launches[corr(e)] = e
+        elif name.startswith(STEP_PREFIX):
+            ix.steps.append((ts, ts + dur, name))
+        elif name.lower().startswith("optimizer"):
+            optimizer.append((ts, ts + dur))
+        elif cat == "cpu_op":
+            ix.cpu_ops.append(e)
+        elif name.startswith(GRAPH_CALL_PREFIX):
+            ix.graph_calls.append(e)
+    ix.steps.sort()
+    ix.optimizer = merge(optimizer)
+    if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
+        ix.span = (lo, hi + max(hi - lo, 1e6))
+    return ix
+
+
+def merge(intervals):
+    """Sorted, disjoint (start, end) intervals covering the same time."""
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def union_length(intervals):
+    """Total time covered by (start, end) intervals, overlaps counted once."""
+    return sum(end - start for start, end in merge(intervals))
+
+
+def find(windows, starts, t):
+    """Index of the window (start, end, ...) containing time t, or None."""
+    i = bisect.bisect_right(starts, t) - 1
+    return i if i >= 0 and t <= windows[i][1] else None
+
+
+def self_times(ops):
+    """[(op, self_us, top_level)] with self time = duration minus direct children, per thread."""
+    by_thread = {}
+    for e in ops:
+        if num(e.get("ts")) and num(e.get("dur")):
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    result = []
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # [event, children_us]
+        for e in evs:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
+                result.append(_closed(stack.pop(), not stack))
+            if stack:
+                stack[-1][1] += e["dur"]
+            stack.append([e, 0.0])
+        while stack:
+            result.append(_closed(stack.pop(), not stack))
+    return result
+
+
+def _closed(entry, top_level):
+    e, children = entry
+    return e, max(0.0, e["dur"] - children), top_level
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Device events -> the steps that launched them
+# ---------------------------------------------------------------------------------------------------------
+
+def bogus(e, launch, span):
+    """Why a device event's timestamps cannot be true (pytorch/pytorch#192021), or None."""
+    ts, dur = e.get("ts"), e.get("dur")
+    if not (num(ts) and num(dur)):
+        return "no timestamp"
+    if ts <= 0:
+        return "zero timestamp"
+    if dur <= 0:
+        return "end before start" if dur < 0 else "zero duration"
+    if launch is not None and ts < launch["ts"] - LAUNCH_SLACK_US:
+        return "starts before its launch"
+    if span is not None and not span[0] <= ts <= span[1]:
+        return "starts outside the trace span"
+    if span is not None and dur > span[1] - span[0]:
+        return "longer than the whole trace"
+    return None
+
+
+def attribute(ix):
+    """Device events per step, by launch; plus what was not counted and why."""
+    starts = [s[0] for s in ix.steps]
+    first_launch = min((c for c in ix.launches if num(c)), default=None)
+    per_step = [[] for _ in ix.steps]
+    out = {"bogus": [], "unlaunched": [], "before": 0, "outside": 0, "seen": set()}
+    for e in ix.device:
+        c = corr(e)
+        launch = ix.launches.get(c)
+        reason = bogus(e, launch, ix.span)
+        out["seen"].add(c)
+        if reason:
+            out["bogus"].append((e, reason))
+        elif launch is None:
+            early = first_launch is not None and num(c) and c < first_launch
+            if early:
+                out["before"] += 1
+            else:
+                out["unlaunched"].append(e)
+        else:
+            k = find(ix.steps, starts, launch["ts"])
+            if k is None:
+                out["outside"] += 1
+            else:
+                per_step[k].append((e, launch))
+    return per_step, out
+
+
+def step_windows(per_step, steps):
+    """(start, end) of each step on the device timeline: from its first device event to the next step's first
+    (the last step: to its last device event), so steps tile the timeline. `steps`: the CPU step windows."""
+    firsts = [min(e["ts"] for e, _ in evs) if evs else None for evs in per_step]
+    windows = []
+    for k, evs in enumerate(per_step):
+        cpu_len = steps[k][1] - steps[k][0]
+        if not evs:
+            windows.append((0.0, cpu_len))
+            continue
+        last_end = max(e["ts"] + e["dur"] for e, _ in evs)
+        following = firsts[k + 1] if k + 1 < len(per_step) else None
+        # the last step ends with its last device event: its CPU window also holds the final synchronize,
+        # which waits for queued work and would inflate the step (a 330 ms step read as 569 ms on an H200)
+        end = max(following, last_end) if following is not None else last_end
+        windows.append((firsts[k], end))
+    return windows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Operators around a launch; forward or backward (profiling/profile/regions.py)
+# ---------------------------------------------------------------------------------------------------------
+
+def by_thread(ops):
+    """Operators (with timestamps, as `index` keeps them) per (pid, tid), sorted by start, outer first."""
+    threads = {}
+    for e in ops:
+        threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for evs in threads.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+    return threads
+
+
+def parents(threads):
+    """id(operator) -> the operator directly around it on its thread."""
+    parent = {}
+    for evs in threads.values():
+        stack = []
+        for e in evs:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack:
+                parent[id(e)] = stack[-1]
+            stack.append(e)
+    return parent
+
+
+def outer_names(op, parent, memo):
+    """The names of the operators around `op`, innermost first (at most MAX_CHAIN); memo: a dict to reuse."""
+    around = parent.get(id(op))
+    if around is None:
+        return ()
+    key = id(around)
+    if key not in memo:
+        memo[key] = ((str(around.get("name", "")),) + outer_names(around, parent, memo))[:MAX_CHAIN]
+    return memo[key]
+
+
+def backward_windows(threads):
+    """(pid, tid) -> (starts, merged windows) of the autograd engine's work on that thread."""
+    windows = {}
+    for key, evs in threads.items():
+        spans = merge([(e["ts"], e["ts"] + e["dur"]) for e in evs if str(e.get("name", "")).startswith(AUTOGRAD_OP)])
+        if spans:
+            windows[key] = ([s for s, _ in spans], spans)
+    return windows
+
+
+def is_backward(e, windows):
+    """True when event e (a launch or an operator) lies inside the autograd engine's work on its thread."""
+    found = windows.get((e.get("pid"), e.get("tid")))
+    if not found:
+        return False
+    i = bisect.bisect_right(found[0], e["ts"]) - 1
+    return i >= 0 and e["ts"] <= found[1][i][1]

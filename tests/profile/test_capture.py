@@ -1,0 +1,65 @@
+"""profiling.profile.capture on the CPU: a profile prints no profiler noise, and real messages still show.
+
+The noise, as torch 2.11 printed it on every run: torch.profiler's UserWarning "Profiler clears events at
+the end of each cycle" (a schedule was given), and on a machine without a GPU kineto's line
+`ERROR:<time> <pid>:<tid> DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 35`. Both come once
+per process, so the capture runs in a fresh one.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NOISE = ("Profiler clears events", "gpuGetDeviceCount")
+
+CAPTURE = textwrap.dedent("""
+    import os, warnings
+    import torch
+    from profiling.profile import capture
+
+    x, calls = torch.randn(64, 64), []
+
+    def step():
+        calls.append(x @ x)
+        if len(calls) == 3:  # the last step: a real warning and a real error line from C code
+            warnings.warn("a real warning from the step")
+            os.write(2, b"ERROR: a real error from C code\\n")
+
+    trace, _ = capture.capture(step, warmup=1, active=2, metadata={})
+    assert any(e.get("name") == "ProfilerStep#1" for e in trace["traceEvents"])
+    print("captured")
+""")
+
+
+def test_a_cpu_profile_prints_no_profiler_noise_but_real_messages():
+    r = subprocess.run([sys.executable, "-c", CAPTURE], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "captured\n"
+    assert not [line for line in r.stderr.splitlines() if any(n in line for n in NOISE)], r.stderr
+    assert "UserWarning: a real warning from the step" in r.stderr
+    assert "ERROR: a real error from C code" in r.stderr
+
+
+def test_stderr_without_drops_only_the_matching_lines(capfd):
+    from profiling.profile.capture import NO_GPU_LINE, stderr_without
+    with stderr_without(NO_GPU_LINE):
+        os.write(2, b"ERROR:2026-11-23 11:26:10 6607:6607 DeviceProperties.cpp:48] gpuGetDeviceCount failed "
+                    b"with code 35\n")
+        os.write(2, b"ERROR:2026-11-23 11:26:10 6607:6607 output_json.cpp:12] could not write the trace\n")
+        print("from Python", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "gpuGetDeviceCount" not in err
+    assert "could not write the trace" in err and "from Python" in err
+
+
+def test_stderr_is_back_after_an_exception(capfd):
+    from profiling.profile.capture import NO_GPU_LINE, stderr_without
+    try:
+        with stderr_without(NO_GPU_LINE):
+            os.write(2, b"before the error\n")
+            raise ValueError("boom")
+    except ValueError:
+        pass
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "before the error\nafter\n"

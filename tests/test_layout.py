@@ -1,0 +1,67 @@
+"""profiling/'s two wings: the step profile and the research memory never import each other, and the
+package's imports have no cycle (read from the source, so a lazy import inside a function counts too)."""
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WINGS = ("profiling.profile", "profiling.research")
+
+
+def imports():
+    """{module: set of profiling modules it imports}, for every module under profiling/."""
+    graph = {}
+    for folder, _, files in os.walk(os.path.join(ROOT, "profiling")):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+            found = set()
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("profiling"):
+                    for alias in node.names:  # `from profiling.profile import summary` imports a module
+                        sub = f"{node.module}.{alias.name}"
+                        found.add(sub if os.path.exists(os.path.join(ROOT, *sub.split(".")) + ".py")
+                                  else node.module)
+                elif isinstance(node, ast.Import):
+                    found |= {a.name for a in node.names if a.name.startswith("profiling")}
+            graph[module] = found - {module}
+    return graph
+
+
+def wing(module):
+    return next((w for w in WINGS if module == w or module.startswith(w + ".")), None)
+
+
+def test_the_wings_do_not_import_each_other():
+    graph = imports()
+    assert {wing(m) for m in graph} == {None, *WINGS}
+    crossing = [(m, i) for m, deps in graph.items() for i in deps
+                if wing(m) and wing(i) and wing(i) != wing(m)]
+    assert crossing == []
+    # the shared top may be imported by both wings; only the CLI and train.py's runner import the wings
+    importers = {m for m, deps in graph.items() if wing(m) is None and any(wing(i) for i in deps)}
+    assert importers == {"profiling.cli", "profiling.runner"}
+
+
+def test_no_import_cycle():
+    graph = imports()
+    done, path = set(), []
+
+    def visit(m):
+        assert m not in path, " -> ".join(path[path.index(m):] + [m])
+        if m in done:
+            return
+        path.append(m)
+        for i in sorted(graph.get(m, ())):
+            visit(i)
+        path.pop()
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m)
+
+
+def test_top_level_stays_small():
+    top = [n for n in os.listdir(os.path.join(ROOT, "profiling")) if n.endswith(".py")]
+    assert len(top) <= 8, sorted(top)
