@@ -80,6 +80,52 @@ CASES = {
         ("slow_device",),
         [],
         "import torch\na = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\nwhile True:\n    a @ a\n"),
+    # issue #26: causes no rule was written for when they were planted
+    "eager_model": (
+        "the model left uncompiled (the optimizer's update functions stay compiled)",
+        ("eager_code", "over_bound"),
+        [("    forward = torch.compile(model, dynamic=False) if COMPILE else model\n",
+          "    forward = model  # planted: no torch.compile\n")],
+        None),
+    "eager_optimizer": (
+        "the optimizer's update functions left uncompiled",
+        ("eager_code", "over_bound"),
+        [("maybe_compile = torch.compile(dynamic=False, fullgraph=True) if COMPILE else (lambda f: f)\n",
+          "maybe_compile = lambda f: f  # planted: the optimizer runs eagerly\n")],
+        None),
+    "fp32_logits": (
+        "the loss as plain F.cross_entropy over float32 soft-capped logits (the reference path)",
+        ("fp32_intermediate", "over_bound"),
+        [("        return kernels.head_loss(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1), "
+          "reduction,\n                                 cap=SOFTCAP)\n",
+          ("        logits = SOFTCAP * torch.tanh(self.lm_head(x).float() / SOFTCAP)  # planted\n"
+           "        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), "
+           "reduction=reduction)\n"))],
+        None),
+    "sync_per_step": (
+        "the loss read with .item() once per step, before the optimizer step",
+        ("host_sync",),
+        [("        set_schedules(optimizer, step, progress)\n",
+          "        last_loss = loss.item()  # planted: one sync per step\n"
+          "        set_schedules(optimizer, step, progress)\n")],
+        None),
+    "odd_mlp_width": (
+        "the MLP's hidden width 4 x width + 1 instead of 4 x width (GEMMs on a misaligned shape)",
+        ("over_bound", "regression"),
+        [("        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)\n"
+          "        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)\n",
+          ("        hidden = 4 * config.n_embd + 1  # planted: not a multiple of 8\n"
+           "        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)\n"
+           "        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)\n"))],
+        None),
+    "checkpoint_blocks": (
+        "activation checkpointing around every block (its forward recomputed in the backward)",
+        ("regression", "over_bound"),
+        [("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.utils.checkpoint  # planted\n"),
+         ("            x = block(x, ve, cos_sin, self.masks[self.window_sizes[i]])\n",
+          ("            x = torch.utils.checkpoint.checkpoint(  # planted\n"
+           "                block, x, ve, cos_sin, self.masks[self.window_sizes[i]], use_reentrant=False)\n"))],
+        None),
 }
 
 
