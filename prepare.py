@@ -657,31 +657,57 @@ def best_fit_rows(token_batches, B, row_len, buffer_size=1000):
         yield np.array(flat, dtype=np.int64).reshape(B, row_len), epoch
 
 
-def _to_device(rows, device):
-    rows = torch.from_numpy(rows)
-    if device.type == "cuda":
-        # Fresh pinned memory every batch: torch's caching host allocator does not hand it out again until
-        # the async copy reading it is done, so filling the next batch can't race the GPU.
-        host = torch.empty((2, rows.shape[0], rows.shape[1] - 1), dtype=torch.long, pin_memory=True)
-        host[0].copy_(rows[:, :-1])
-        host[1].copy_(rows[:, 1:])
-        dev = host.to(device, non_blocking=True)
-        return dev[0], dev[1]
-    return rows[:, :-1].contiguous().to(device), rows[:, 1:].contiguous().to(device)
-
-
-def make_dataloader(tokenizer, B, T, split, device="cpu", buffer_size=1000, dataset=None, cache=None):
-    """Endless (inputs, targets, epoch): LongTensors [B, T] on `device`, every row starting with BOS,
-    targets shifted by one within a row of T + 1 tokens. No padding. split is "train" or "val"."""
-    if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', not {split!r}")
-    device = torch.device(device)
+def packed_batches(tokenizer, B, T, split, dataset=None, cache=None, buffer_size=1000):
+    """Endless (pair, epoch): pair is a [2, B, T] int64 array, inputs then targets (shifted by one within a
+    row of T + 1 tokens). The loader's whole host work: read shards, tokenize, pack. Runs in its worker."""
     bos = tokenizer.get_bos_token_id()
     batches = document_batches(split, dataset, cache)
     token_batches = ((tokenizer.encode(texts, prepend=bos), epoch) for texts, epoch in batches)
     for rows, epoch in best_fit_rows(token_batches, B, T + 1, buffer_size):
-        inputs, targets = _to_device(rows, device)
-        yield inputs, targets, epoch
+        yield np.stack((rows[:, :-1], rows[:, 1:])), epoch
+
+
+class _Packed(torch.utils.data.IterableDataset):
+    """packed_batches for a DataLoader worker. A PrepareError becomes an item, so the main process raises it
+    with its own one-line message instead of the worker's traceback."""
+
+    def __init__(self, *args):
+        super().__init__()
+        self.args = args
+
+    def __iter__(self):
+        try:
+            yield from packed_batches(*self.args)
+        except PrepareError as e:
+            yield str(e), None
+
+
+LOADER_DEPTH = 4  # batches made ahead: the worker makes one in ~120-190 ms at B=128, T=2048 on 2 cores
+                  # (benchmarks/dataloader_results.md), a step consumes two in ~300 ms on an H100
+
+
+def make_dataloader(tokenizer, B, T, split, device="cpu", buffer_size=1000, dataset=None, cache=None):
+    """Endless (inputs, targets, epoch): LongTensors [B, T] on `device`, every row starting with BOS,
+    targets shifted by one within a row of T + 1 tokens. No padding. split is "train" or "val".
+
+    The batches are made ahead in one worker process (torch's DataLoader: reading, tokenizing and packing
+    hold the GIL in part, so a thread would compete with the training loop's kernel launches), LOADER_DEPTH
+    deep, and pinned in the background on CUDA; next() takes a ready batch and starts its copy. One worker,
+    so the order is packed_batches' exactly. The worker ends with the loader (or within seconds of its
+    parent's death)."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', not {split!r}")
+    device = torch.device(device)
+    context = "fork" if sys.platform == "linux" else None  # no re-import of train.py in the worker
+    loader = torch.utils.data.DataLoader(
+        _Packed(tokenizer, B, T, split, dataset, cache, buffer_size), batch_size=None, num_workers=1,
+        prefetch_factor=LOADER_DEPTH, pin_memory=device.type == "cuda", multiprocessing_context=context)
+    for pair, epoch in loader:
+        if epoch is None:
+            raise PrepareError(pair)
+        # pinned memory from torch's caching host allocator is not reused before the copy reading it is done
+        pair = pair.to(device, non_blocking=True)
+        yield pair[0], pair[1], epoch
 
 # ---------------------------------------------------------------------------
 # Evaluation (DO NOT CHANGE: this is the fixed metric)
