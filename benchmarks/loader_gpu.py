@@ -40,8 +40,8 @@ def before_tree(out, old_prepare):
     return tree
 
 
-def batch16_copy(tree):
-    path = os.path.join(tree, ".train_b16.py")
+def batch16_copy(tree, out, label):
+    path = os.path.join(out, f"train_b16_{label}.py")
     with open(os.path.join(tree, "train.py")) as f:
         source = f.read()
     assert source.count("DEVICE_BATCH_SIZE = 128 ") == 1, "train.py's DEVICE_BATCH_SIZE line changed"
@@ -126,8 +126,8 @@ def main():
         text += ["\n`train.py --profile`, new loader:\n", table(res["profiles"], keys)]
     if "batch16" in parts:
         steps = max(10, args.steps // 2)
-        res["batch16"] = [throughput(old, args.out, "b16-before", steps, batch16_copy(old)),
-                          throughput(ROOT, args.out, "b16-after", steps, batch16_copy(ROOT))]
+        res["batch16"] = [throughput(old, args.out, "b16-before", steps, batch16_copy(old, args.out, "before")),
+                          throughput(ROOT, args.out, "b16-after", steps, batch16_copy(ROOT, args.out, "after"))]
         text += ["\nDEVICE_BATCH_SIZE 16, unprofiled:\n", table(res["batch16"], ["label", "step_ms", "tokens_per_s", "mfu"])]
     with open(os.path.join(args.out, "loader_gpu.json"), "w") as f:
         json.dump(res, f, indent=2)
