@@ -6,7 +6,9 @@ On the active dataset of AUTORESEARCH_CACHE (8192-token tokenizer; `uv run prepa
 prepares one). First times the loader's host work alone (packed_batches: read, tokenize, pack) per batch,
 M ms. Then, for each loader, a consumer takes a batch and is busy `--busy` x M ms before the next: either
 holding the GIL (a pure-Python loop, as the training loop's kernel launches and autograd do) or asleep
-(GIL released). Reported: the mean wait in next() as a share of M. Loaders:
+(GIL released). Reported per batch, as shares of M: the mean wait in next(), and what the loader cost
+the consumer in all (its batch's wall time minus its busy work alone: the wait plus the time a thread's
+GIL use took from the Python loop). Loaders:
 
 - inline: the batches made on the consumer's thread (make_dataloader before issue #25);
 - thread: made ahead by a background thread, a queue LOADER_DEPTH deep (tokenizing releases the GIL,
@@ -52,25 +54,32 @@ def worker(tok, B, T):
     return prepare.make_dataloader(tok, B, T, "train")
 
 
-def busy(seconds, hold_gil):
-    if not hold_gil:
-        time.sleep(seconds)
-        return
+def spin(n):
+    """n iterations of a pure-Python loop: fixed work, so time taken from it by other threads shows."""
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+def calibrate(seconds):
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        pass
+    spin(1_000_000)
+    return int(1_000_000 * seconds / (time.perf_counter() - t0))
 
 
-def waits(loader, batches, busy_s, hold_gil):
+def waits(loader, batches, busy_s, spins):
+    """(mean wait in next(), mean cost per batch beyond the consumer's own work), in seconds."""
+    work = (lambda: spin(spins)) if spins else (lambda: time.sleep(busy_s))
     next(loader)  # start-up (a worker's fork, the first batch) is not the steady state
-    busy(busy_s, hold_gil)
-    total = 0.0
+    work()
+    waited, t_start = 0.0, time.perf_counter()
     for _ in range(batches):
         t0 = time.perf_counter()
         next(loader)
-        total += time.perf_counter() - t0
-        busy(busy_s, hold_gil)
-    return total / batches
+        waited += time.perf_counter() - t0
+        work()
+    return waited / batches, (time.perf_counter() - t_start) / batches - busy_s
 
 
 def main():
@@ -87,17 +96,18 @@ def main():
     for _ in range(args.batches):
         next(gen)
     make = (time.perf_counter() - t0) / args.batches
-    rows = []
+    rows, busy_s = [], args.busy * make
+    spins = calibrate(busy_s)
     for name, make_loader in (("inline", inline), ("thread", threaded), ("worker", worker)):
         for hold_gil in (True, False):
-            wait = waits(make_loader(tok, args.B, args.T), args.batches, args.busy * make, hold_gil)
+            wait, cost = waits(make_loader(tok, args.B, args.T), args.batches, busy_s, spins if hold_gil else 0)
             rows.append((name, "Python loop (GIL held)" if hold_gil else "sleep (GIL released)",
-                         f"{1e3 * wait:.1f}", f"{100 * wait / make:.0f}%"))
+                         f"{1e3 * wait:.1f}", f"{100 * wait / make:.0f}%", f"{100 * cost / make:.0f}%"))
     print(f"{platform.node() and 'this machine'}: {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"torch {torch.__version__}; B={args.B} T={args.T}; making one batch alone: {1e3 * make:.0f} ms; "
           f"consumer busy {args.busy:g}x that per batch; {args.batches} batches each\n")
-    print("| loader | consumer busy with | wait in next() ms | wait / making time |")
-    print("|---|---|---|---|")
+    print("| loader | consumer busy with | wait in next() ms | wait / making time | cost to the consumer / making time |")
+    print("|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
 
