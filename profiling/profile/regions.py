@@ -277,16 +277,17 @@ class Totals:
 
     def __init__(self, work=False):
         self.work = work   # whether FLOPs and bytes are counted (device profiles)
-        self.us, self.flops, self.bytes, self.bytes_us = {}, {}, {}, {}
+        self.us, self.flops, self.bytes, self.bytes_us, self.bound = {}, {}, {}, {}, {}
         self.unplaced = {}
         self.shared = {}
 
-    def add(self, us, placed, backward, name, flops=None, nbytes=None):
+    def add(self, us, placed, backward, name, flops=None, nbytes=None, bound=None):
         shares, reason, shared = placed
         phase = "backward" if backward else "forward"
         for region, f in shares:
             key = (region, phase if region in MODEL_REGIONS or region == "unattributed" else None)
             self.us[key] = self.us.get(key, 0.0) + us * f
+            self.bound[key] = self.bound.get(key, 0.0) + (us if bound is None else bound) * f
             if flops:
                 self.flops[key] = self.flops.get(key, 0.0) + flops * f
             if nbytes:
@@ -298,14 +299,15 @@ class Totals:
             self.shared[shared] = self.shared.get(shared, 0.0) + us
 
 
-def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), moved=None):
+def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), moved=None, bounds=None):
     """The region table of a device profile.
 
     tl: the trace's Timeline (profiling/profile/timeline.py: device events per step, operators by External id and by
     thread); categories: the step-budget category of each event, nested as tl.per_step; budget: the
     summary's step_ms and categories; work: each event's (FLOPs, bytes), nested as tl.per_step
     (profiling/profile/roofline.py), or None; peaks: the device's peak FLOP/s and bytes/s (None where unknown);
-    moved: `moved_to_backward`'s result, when the caller has it.
+    moved: `moved_to_backward`'s result, when the caller has it; bounds: each event's bound in us or None
+    (profiling/profile/bound.py), nested as tl.per_step, or None.
     """
     placer = Placer(Parameters(meta.get("parameters")))
     windows = backward_windows(tl.threads)
@@ -320,8 +322,9 @@ def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), mo
             backward = is_backward(launch, windows) or id(e) in moved
             moved_us += e["dur"] if id(e) in moved else 0.0
             flops, nbytes = work[k][i] if work else (None, None)
-            totals.add(e["dur"], placed, backward, name, flops, nbytes)
-    table = _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params, peaks)
+            totals.add(e["dur"], placed, backward, name, flops, nbytes, bounds[k][i] if bounds else None)
+    table = _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params, peaks,
+                   bounds is not None)
     table["moved_to_backward_ms"] = _r(moved_us / max(1, len(tl.per_step)) / 1e3)
     return table
 
@@ -410,7 +413,7 @@ def cpu_table(ix, placed_ops, meta, budget):
     return _table(totals, len(ix.steps), budget, "outside ops", gap, placer.params)
 
 
-def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None)):
+def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None), bounded=False):
     step = budget["step_ms"]
     rows = []
     for region in REGIONS:
@@ -422,12 +425,16 @@ def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None)):
             flops, nbytes, bytes_us = (sum(d.get(key, 0.0) for key in keys) / n
                                        for d in (totals.flops, totals.bytes, totals.bytes_us))
             row.update(roofline.rates(flops, (fwd + bwd + other) * 1e3, nbytes or None, bytes_us, *peaks))
+        if bounded:
+            row["bound_ms"] = _r(sum(totals.bound.get(key, 0.0) for key in keys) / n / 1e3)
         rows.append(row)
     device = sum(r["ms_per_step"] for r in rows)
     rows += [_row(gap_name, gap_ms, step), _row("overlap", budget["categories"]["overlap"], step)]
     if totals.work:
         for row in rows[-2:]:
             row.update(roofline.rates(None, None))
+    if bounded:  # the GPU waiting does no work: its bound is 0; overlap is counted once, as in the step
+        rows[-2]["bound_ms"], rows[-1]["bound_ms"] = 0.0, rows[-1]["ms_per_step"]
     unplaced = sorted(totals.unplaced.items(), key=lambda kv: -kv[1])
     unknown = params.unplaced()
     return {

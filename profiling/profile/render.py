@@ -34,6 +34,7 @@ REGION_LABELS = {
 SHOW_PERCENT = 1.0      # findings below this share of the step stay in the JSON only
 MAX_FINDINGS = 4        # at most this many in the Markdown (about 3 lines each)
 ROOF_HEADERS = ["TFLOP/s (% of peak)", "GB/s (% of peak)"]
+BOUND_HEADER = "bound ms"
 ROOF_NOTE = ("TFLOP/s: GEMM and attention FLOPs (from shapes) over the region's whole time; GB/s: the tensor bytes "
              "of its Triton kernels (each argument once: a floor) over their own time; rules: profiling/profile/roofline.py")
 MAX_LINES = 8           # source lines shown (summary.json `lines` keeps more)
@@ -92,8 +93,8 @@ def _findings(s, shown=MAX_FINDINGS):
         lines += [f"{i}. **{f['kind']}**: ~{_ms(f['ms_per_step'])} ms/step to gain ({f['pct_of_step']:.1f}% of the step)",
                   f"   evidence: {f['evidence']}", f"   fix: {f['fix']}"]
     if not big:
-        lines.append(f"No cause found costing {SHOW_PERCENT:g}% of the step or more (GPU idle "
-                     f"{s['idle_percent']:.1f}%): the step is the kernels' own time; see where it goes below.")
+        lines.append(f"No rule found a cause costing {SHOW_PERCENT:g}% of the step or more (GPU idle "
+                     f"{s['idle_percent']:.1f}%)" + _unexplained(s.get("bound")))
     if len(found) > len(big):
         lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
     lines += [f"note: {f['evidence']}" for f in s["findings"] if f["kind"] == "profiler_overhead"]
@@ -116,7 +117,27 @@ def _budget(s):
               if s.get("peak_memory_mb") is not None else "peak memory n/a"]
     if s.get("tokens_per_second"):
         extras.append(f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s")
-    return ["## 1. Step budget", _table(["part", "ms/step", "% of step"], rows), "", " · ".join(extras)]
+    return ["## 1. Step budget", _table(["part", "ms/step", "% of step"], rows), "", " · ".join(extras)] \
+        + _bound_line(s.get("bound"))
+
+
+def _unexplained(b):
+    """What the findings' silence leaves: the step over its bound, which no rule explains."""
+    if not b or not b.get("ms"):
+        return "; see where the step goes below."
+    return (f"; the step is {b['measured_ms'] / b['ms']:.2f}x its bound ({_ms(b['ms'])} ms, section 1): compare "
+            "the regions and lines below with the last good run's profile (--previous) to see what grew.")
+
+
+def _bound_line(b):
+    """The step's bound against its measured time (profiling/profile/bound.py), one line; none without one."""
+    if not b or not b.get("ms"):
+        return []
+    rate = f"{b['gemm_tflops_per_s']:.0f} TFLOP/s" if b.get("gemm_tflops_per_s") else "n/a"
+    return [f"bound {_ms(b['ms'])} ms, measured {_ms(b['measured_ms'])} ms ({b['measured_ms'] / b['ms']:.2f}x): the "
+            f"least time of the step's work: FLOPs at this trace's best GEMM rate ({rate}) and bytes at the peak "
+            f"bandwidth, kernel by kernel, GPU idle 0 ({_share(b['known_percent'])}% of device time has a known "
+            "work; rules: profiling/profile/bound.py)"]
 
 
 def _regions(s):
@@ -125,7 +146,7 @@ def _regions(s):
     if not table:
         return []
     step, body, fwd, bwd = s["step_ms"], [], 0.0, 0.0
-    roof = "flops" in table["rows"][0]
+    roof, bounded = "flops" in table["rows"][0], "bound_ms" in table["rows"][0]
     for row in table["rows"]:
         if row["region"] == "overlap" and abs(row["ms_per_step"]) < 1e-3 * step:
             continue  # as in the budget: timestamp noise
@@ -134,14 +155,17 @@ def _regions(s):
         body.append([_cell(REGION_LABELS.get(row["region"], row["region"])),
                      _ms(row["forward_ms"]) if split else "", _ms(row["backward_ms"]) if split else "",
                      _ms(row["ms_per_step"]), _pct(row["ms_per_step"], step)]
-                    + ([_tflops(row), _bandwidth(row)] if roof else []))
+                    + ([_tflops(row), _bandwidth(row)] if roof else [])
+                    + ([_ms(row["bound_ms"])] if bounded else []))
+    bound = (s.get("bound") or {}).get("ms")
     body.append(["**step**", f"**{_ms(fwd)}**", f"**{_ms(bwd)}**", f"**{_ms(step)}**", "**100.0**"]
-                + (["", ""] if roof else []))
+                + (["", ""] if roof else []) + ([f"**{_ms(bound)}**" if bound else ""] if bounded else []))
     what = "device time" if s.get("kind") != "cpu" else "operator time"
     basis = f"{table['parameters']} parameter shapes" if table["parameters"] else "no parameter shapes"
     placed = f"{_share(table['attributed_percent'])}% of {what} placed in a named region ({basis}; rules: " \
              "profiling/profile/regions.py)"
-    head = ["region", "forward ms", "backward ms", "ms/step", "% of step"] + (ROOF_HEADERS if roof else [])
+    head = ["region", "forward ms", "backward ms", "ms/step", "% of step"] + (ROOF_HEADERS if roof else []) \
+        + ([BOUND_HEADER] if bounded else [])
     lines = ["", "### Where the step goes in the model", _table(head, body), "", placed]
     if roof:
         measured = any(r.get("flops") or r.get("gb_per_s") is not None for r in table["rows"])

@@ -82,7 +82,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
     }
 """
 from profiling.errors import UserError
-from profiling.profile import findings, hardware, kernel_match, lines, regions, roofline
+from profiling.profile import bound, findings, hardware, kernel_match, lines, regions, roofline
 from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.timeline import Timeline
 from profiling.profile.traceio import (
@@ -198,6 +198,8 @@ def _summarize_device(ix, meta):
     moved = regions.moved_to_backward(tl, regions.Parameters(meta.get("parameters")))
     peaks = (meta.get("peak_flops") or hardware.peak_flops(meta.get("device")), hardware.peak_bandwidth(meta.get("device")))
     _kernel_work(kernels, tl, work, n, peaks)
+    rate = bound.best_gemm_rate(tl, work, peaks[0])
+    bounds = bound.event_bounds(tl, work, rate, peaks[1]) if peaks[1] else None
     s = _header("cuda", meta, n, step_ms, each)
     s.update(idle_ms=_r(cats["idle"]), idle_percent=_r(100 * cats["idle"] / step_ms if step_ms else 0.0),
              device_ms=_r(sum(cats[c] for c in CATEGORIES)), categories={k: _r(v) for k, v in cats.items()},
@@ -206,8 +208,10 @@ def _summarize_device(ix, meta):
              not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
                           "bogus_timestamps": len(out["bogus"])},
              regions=regions.device_table(tl, labels, meta, {"step_ms": step_ms, "categories": cats}, work, peaks,
-                                          moved),
+                                          moved, bounds),
              lines=lines.device_table(tl, ix.graph_calls, meta, step_ms, moved))
+    s["bound"] = _step_bound(tl, bounds, rate, s)
+    tl.bounds = bounds
     s["findings"] = findings.diagnose(tl, s)
     s["checks"] = [
         _check_counts(counts, "device events"),
@@ -223,6 +227,17 @@ def _summarize_device(ix, meta):
 # ---------------------------------------------------------------------------------------------------------
 # CPU profile (no device events)
 # ---------------------------------------------------------------------------------------------------------
+
+def _step_bound(tl, bounds, rate, s):
+    """The step's bound (profiling/profile/bound.py): the region rows' bounds summed, and what it rests on."""
+    if bounds is None:
+        return None
+    known = sum(e["dur"] for evs, row in zip(tl.per_step, bounds) for (e, _), b in zip(evs, row) if b is not None)
+    device = sum(e["dur"] for evs in tl.per_step for e, _ in evs)
+    return {"ms": _r(sum(r.get("bound_ms") or 0.0 for r in s["regions"]["rows"])), "measured_ms": s["step_ms"],
+            "gemm_tflops_per_s": _r(rate / 1e12) if rate else None,
+            "known_percent": _r(100 * known / device) if device else None}
+
 
 def _summarize_cpu(ix, meta):
     starts, opt_starts = [s[0] for s in ix.steps], [w[0] for w in ix.optimizer]

@@ -65,9 +65,14 @@ def test_a_clean_default_run_has_no_finding_of_5_percent(summaries):
                                   "h200-default-gpt-5steps", "h200-fused-gpt-5steps"])
 def test_traces_made_before_the_findings_still_work_and_stay_clean(name):
     """No stack samples, sync lines or micro-batch count in their metadata: the rules use the events alone.
-    These are default-config runs (FlexAttention in the H200 ones): nothing costs 5% of the step."""
+    These are default-config runs: no rule finds a cause costing 5% of the step. The H200 ones ran train.py's
+    FlexAttention, since replaced by cuDNN's kernels: there over_bound (the fallback when no rule fires) names
+    its attention kernels, 6-7x their bound, which is real lost time, not a false cause."""
     s = summarize(load_trace(os.path.join(DATA, f"{name}.trace.json.gz")))
-    assert all(f["ms_per_step"] < 0.05 * s["step_ms"] for f in s["findings"]), s["findings"]
+    ruled = [f for f in s["findings"] if f["kind"] != "over_bound"]
+    assert all(f["ms_per_step"] < 0.05 * s["step_ms"] for f in ruled), s["findings"]
+    over = [f for f in s["findings"] if f["kind"] == "over_bound"]
+    assert not over if name.startswith("h100") else "(attention)" in over[0]["evidence"]
 
 
 def test_host_sync_names_the_op_the_line_and_costs_the_idle_after_it(summaries):
@@ -170,7 +175,7 @@ def test_findings_come_first_and_stay_short(summaries):
 
 def test_a_clean_report_says_so(summaries):
     text = to_markdown(summaries("baseline"))
-    assert "No cause found costing 1% of the step or more" in text
+    assert "No rule found a cause costing 1% of the step or more" in text
 
 
 def test_research_profile_json_has_the_findings():

@@ -410,7 +410,7 @@ def test_report_region_table(h200):
     table = [[c.strip() for c in line.strip("|").split("|")] for line in lines[i + 1:] if line.startswith("|")]
     table = table[:table.index(next(r for r in table if r[0] == "**step**")) + 1]
     assert table[0] == ["region", "forward ms", "backward ms", "ms/step", "% of step", "TFLOP/s (% of peak)",
-                        "GB/s (% of peak)"]
+                        "GB/s (% of peak)", "bound ms"]
     body = table[2:-1]
     assert [r[0].split(" (")[0] for r in body] == ORDER + ["GPU idle"]
     assert sum(float(r[3]) for r in body) == pytest.approx(h200["step_ms"], abs=0.05)

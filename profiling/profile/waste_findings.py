@@ -1,0 +1,85 @@
+"""Pure: findings about work done in a slow form, for causes no narrower rule names. Stdlib only.
+
+- eager_code: kernels launched outside torch.compile in chains of elementwise kernels (the model, the optimizer
+  or a part of them left uncompiled): the chain's kernels against one fused pass.
+- over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
+  bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where.
+
+Each rule takes (timeline, context, findings so far) and returns a finding or None (as kernel_findings.py).
+"""
+from profiling.profile.classify import short_name
+from profiling.profile.kernel_findings import finding, top
+
+COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+EAGER_CATEGORIES = ("other compute", "optimizer")  # elementwise and reduction work a compiler would fuse
+EAGER_MIN_SHARE = 0.005  # of the step: the clean default's eager kernels (a few add_/stack/_foreach_copy_
+                         # outside the graphs) cost 0.4 ms of 311 (0.13%) on the H100 plants of issue #26
+# over_bound: a kernel over its bound by more than its category does in the clean default config (H100,
+# 2026-11-23: GEMMs at most 1.25x, cuDNN attention 2.0-2.3x (flash recomputation is not in its FLOPs),
+# fused elementwise and loss kernels at most 4.0x (the fused loss: exp-bound, its bytes a floor))
+OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
+OVER_RATIO_OTHER = 5.0
+OVER_MIN_SHARE = 0.01    # of the step, summed over the flagged kernels
+
+
+def _eager(tl, chain, cat):
+    return cat in EAGER_CATEGORIES and bool(chain) and not any(c.startswith(COMPILED) for c in chain)
+
+
+def eager_code(tl, ctx, found):
+    """Eager elementwise chains; each chain would cost about its longest kernel as one fused pass."""
+    if any(f["kind"] == "graph_break" for f in found):
+        return None  # graph_break counts the eager kernels between the compiled fragments
+    us, gain, kernels, chains, longest, ops, optimizer = 0.0, 0.0, 0, 0, 0, {}, 0.0
+    for evs, cats in zip(tl.per_step, tl.labels):
+        run = []
+        for (e, launch), cat in sorted(zip(evs, cats), key=lambda x: x[0][0]["ts"]) + [((None, None), None)]:
+            chain = tl.chain(tl.op_of(launch)) if launch is not None else []
+            if e is not None and _eager(tl, chain, cat):
+                run.append(e["dur"])
+                aten = [c for c in chain if c.startswith("aten::")]
+                name = aten[-1] if aten else chain[0]
+                ops[name] = ops.get(name, 0.0) + e["dur"]
+                optimizer += e["dur"] if cat == "optimizer" else 0.0
+            elif run:
+                us, gain, kernels, chains = us + sum(run), gain + sum(run) - max(run), kernels + len(run), chains + 1
+                longest, run = max(longest, len(run)), []
+    ms = gain / ctx["n"] / 1e3
+    if ms < EAGER_MIN_SHARE * ctx["step"]:
+        return None
+    part = "the optimizer" if optimizer > us / 2 else "the model"
+    evidence = (f"{kernels / ctx['n']:.0f} kernels/step ({us / ctx['n'] / 1e3:.1f} ms) launched by eager PyTorch "
+                f"outside torch.compile, mostly in {part}, in {chains / ctx['n']:.0f} chains of elementwise kernels "
+                f"(longest {longest}); top: " + ", ".join(f"{op} {t / ctx['n'] / 1e3:.1f} ms" for op, t in top(ops))
+                + "; gain: each chain fused into one pass as long as its longest kernel")
+    return finding("eager_code", ms, ctx, evidence,
+                   f"torch.compile {part} (or the function these operators run in), as train.py does by default; "
+                   "keep the graph whole (fullgraph=True finds what breaks it)")
+
+
+def over_bound(tl, ctx, found):
+    """When no rule named a cause: the kernels furthest over their bound, beyond what their category shows in
+    a clean run."""
+    bounds = getattr(tl, "bounds", None)
+    if not bounds or any(f["ms_per_step"] >= OVER_MIN_SHARE * ctx["step"] for f in found):
+        return None
+    rows = {}
+    for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
+        for (e, _), cat, b in zip(evs, cats, bs):
+            if b:
+                acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0])
+                acc[0], acc[1] = acc[0] + e["dur"], acc[1] + b
+    over = {key: (us, b) for key, (us, b) in rows.items() if us > OVER_RATIO.get(key[1], OVER_RATIO_OTHER) * b}
+    excess = {key: (us - b) / ctx["n"] / 1e3 for key, (us, b) in over.items()}
+    ms = sum(excess.values())
+    if ms < OVER_MIN_SHARE * ctx["step"]:
+        return None
+    shown = ", ".join(f"`{short_name(name)}` ({cat}) {over[(name, cat)][0] / over[(name, cat)][1]:.1f}x its bound, "
+                      f"+{x:.1f} ms" for (name, cat), x in top(excess))
+    evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
+                f"(beyond what their category reaches in a clean run): {shown}; see the lines of train.py and the "
+                "regions below for where they come from")
+    return finding("over_bound", ms, ctx, evidence,
+                   "find the work done in a slow form at those kernels' lines: shapes not multiples of 64 "
+                   "(misaligned GEMMs), float32 where bf16 would do, unfused or eager ops, extra copies; compare "
+                   "with the last good run's profile (--previous)")

@@ -1,0 +1,87 @@
+"""The step's bound and the findings for causes no narrower rule names (issue #26), on real H100 traces.
+
+tests/data/h100-plant26-*.trace.json.gz: benchmarks/diagnoses.py's plants of issue #26 (one H100 80GB HBM3,
+one call, 2026-11-23, the loader off the main thread), 2 steps each. Unprofiled ms/step measured in the same
+call: baseline 309.87, eager_model 555.02 (+245.15), odd_mlp_width 341.02 (+31.15), fp32_logits 316.29 (+6.42).
+"""
+import os
+
+import pytest
+
+from profiling.profile import render, summary
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+CLEAN = ["h100-plant26-baseline", "h100-cudnn-window-gpt-5steps", "h100-plant-baseline", "h100-compile-a",
+         "h100-compile-b", "h100-lines-gpt-2steps"]
+
+
+def load(name):
+    return summary.summarize(summary.load_trace(os.path.join(DATA, f"{name}.trace.json.gz")))
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load("h100-plant26-baseline")
+
+
+def test_each_region_has_a_bound_below_its_time_and_the_step_sums_them(base):
+    rows = {r["region"]: r for r in base["regions"]["rows"]}
+    for name in ("attention", "MLP", "norms and residuals", "head and loss", "embedding"):
+        assert 0 < rows[name]["bound_ms"] < rows[name]["ms_per_step"], name
+    assert rows["GPU idle"]["bound_ms"] == 0.0
+    b = base["bound"]
+    assert b["ms"] == pytest.approx(sum(r["bound_ms"] for r in base["regions"]["rows"]), abs=1e-3)
+    # the MLP's GEMMs near the trace's best rate: its bound is most of its time; attention's flash kernels less
+    assert rows["MLP"]["bound_ms"] / rows["MLP"]["ms_per_step"] > 0.8
+    assert 650 < b["gemm_tflops_per_s"] < 800 and b["known_percent"] > 99  # a healthy H100's GEMMs
+    assert 1.2 < b["measured_ms"] / b["ms"] < 1.6
+
+
+def test_the_report_shows_the_bound_column_and_line(base):
+    md = render.to_markdown(base)
+    assert "| bound ms" in md and f"**{base['bound']['ms']:.2f}**" in md
+    assert f"bound {base['bound']['ms']:.2f} ms, measured {base['step_ms']:.2f} ms" in md
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_runs_stay_quiet(name):
+    """The new rules never fire on the default config (older traces, made while the loader ran on the main
+    thread, may show the loader's idle: gpu_waits_on_host, a real cause there)."""
+    s = load(name)
+    assert [f["kind"] for f in s["findings"] if f["kind"] in ("eager_code", "over_bound")] == []
+
+
+def test_the_clean_default_has_no_finding_of_1_percent_and_says_what_is_unexplained(base):
+    assert [f["kind"] for f in base["findings"] if f["ms_per_step"] >= 0.01 * base["step_ms"]] == []
+    assert "No rule found a cause costing 1% of the step or more" in render.to_markdown(base)
+    assert "x its bound" in render.to_markdown(base)
+
+
+def test_an_uncompiled_model_is_eager_code_with_its_loss():
+    s = load("h100-plant26-eager_model")
+    top = s["findings"][0]
+    assert top["kind"] == "eager_code" and "mostly in the model" in top["evidence"]
+    assert 0.7 * 245.15 <= top["ms_per_step"] <= 1.3 * 245.15  # the measured unprofiled loss
+    assert "torch.compile the model" in top["fix"]
+
+
+def test_an_uncompiled_optimizer_is_named_as_such():
+    s = load("h100-plant26-eager_optimizer")
+    f = next(f for f in s["findings"] if f["kind"] == "eager_code")
+    assert "mostly in the optimizer" in f["evidence"] and "torch.compile the optimizer" in f["fix"]
+
+
+def test_misaligned_gemms_are_over_their_bound():
+    """No rule knows misaligned shapes: over_bound points at the MLP's slow GEMM kernel."""
+    s = load("h100-plant26-odd_mlp_width")
+    top = s["findings"][0]
+    first = top["evidence"].split("x its bound")[0]
+    assert top["kind"] == "over_bound" and "gemm" in first and "(GEMM)" in first
+    assert top["ms_per_step"] >= 0.01 * s["step_ms"]
+    assert "multiples of 64" in top["fix"]
+
+
+def test_traces_without_shapes_have_no_bound():
+    s = load("h100-compiled-gpt-5steps")  # recorded without input shapes: no FLOPs, no bytes
+    assert all(r.get("bound_ms") in (None, r["ms_per_step"], 0.0) or r["region"] == "overlap"
+               for r in s["regions"]["rows"]) or s["bound"]["known_percent"] < 50
