@@ -9,6 +9,7 @@ Inside, train.py calls run.start() (data, header lines, the gate), run.describe_
 one step of the loop, run.track() for each counted step, and fills run.summary.
 """
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -19,7 +20,8 @@ import torch
 import prepare
 from profiling import runfile
 from profiling.profile import hardware, provenance
-from profiling.research import experiments, gate
+from profiling.errors import UserError
+from profiling.research import experiments, gate, history
 
 
 class ConfigError(ValueError):
@@ -264,6 +266,19 @@ class Run:
         """The tracked loss sampled at runfile's fractions of the time budget, for run.json and the gate."""
         return sample_curve(self.points, runfile.curve_fractions())
 
+    def profile_reference(self):
+        """(summary.json path, label) of the best kept run's profile with these settings and dataset, for
+        the report's `regression` finding; None when the memory has none or its folder is gone."""
+        try:
+            records = experiments.load(experiments.default_path())["experiments"]
+        except UserError:
+            return None
+        best = history.best_kept(records, self.record["settings"], self.record["dataset"])
+        path = os.path.join(best["profile"], "summary.json") if best and best.get("profile") else None
+        if not path or not os.path.exists(path):
+            return None
+        return path, f"the best kept run, experiment {best['id']} ({best.get('commit')})"
+
     def profile(self, train_step, first_step, step_times):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, and
         print the report. Returns W + A: the steps it ran (they train the model like any other)."""
@@ -275,7 +290,8 @@ class Run:
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
                     **self.model_meta)  # tokens_per_step, micro_batches, flops_per_step, parameters
         report, self.record["profile"], seconds = capture.profile_training(
-            lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta)
+            lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta,
+            reference=self.profile_reference())
         print(f"\n{report}\n(profile files: {self.record['profile']}; export, summary and report took "
               f"{seconds:.1f} s)")
         return a.warmup_steps + a.active_steps

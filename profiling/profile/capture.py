@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling.errors import UserError
 from profiling.files import atomic_write
-from profiling.profile import provenance, render, summary
+from profiling.profile import provenance, regression, render, summary
 from profiling.profile.sampler import StackSampler, frame_label
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
@@ -190,13 +190,19 @@ def new_folder(root, stem):
             name = f"{stem}-{n}"
 
 
-def profile_training(step_fn, warmup, active, metadata, top=10):
-    """Capture, summarize, render and save one profile.
+def profile_training(step_fn, warmup, active, metadata, top=10, reference=None):
+    """Capture, summarize, render and save one profile. reference: (summary.json path, label) of the profile
+    to look for a regression against (the best kept run's), or None.
 
     Returns (markdown report, folder, seconds spent after the last profiled step: export, summary, render
     and writing the files)."""
     trace, t_end = capture(step_fn, warmup, active, metadata)
     result = summary.summarize(trace)
+    if reference:
+        try:
+            regression.add(result, summary.load_summary(reference[0]), reference[1])
+        except UserError as e:  # an unreadable reference costs the finding, not the profile
+            print(f"profile: no regression check against {reference[0]}: {e}", file=sys.stderr)
     root = profile_dir()
     previous = previous_summary(root)
     report = render.to_markdown(result, previous=previous, top=top)

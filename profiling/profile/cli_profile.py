@@ -5,7 +5,7 @@ A thin layer over profiling.profile.summary and profiling.profile.render; the ma
 """
 import argparse
 
-from profiling.profile import render, summary
+from profiling.profile import regression, render, summary
 
 DEFAULT_TOP = 10
 
@@ -30,8 +30,9 @@ def add_subparser(subparsers):
     p.add_argument("--top", type=_count, metavar="N",
                    help=f"list the top N kernels (default {DEFAULT_TOP} in Markdown, all in JSON)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of Markdown")
-    p.add_argument("--previous", metavar="TRACE_OR_JSON",
-                   help="an earlier trace, or a summary saved with --json, to report what changed since")
+    p.add_argument("--previous", "--against", metavar="TRACE_OR_JSON",
+                   help="an earlier trace, or a summary saved with --json (e.g. the best run's): what changed "
+                        "since, and a `regression` finding when the step grew")
     p.set_defaults(func=handler)
     return p
 
@@ -40,6 +41,8 @@ def handler(args):
     """Print the report (or the JSON summary) for args.trace; bad input raises UserError. Returns 0."""
     result = summary.summarize(summary.load_trace(args.trace))
     previous = summary.load_summary(args.previous) if args.previous else None
+    if previous is not None:
+        regression.add(result, previous, f"the profile {args.previous}")
     if args.json:
         if previous is not None:
             result["changes"] = summary.diff(previous, result)

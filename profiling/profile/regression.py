@@ -1,0 +1,72 @@
+"""Pure: the `regression` finding: where the step grew since a reference profile (the best kept run's, or
+the one named with --previous/--against). It localizes any cause, with or without a rule. Stdlib only.
+
+    f = regression(previous_summary, current_summary, label="experiment 4 (5c1d0a2)")   # a finding or None
+
+The growth is the device time's (the kernels' time per step: the unprofiled step of one commit moved 13.5 ms
+between two runs on a host that could not feed the GPU, its kernels' time 1 ms); the step's own change is in
+the evidence (unprofiled when both have one). A host-side regression (a sync, a slow loader) leaves the
+kernels' time alone: host_sync and gpu_waits_on_host name those. The evidence lists the regions, lines of train.py (matched by their text, so an edit that
+moves lines still matches) and kernels (profiling/profile/kernel_match.py: renumbered kernels match; new and
+gone ones show as such) that grew most.
+"""
+from profiling.profile.kernel_findings import finding
+from profiling.profile.summary import diff
+
+MIN_GROWTH = 0.015  # of the reference step: two fresh compiles of one commit (h100-compile-a/-b): kernel time
+                    # within 1 ms; one commit's unprofiled step 308.9-311.0 ms over six H100 runs in one call
+SHOWN = 3
+
+
+def _step(s):
+    u = s.get("unprofiled_step_ms")
+    return (u, "unprofiled") if isinstance(u, (int, float)) and u > 0 else (s.get("step_ms"), "profiled")
+
+
+def _lines(previous, current):
+    """[(where, change ms)] of the lines of train.py, matched by their source text."""
+    def table(s):
+        return {tuple(x["text"] for x in r["lines"]): r for r in (s.get("lines") or {}).get("rows", [])}
+    before, now = table(previous), table(current)
+    return sorted(((r["where"], r["ms_per_step"] - (before[k]["ms_per_step"] if k in before else 0.0))
+                   for k, r in now.items()), key=lambda x: -x[1])
+
+
+def regression(previous, current, label=None):
+    """A finding when the step grew by MIN_GROWTH of the reference or more; None otherwise (or when the two
+    profiles are of different devices or kinds)."""
+    if previous.get("kind") != current.get("kind") or previous.get("device") != current.get("device"):
+        return None
+    before, now = previous.get("device_ms"), current.get("device_ms")
+    (step_b, how_b), (step_n, how_n) = _step(previous), _step(current)
+    if how_b != how_n:
+        step_b, step_n, how_n = previous.get("step_ms"), current.get("step_ms"), "profiled"
+    if not before or not now or not step_b or now - before < MIN_GROWTH * step_b:
+        return None
+    d = diff(previous, current, top=20)
+    regions = [f"{r['name']} {r['change_ms']:+.1f}" for r in d["regions"] if r["change_ms"] > 0][:SHOWN]
+    lines = [f"{where} {ms:+.1f}" for where, ms in _lines(previous, current) if ms > 0.5][:SHOWN]
+    kernels = [f"`{k['name']}` {k['change_ms']:+.1f}" + (" (new)" if not k["previous"] else "")
+               for k in sorted(d["kernels"], key=lambda k: -k["change_ms"]) if k["change_ms"] > 0][:SHOWN]
+    gone = [f"`{k['name']}`" for k in d["kernels"] if k["previous"] and not k["current"]][:2]
+    since = label or (f"commit {previous.get('commit')}" if previous.get("commit") else "the reference profile")
+    evidence = (f"the kernels' time grew {now - before:+.1f} ms/step ({before:.1f} -> {now:.1f}) since {since}, the "
+                f"{how_n} step {step_n - step_b:+.1f} ms ({step_b:.1f} -> {step_n:.1f})"
+                + (f"; regions (ms/step): {', '.join(regions)}" if regions else "")
+                + (f"; lines: {', '.join(lines)}" if lines else "")
+                + (f"; kernels: {', '.join(kernels)}" if kernels else "")
+                + (f"; gone: {', '.join(gone)}" if gone else ""))
+    where = f"the change at {lines[0].rsplit(' ', 1)[0]}" if lines else "what changed since then"
+    return finding("regression", now - before, {"step": current["step_ms"]}, evidence,
+                   f"undo or rework {where} (the lines and kernels above are where the time went), unless what "
+                   "it buys is worth the time")
+
+
+def add(current, previous, label=None):
+    """current["findings"] with the regression finding (if any) in its place by cost; returns current."""
+    f = regression(previous, current, label)
+    if f:
+        found = [x for x in current.get("findings", []) if x["kind"] != "profiler_overhead"]
+        rest = [x for x in current.get("findings", []) if x["kind"] == "profiler_overhead"]
+        current["findings"] = sorted(found + [f], key=lambda x: -x["ms_per_step"]) + rest
+    return current
