@@ -59,10 +59,14 @@ def to_markdown(summary, previous=None, top=10):
         lines.append(CPU_NOTE)
     if lines:
         lines.append("")
-    lines += [f"# Profile: {_ms(summary['step_ms'])} ms/step" + (" (CPU)" if cpu else ""), _header(summary), ""]
+    view = _unprofiled_view(summary)
+    title = f"# Profile: {_ms(view['step_ms'])} ms/step" + (" (CPU)" if cpu else "")
+    if view is not summary:
+        title += f" (unprofiled; profiled {_ms(summary['step_ms'])}: see the note under the step budget)"
+    lines += [title, _header(summary), ""]
     if not cpu and "findings" in summary:
-        lines += _findings(summary) + [""]
-    lines += _budget(summary) + _regions(summary) + _lines(summary) + [""] + _kernels(summary, top) + [""] \
+        lines += _findings(view) + [""]
+    lines += _budget(view) + _regions(view) + _lines(view) + [""] + _kernels(view, top) + [""] \
         + _checks(summary)
     if previous is not None:
         lines += [""] + _changes(diff(previous, summary))
@@ -72,6 +76,27 @@ def to_markdown(summary, previous=None, top=10):
 # ---------------------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------------------
+
+def _unprofiled_view(s):
+    """The summary as the unprofiled step saw it, when profiling distorted the step (its check failed with the
+    profiled step longer): the step is the unprofiled one, the GPU idle the rest of it after the kernels'
+    time (which profiling does not change), MFU and tokens/s scaled; else the summary itself."""
+    u, step = s.get("unprofiled_step_ms"), s["step_ms"]
+    check = next((c for c in s.get("checks", []) if c["name"].startswith("profiled vs unprofiled")), None)
+    if s.get("kind") == "cpu" or not check or check["ok"] or not isinstance(u, (int, float)) or not 0 < u < step:
+        return s
+    idle = max(0.0, u - (step - s["idle_ms"]))
+    v = dict(s, step_ms=u, idle_ms=idle, idle_percent=100 * idle / u, categories=dict(s["categories"], idle=idle),
+             distorted={"profiled_step_ms": step, "profiled_idle_ms": s["idle_ms"]})
+    for key in ("mfu_percent", "tokens_per_second"):
+        v[key] = s[key] * step / u if s.get(key) else s.get(key)
+    if s.get("regions"):
+        rows = [dict(r, ms_per_step=idle) if r["region"] == "GPU idle" else r for r in s["regions"]["rows"]]
+        v["regions"] = dict(s["regions"], rows=rows)
+    if s.get("bound"):
+        v["bound"] = dict(s["bound"], measured_ms=u)
+    return v
+
 
 def _header(s):
     tokens = s.get("tokens_per_step")
@@ -90,7 +115,8 @@ def _findings(s, shown=MAX_FINDINGS):
     big = [f for f in found if f["ms_per_step"] >= SHOW_PERCENT / 100 * step][:shown]
     lines = ["## 0. Findings (start here: the tables below are their evidence)"]
     for i, f in enumerate(big, 1):
-        lines += [f"{i}. **{f['kind']}**: ~{_ms(f['ms_per_step'])} ms/step to gain ({f['pct_of_step']:.1f}% of the step)",
+        lines += [f"{i}. **{f['kind']}**: ~{_ms(f['ms_per_step'])} ms/step to gain "
+                  f"({100 * f['ms_per_step'] / step:.1f}% of the step)",
                   f"   evidence: {f['evidence']}", f"   fix: {f['fix']}"]
     if not big:
         lines.append(f"No rule found a cause costing {SHOW_PERCENT:g}% of the step or more (GPU idle "
@@ -117,8 +143,12 @@ def _budget(s):
               if s.get("peak_memory_mb") is not None else "peak memory n/a"]
     if s.get("tokens_per_second"):
         extras.append(f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s")
+    distorted = s.get("distorted")
+    note = [f"note: profiled {_ms(distorted['profiled_step_ms'])} ms/step with {_ms(distorted['profiled_idle_ms'])} "
+            "ms of GPU idle: the profiler's host cost; above, the unprofiled step and the idle left after the "
+            "kernels' time, which profiling does not change"] if distorted else []
     return ["## 1. Step budget", _table(["part", "ms/step", "% of step"], rows), "", " · ".join(extras)] \
-        + _bound_line(s.get("bound"))
+        + _bound_line(s.get("bound")) + note
 
 
 def _unexplained(b):

@@ -85,3 +85,22 @@ def test_traces_without_shapes_have_no_bound():
     s = load("h100-compiled-gpt-5steps")  # recorded without input shapes: no FLOPs, no bytes
     assert all(r.get("bound_ms") in (None, r["ms_per_step"], 0.0) or r["region"] == "overlap"
                for r in s["regions"]["rows"]) or s["bound"]["known_percent"] < 50
+
+
+def test_when_profiling_distorts_the_step_the_report_shows_the_unprofiled_one():
+    """h100-slowhost-baseline: the default config on an H100 whose host could not feed the GPU while the loader
+    ran on the main thread (before issue #25): profiled far longer than unprofiled, its check failed."""
+    s = load("h100-slowhost-baseline")
+    u, step = s["unprofiled_step_ms"], s["step_ms"]
+    assert step > 1.1 * u
+    md = render.to_markdown(s)
+    title = next(line for line in md.splitlines() if line.startswith("# Profile:"))
+    assert title.startswith(f"# Profile: {u:.2f} ms/step (unprofiled; profiled {step:.2f}")
+    budget = md.split("## 1. Step budget")[1].split("###")[0]
+    rows = [r.split("|") for r in budget.splitlines() if r.startswith("| ") and "part" not in r and "**" not in r]
+    assert sum(float(r[2]) for r in rows) == pytest.approx(u, abs=0.05)  # the parts add up to the unprofiled step
+    assert f"**{u:.2f}**" in budget and f"note: profiled {step:.2f} ms/step" in budget
+    idle = u - (step - s["idle_ms"])
+    assert any("GPU idle" in r[1] and float(r[2]) == pytest.approx(idle, abs=0.01) for r in rows)
+    assert f"MFU {s['mfu_percent'] * step / u:.1f}%" in budget
+    assert render.to_json(s) == render.to_json(load("h100-slowhost-baseline"))  # the JSON keeps the profiled step
