@@ -79,12 +79,19 @@ def host_sync(tl, ctx, found):
     syncs = [(e, chain) for e, chain in tl.syncs if chain]  # none around it: the capture's own final sync
     if not syncs:
         return None
-    claimed = []
+    claimed, exposed = [], []
     for g in tl.gaps:
         hit = tl.sync_at(g)
         if hit and hit[1] and g.launch["ts"] >= hit[0]["ts"] + hit[0]["dur"] - 50.0:
             g.cause = "host_sync"
             claimed.append(g)
+    ends = [(tl.step_of(e["ts"]), e["ts"] + e["dur"]) for e, chain in syncs]
+    for g in tl.gaps:  # root cause first: a sync in this step or the last drained the queue that hid the host
+        k = tl.step_of(g.launch["ts"])
+        if g.cause is None and g.us >= FRAGMENT_GAP_US and any(k is not None and 0 <= k - j <= 1 and t <= g.start
+                                                               for j, t in ends):
+            g.cause = "host_sync"
+            exposed.append(g)
     ops = {}
     for _, chain in syncs:
         name = ([c for c in chain if c.startswith("aten::")] or [chain[0]])[-1]
@@ -93,10 +100,24 @@ def host_sync(tl, ctx, found):
     where = "; ".join(f"{s['where']} `{s['line']}` ({s['count'] / ctx['n']:g}/step)" for s in lines[:3])
     evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in top(ops))
                 + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"
-                + (f"; at {where}" if where else ""))
-    return finding("host_sync", _idle(claimed, ctx), ctx, evidence,
+                + (f"; at {where}" if where else "") + _exposed(tl, exposed, ctx))
+    return finding("host_sync", _idle(claimed + exposed, ctx), ctx, evidence,
                     "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
                     "tensor); read them once per step after the next step is launched, as train.py's loop does")
+
+
+def _exposed(tl, gaps, ctx):
+    """Evidence for the idle a sync exposed later in its step: the host work the drained queue no longer hid."""
+    if not gaps:
+        return ""
+    lines = {}
+    for g in gaps:
+        line = _host_line(tl, g) or "no host sample"
+        lines[line] = lines.get(line, 0.0) + g.us
+    texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
+    host = ", ".join(f"{line}" + (f" `{texts[line]}`" if line in texts else "") for line, _ in top(lines, 2))
+    return (f"; with the queue drained, the host's later work in the step showed as GPU idle too: "
+            f"{_idle(gaps, ctx):.1f} ms/step, the host then in {host} (counted here, the root cause)")
 
 
 def graph_break(tl, ctx, found):

@@ -237,3 +237,16 @@ def test_every_diagnoses_plant_still_applies_to_train_py():
                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
         modules = {"time", "torch", "kernels", "runner", "math", "gc", "sys", "nn", "F"}
         assert used & modules <= imported, (case, (used & modules) - imported)
+
+
+def test_root_cause_first_the_sync_that_exposed_the_loader():
+    """h100-slowhost-sync_per_step: one `.item()` per step (benchmarks/diagnoses.py's sync_per_step) on an H100
+    whose host was slow, while the loader ran on the main thread (before issue #25). The sync drains the
+    GPU's queue; the loader's tokenizing in the next micro-batches then shows as GPU idle. The finding is the
+    sync, with that idle in its cost and the loader's line as its evidence."""
+    s = summarize(load_trace(os.path.join(DATA, "h100-slowhost-sync_per_step.trace.json.gz")))
+    f = s["findings"][0]
+    assert f["kind"] == "host_sync" and "`last_loss = loss.item()  # planted: one sync per step`" in f["evidence"]
+    assert "with the queue drained" in f["evidence"] and "prepare.py:502 encode" in f["evidence"]
+    loader = [x for x in s["findings"] if x["kind"] == "gpu_waits_on_host"]
+    assert not loader or loader[0]["ms_per_step"] < f["ms_per_step"]
