@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling.errors import UserError
 from profiling.files import atomic_write
-from profiling.profile import provenance, regression, render, summary
+from profiling.profile import device_state, provenance, regression, render, summary
 from profiling.profile.sampler import StackSampler, frame_label
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
@@ -73,6 +73,7 @@ def capture(step_fn, warmup, active, metadata):
             for i in range(warmup + active):
                 last = i == warmup + active - 1
                 if i == warmup:
+                    state = {"start": device_state.read(_uuid())} if cuda else None
                     sampler.start()
                 if i >= warmup:
                     sampler.step(i - warmup)
@@ -82,13 +83,23 @@ def capture(step_fn, warmup, active, metadata):
                     sampler.stop()
                     sync()  # the last step's kernels finish before the profiler stops recording
                     t_end = time.perf_counter()
+                    if state:
+                        state["end"] = device_state.read(_uuid())
                 with stderr_without(NO_GPU_LINE) if last and not cuda else contextlib.nullcontext():
                     prof.step()  # after the last active step: stops recording and exports the trace
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
     trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
-                                 dynamo=dynamo_record(), provenance=provenance.result())
+                                 dynamo=dynamo_record(), provenance=provenance.result(), device_state=state)
     return trace, t_end
+
+
+def _uuid():
+    """The current CUDA device's UUID, as NVML names it (CUDA_VISIBLE_DEVICES renumbers devices, not UUIDs)."""
+    try:
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 @contextlib.contextmanager

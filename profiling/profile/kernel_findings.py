@@ -7,6 +7,7 @@
 Each rule takes (timeline, context, findings so far) and returns a finding or None. Rates are per operator
 call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once.
 """
+from profiling.profile import device_state
 from profiling.profile.classify import short_name
 from profiling.profile.roofline import ATTENTION_OP, attention_flops, gemm_flops
 from profiling.profile.timeline import input_types
@@ -58,6 +59,16 @@ def _is_fp32(e, op):
     return "tf32" in name or "sgemm" in name or "f32f32" in name
 
 
+def _nvml(state):
+    """What NVML said of the GPU during the profile, as evidence for slow_device."""
+    text = device_state.text(state)
+    if not text or "not available" in text:
+        return ""
+    events = device_state.slowing(state)
+    return ("; NVML: clock events active: " + ", ".join(events) if events else
+            "; NVML: no clock event slowed the GPU (another process on it?)") + f" ({text.split(': ', 1)[1]})"
+
+
 def fp32_matmul(tl, ctx, found):
     """GEMMs on float32 inputs (TF32 or full fp32 kernels), against this trace's bf16 GEMM rate."""
     gemms = _gemms(tl)
@@ -106,7 +117,8 @@ def slow_device(tl, ctx, found):
     evidence = (f"{len(large) / ctx['n']:g} large bf16 GEMMs/step (>= {LARGE_GEMM_FLOPS:.0e} FLOP each) run at "
                 f"{rate / 1e12:.0f} TFLOP/s, {100 * rate / ctx['peak']:.0f}% of the device's {ctx['peak'] / 1e12:.0f} "
                 f"(a healthy GPU: ~{100 * EXPECTED_GEMM_FRACTION:.0f}% or more): {ms:.1f} ms/step where "
-                f"{expected:.1f} would do; every other kernel is likely slowed too (not counted)")
+                f"{expected:.1f} would do; every other kernel is likely slowed too (not counted)"
+                + _nvml(tl.meta.get("device_state")))
     return finding("slow_device", max(0.0, ms - expected), ctx, evidence,
                     "check the GPU before editing code: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: "
                     "power brake, thermal), other processes on it (`nvidia-smi`), one timed 8192^3 bf16 matmul")

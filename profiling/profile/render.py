@@ -12,6 +12,7 @@ import json
 
 from tabulate import tabulate
 
+from profiling.profile import device_state
 from profiling.profile.summary import diff
 
 PART_LABELS = {
@@ -63,7 +64,8 @@ def to_markdown(summary, previous=None, top=10):
     title = f"# Profile: {_ms(view['step_ms'])} ms/step" + (" (CPU)" if cpu else "")
     if view is not summary:
         title += f" (unprofiled; profiled {_ms(summary['step_ms'])}: see the note under the step budget)"
-    lines += [title, _header(summary), ""]
+    state = device_state.text(summary.get("device_state"))
+    lines += [title, _header(summary)] + ([state] if state else []) + [""]
     if not cpu and "findings" in summary:
         lines += _findings(view) + [""]
     lines += _budget(view) + _regions(view) + _lines(view) + [""] + _kernels(view, top) + [""] \

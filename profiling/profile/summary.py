@@ -302,7 +302,7 @@ def _header(kind, meta, n, step_ms, each):
         "torch": meta.get("torch"), "commit": meta.get("commit"), "tokens_per_step": tokens,
         "tokens_per_second": _r(tokens / (step_ms / 1e3)) if num(tokens) and step_ms > 0 else None,
         "mfu_percent": _r(mfu) if num(mfu) else None, "peak_memory_mb": meta.get("peak_memory_mb"),
-        "unprofiled_step_ms": meta.get("unprofiled_step_ms"),
+        "unprofiled_step_ms": meta.get("unprofiled_step_ms"), "device_state": meta.get("device_state"),
         "steps": n, "step_ms": _r(step_ms), "step_ms_each": [_r(x) for x in each],
     }
 
