@@ -82,3 +82,14 @@ def test_slow_device_cites_the_clock_events():
                                              "end": device_state.read(None, FakeNVML(0x80))}
     f = next(f for f in summary.summarize(trace)["findings"] if f["kind"] == "slow_device")
     assert "NVML: clock events active: HW power brake" in f["evidence"]
+
+
+def test_a_real_h100_record():
+    """h100-default-nvml: `train.py --profile` at the default config on an H100 (2026-11-23, 2 of its 5 steps):
+    at full load the GPU sat at its 700 W power limit, NVML's SW power cap event on, the SM clock below max."""
+    s = summary.load_summary(os.path.join(DATA, "h100-default-nvml.trace.json.gz"))
+    assert s["device_state"]["start"]["sm_max_mhz"] == 1980 and s["device_state"]["start"]["power_limit_w"] == 700
+    assert device_state.slowing(s["device_state"]) == ["SW power cap"]
+    md = render.to_markdown(s)
+    assert "GPU state (NVML, first → last profiled step): SM 1725/1980 MHz · 650/700 W · 51 °C" in md
+    assert [f for f in s["findings"] if f["ms_per_step"] >= 0.01 * s["step_ms"]] == []  # the clean default
