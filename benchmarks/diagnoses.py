@@ -83,19 +83,19 @@ CASES = {
     # issue #26: causes no rule was written for when they were planted
     "eager_model": (
         "the model left uncompiled (the optimizer's update functions stay compiled)",
-        ("eager_code", "over_bound"),
+        ("eager_code", "regression"),
         [("    forward = torch.compile(model, dynamic=False) if COMPILE else model\n",
           "    forward = model  # planted: no torch.compile\n")],
         None),
     "eager_optimizer": (
         "the optimizer's update functions left uncompiled",
-        ("eager_code", "over_bound"),
+        ("eager_code", "regression"),
         [("maybe_compile = torch.compile(dynamic=False, fullgraph=True) if COMPILE else (lambda f: f)\n",
           "maybe_compile = lambda f: f  # planted: the optimizer runs eagerly\n")],
         None),
     "fp32_logits": (
         "the loss as plain F.cross_entropy over float32 soft-capped logits (the reference path)",
-        ("fp32_intermediate", "over_bound"),
+        ("regression", "over_bound"),
         [("        return kernels.head_loss(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1), "
           "reduction,\n                                 cap=SOFTCAP)\n",
           ("        logits = SOFTCAP * torch.tanh(self.lm_head(x).float() / SOFTCAP)  # planted\n"
@@ -104,7 +104,7 @@ CASES = {
         None),
     "sync_per_step": (
         "the loss read with .item() once per step, before the optimizer step",
-        ("host_sync",),
+        ("host_sync", "regression"),
         [("        set_schedules(optimizer, step, progress)\n",
           "        last_loss = loss.item()  # planted: one sync per step\n"
           "        set_schedules(optimizer, step, progress)\n")],
@@ -208,6 +208,7 @@ def evaluate(case, s, baseline_ms):
     top = findings[0] if findings else None
     naming = [f for f in findings if f["kind"] in expected]
     named = bool(naming) and (naming[0] is top or slowdown is not None and naming[0]["ms_per_step"] >= slowdown / 2)
+    close = [f for f in naming if slowdown and abs(f["ms_per_step"] - slowdown) <= 0.3 * slowdown]
     big = [f for f in findings if f["ms_per_step"] >= 0.05 * s["step_ms"]]
     return {
         "case": case, "planted": CASES[case][0] if case in CASES else "?",
@@ -215,6 +216,8 @@ def evaluate(case, s, baseline_ms):
         "profiled_ms": round(s["step_ms"], 2), "slowdown_ms": round(slowdown, 2) if slowdown is not None else None,
         "top_finding": f"{top['kind']} ({top['ms_per_step']:.1f} ms)" if top else "none",
         "naming_finding": f"{naming[0]['kind']} ({naming[0]['ms_per_step']:.1f} ms)" if naming else "none",
+        "within_30pct": (f"{close[0]['kind']} ({close[0]['ms_per_step']:.1f} ms)" if close else "no")
+        if expected else "",
         "result": ("ok" if not big else "FAIL: " + ", ".join(f["kind"] for f in big)) if not expected
         else ("ok" if named else "FAIL"),
     }
@@ -223,15 +226,20 @@ def evaluate(case, s, baseline_ms):
 def report(args):
     from tabulate import tabulate
 
-    from profiling.profile import summary
+    from profiling.profile import regression, summary
     cases = [c for c in CASES if os.path.exists(os.path.join(args.out, f"{c}.trace.json.gz"))]
     summaries = {c: summary.summarize(summary.load_trace(os.path.join(args.out, f"{c}.trace.json.gz")))
                  for c in cases}
+    if args.against_baseline and "baseline" in summaries:  # as a live run does with a kept run in the memory
+        for c in cases:
+            if c != "baseline":
+                regression.add(summaries[c], summaries["baseline"], "the baseline")
     base = summaries.get("baseline", {}).get("unprofiled_step_ms")
     rows = [evaluate(c, summaries[c], base) for c in cases]
     rows += [{"case": c, "planted": CASES[c][0], "result": "FAIL: no trace (see its log)"} for c in CASES
              if c not in cases]
-    keys = ["case", "unprofiled_ms", "profiled_ms", "slowdown_ms", "top_finding", "naming_finding", "result"]
+    keys = ["case", "unprofiled_ms", "profiled_ms", "slowdown_ms", "top_finding", "naming_finding", "within_30pct",
+            "result"]
     table = tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, tablefmt="github")
     print(table)
     if args.json:
@@ -254,6 +262,9 @@ def main():
     r.add_argument("out")
     r.add_argument("--json")
     r.add_argument("--markdown")
+    r.add_argument("--against-baseline", action="store_true",
+                   help="profile each case against the baseline's, as a run whose memory holds the baseline as "
+                        "its best kept run (adds the regression finding)")
     args = p.parse_args()
     capture(args) if args.command == "capture" else report(args)
 
