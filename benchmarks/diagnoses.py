@@ -46,7 +46,7 @@ CASES = {
         None),
     "fp32_mlp": (
         "the MLP left in float32 (autocast off around it)",
-        ("fp32_matmul",),
+        ("fp32_matmul", "fp32_intermediate"),
         [("        return self.c_proj(F.relu(self.c_fc(x)).square())\n",
           ("        with torch.autocast(x.device.type, enabled=False):  # planted\n"
            "            return self.c_proj(F.relu(self.c_fc(x.float())).square())\n"))],

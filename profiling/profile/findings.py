@@ -21,7 +21,7 @@ from profiling.profile import hardware
 from profiling.profile.classify import short_name
 from profiling.profile.kernel_findings import attention_fallback, finding, fp32_matmul, slow_device, top
 from profiling.profile.timeline import LAUNCH_CALLS
-from profiling.profile.waste_findings import eager_code, over_bound
+from profiling.profile.waste_findings import eager_code, fp32_intermediate, over_bound
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
 LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
@@ -39,8 +39,8 @@ def diagnose(tl, summary):
     last)."""
     ctx = _context(tl, summary)
     found = []
-    for rule in (host_sync, graph_break, eager_code, fp32_matmul, slow_device, attention_fallback, launch_bound,
-                 gpu_waits_on_host, over_bound):
+    for rule in (host_sync, graph_break, eager_code, fp32_matmul, fp32_intermediate, slow_device,
+                 attention_fallback, launch_bound, gpu_waits_on_host, over_bound):
         f = rule(tl, ctx, found)
         if f:
             found.append(f)

@@ -2,6 +2,8 @@
 
 - eager_code: kernels launched outside torch.compile in chains of elementwise kernels (the model, the optimizer
   or a part of them left uncompiled): the chain's kernels against one fused pass.
+- fp32_intermediate: large float32 tensors (hundreds of MB) written and read by the compiled graph's
+  non-GEMM kernels each micro-batch: their traffic against the same tensors in bf16.
 - over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
   bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where.
 
@@ -9,11 +11,14 @@ Each rule takes (timeline, context, findings so far) and returns a finding or No
 """
 from profiling.profile.classify import short_name
 from profiling.profile.kernel_findings import finding, top
+from profiling.profile.roofline import DTYPE_BYTES
 
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 EAGER_CATEGORIES = ("other compute", "optimizer")  # elementwise and reduction work a compiler would fuse
 EAGER_MIN_SHARE = 0.005  # of the step: the clean default's eager kernels (a few add_/stack/_foreach_copy_
                          # outside the graphs) cost 0.4 ms of 311 (0.13%) on the H100 plants of issue #26
+LARGE_FP32_BYTES = 256e6  # a float32 tensor this large per micro-batch is an activation, not a statistic (the
+                          # clean default has none; float32 MLP activations: 537 MB-2.1 GB, logits 8.6 GB)
 # over_bound: a kernel over its bound by more than its category does in the clean default config (H100,
 # 2026-11-23: GEMMs at most 1.25x, cuDNN attention 2.0-2.3x (flash recomputation is not in its FLOPs),
 # fused elementwise and loss kernels at most 4.0x (the fused loss: exp-bound, its bytes a floor))
@@ -55,6 +60,57 @@ def eager_code(tl, ctx, found):
     return finding("eager_code", ms, ctx, evidence,
                    f"torch.compile {part} (or the function these operators run in), as train.py does by default; "
                    "keep the graph whole (fullgraph=True finds what breaks it)")
+
+
+def _fp32_share(op):
+    """(float32 bytes, all bytes, the largest float32 shape) of an operator's recorded tensors, when one float32
+    tensor is LARGE_FP32_BYTES or more; None otherwise."""
+    args = (op.get("args") or {}) if op else {}
+    total, fp32, largest = 0, 0, (0, None)
+    for shape, dtype in zip(args.get("Input Dims") or [], args.get("Input type") or []):
+        if isinstance(shape, list) and shape and dtype in DTYPE_BYTES:
+            n = 1
+            for x in shape:
+                n *= x
+            total += n * DTYPE_BYTES[dtype]
+            if dtype == "float":
+                fp32 += n * 4
+                largest = max(largest, (n * 4, tuple(shape)))
+    return (fp32, total, largest[1]) if largest[0] >= LARGE_FP32_BYTES else None
+
+
+def fp32_intermediate(tl, ctx, found):
+    """Compiled non-GEMM kernels moving large float32 tensors: half of those bytes would do in bf16."""
+    us, gain, kernels, shapes = 0.0, 0.0, {}, {}
+    for evs, cats in zip(tl.per_step, tl.labels):
+        for (e, launch), cat in zip(evs, cats):
+            op = tl.op_of(launch)
+            share = _fp32_share(op) if cat not in ("GEMM", "attention") else None
+            if not share or not any(c.startswith(COMPILED) for c in tl.chain(op)):
+                continue  # eager kernels and copies are eager_code's
+            fp32, total, shape = share
+            us, gain = us + e["dur"], gain + e["dur"] * fp32 / 2 / total
+            name = short_name(str(e.get("name", "")))
+            kernels[name] = kernels.get(name, 0.0) + e["dur"]
+            shapes[shape] = shapes.get(shape, 0.0) + e["dur"]
+    ms = gain / ctx["n"] / 1e3
+    if ms < EAGER_MIN_SHARE * ctx["step"]:
+        return None
+    (shape, _), = top(shapes, 1)
+    evidence = (f"{us / ctx['n'] / 1e3:.1f} ms/step of compiled kernels read or write float32 tensors of "
+                f"{LARGE_FP32_BYTES / 1e6:.0f} MB or more (largest {list(shape)}, "
+                f"{_mb(shape)} MB): " + ", ".join(f"`{k}` {t / ctx['n'] / 1e3:.1f} ms" for k, t in top(kernels))
+                + "; gain: their float32 bytes halved (bf16), at the rate they run now")
+    return finding("fp32_intermediate", ms, ctx, evidence,
+                   "keep large activations in bf16: no .float() or autocast(enabled=False) around whole layers; "
+                   "let float32 live only inside a fused kernel (a reduction), never as a stored tensor")
+
+
+def _mb(shape):
+    n = 4
+    for x in shape:
+        n *= x
+    return f"{n / 1e6:,.0f}"
 
 
 def over_bound(tl, ctx, found):

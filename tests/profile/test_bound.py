@@ -104,3 +104,14 @@ def test_when_profiling_distorts_the_step_the_report_shows_the_unprofiled_one():
     assert any("GPU idle" in r[1] and float(r[2]) == pytest.approx(idle, abs=0.01) for r in rows)
     assert f"MFU {s['mfu_percent'] * step / u:.1f}%" in budget
     assert render.to_json(s) == render.to_json(load("h100-slowhost-baseline"))  # the JSON keeps the profiled step
+
+
+def test_float32_activations_are_fp32_intermediate_beside_fp32_matmul():
+    """h100-plant-fp32_mlp (issue #16's plant: the MLP in float32, +77.0 ms/step unprofiled): fp32_matmul
+    counts its GEMMs, fp32_intermediate the float32 elementwise traffic around them; together within 30%."""
+    s = summary.summarize(summary.load_trace(os.path.join(DATA, "h100-plant-fp32_mlp.trace.json.gz")))
+    kinds = {f["kind"]: f for f in s["findings"]}
+    f = kinds["fp32_intermediate"]
+    assert s["findings"][0] is f and "largest [128, 2048, 512], 537 MB" in f["evidence"]
+    assert 0.7 * 77.02 <= f["ms_per_step"] + kinds["fp32_matmul"]["ms_per_step"] <= 1.3 * 77.02
+    assert "fp32_intermediate" not in {x["kind"] for x in load("h100-plant26-eager_model")["findings"]}
