@@ -39,7 +39,7 @@ def eager_code(tl, ctx, found):
     for evs, cats in zip(tl.per_step, tl.labels):
         run = []
         for (e, launch), cat in sorted(zip(evs, cats), key=lambda x: x[0][0]["ts"]) + [((None, None), None)]:
-            chain = tl.chain(tl.op_of(launch)) if launch is not None else []
+            chain = tl.chain(tl.op_of(launch)) if cat in EAGER_CATEGORIES else []
             if e is not None and _eager(tl, chain, cat):
                 run.append(e["dur"])
                 aten = [c for c in chain if c.startswith("aten::")]
