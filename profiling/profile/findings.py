@@ -20,7 +20,7 @@ import statistics
 from profiling.profile import hardware
 from profiling.profile.classify import short_name
 from profiling.profile.kernel_findings import attention_fallback, finding, fp32_matmul, slow_device, top
-from profiling.profile.timeline import LAUNCH_CALLS
+from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
 from profiling.profile.waste_findings import eager_code, fp32_intermediate, over_bound
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
@@ -29,7 +29,6 @@ FRAGMENT_GAP_US = 2000.0   # idle between fragments is a resume's Python; longer
                            # in the H100 plants) are not the graph break's
 LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
 LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
-COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
 FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
 

@@ -17,6 +17,7 @@ from profiling.profile.traceio import by_thread, find, merge, outer_names, paren
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
+COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")  # compiled code's op names
 LAUNCH_CALLS = re.compile(r"^(cuda|cu)LaunchKernel|^cudaLaunch|^cuLaunch")
 REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 MAX_LOOKBACK = 400     # operators looked back through for the one around a runtime call

@@ -12,8 +12,8 @@ Each rule takes (timeline, context, findings so far) and returns a finding or No
 from profiling.profile.classify import short_name
 from profiling.profile.kernel_findings import finding, top
 from profiling.profile.roofline import DTYPE_BYTES
+from profiling.profile.timeline import COMPILED
 
-COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 EAGER_CATEGORIES = ("other compute", "optimizer")  # elementwise and reduction work a compiler would fuse
 EAGER_MIN_SHARE = 0.005  # of the step: the clean default's eager kernels (a few add_/stack/_foreach_copy_
                          # outside the graphs) cost 0.4 ms of 311 (0.13%) on the H100 plants of issue #26
