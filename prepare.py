@@ -22,6 +22,7 @@ import argparse
 import base64
 import bisect
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -657,14 +658,31 @@ def best_fit_rows(token_batches, B, row_len, buffer_size=1000):
         yield np.array(flat, dtype=np.int64).reshape(B, row_len), epoch
 
 
-def packed_batches(tokenizer, B, T, split, dataset=None, cache=None, buffer_size=1000):
+def packed_batches(tokenizer, B, T, split, dataset=None, cache=None, buffer_size=1000, shard=(0, 1)):
     """Endless (pair, epoch): pair is a [2, B, T] int64 array, inputs then targets (shifted by one within a
-    row of T + 1 tokens). The loader's whole host work: read shards, tokenize, pack. Runs in its worker."""
+    row of T + 1 tokens). The loader's whole host work: read shards, tokenize, pack. Runs in its worker.
+
+    shard (k, N), for rank k of N: training reads documents k, k+N, ... of the split (disjoint shares,
+    each rank tokenizing only its own); validation yields batches k, k+N, ... of the one validation stream,
+    so the ranks' batches together are exactly one process's (evaluate_bpb's metric does not change)."""
+    k, n = shard
     bos = tokenizer.get_bos_token_id()
     batches = document_batches(split, dataset, cache)
+    if split == "train" and n > 1:
+        batches = ((texts[k::n], epoch) for texts, epoch in batches)
     token_batches = ((tokenizer.encode(texts, prepend=bos), epoch) for texts, epoch in batches)
-    for rows, epoch in best_fit_rows(token_batches, B, T + 1, buffer_size):
+    packed = best_fit_rows(token_batches, B, T + 1, buffer_size)
+    if split == "val" and n > 1:
+        packed = itertools.islice(packed, k, None, n)
+    for rows, epoch in packed:
         yield np.stack((rows[:, :-1], rows[:, 1:])), epoch
+
+
+def this_rank():
+    """(rank, world size) of this process under torch.distributed (torchrun); (0, 1) otherwise."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 class _Packed(torch.utils.data.IterableDataset):
@@ -686,9 +704,11 @@ LOADER_DEPTH = 4  # batches made ahead: the worker makes one in ~120-190 ms at B
                   # (benchmarks/dataloader_results.md), a step consumes two in ~300 ms on an H100
 
 
-def make_dataloader(tokenizer, B, T, split, device="cpu", buffer_size=1000, dataset=None, cache=None):
+def make_dataloader(tokenizer, B, T, split, device="cpu", buffer_size=1000, dataset=None, cache=None,
+                    shard=None):
     """Endless (inputs, targets, epoch): LongTensors [B, T] on `device`, every row starting with BOS,
-    targets shifted by one within a row of T + 1 tokens. No padding. split is "train" or "val".
+    targets shifted by one within a row of T + 1 tokens. No padding. split is "train" or "val". Under
+    torchrun each rank gets its own share (packed_batches' shard; default: this process's rank).
 
     The batches are made ahead in one worker process (torch's DataLoader: reading, tokenizing and packing
     hold the GIL in part, so a thread would compete with the training loop's kernel launches), LOADER_DEPTH
@@ -700,7 +720,7 @@ def make_dataloader(tokenizer, B, T, split, device="cpu", buffer_size=1000, data
     device = torch.device(device)
     context = "fork" if sys.platform == "linux" else None  # no re-import of train.py in the worker
     loader = torch.utils.data.DataLoader(
-        _Packed(tokenizer, B, T, split, dataset, cache, buffer_size), batch_size=None, num_workers=1,
+        _Packed(tokenizer, B, T, split, dataset, cache, buffer_size, shard or this_rank()), batch_size=None, num_workers=1,
         prefetch_factor=LOADER_DEPTH, pin_memory=device.type == "cuda", multiprocessing_context=context)
     for pair, epoch in loader:
         if epoch is None:
@@ -717,18 +737,23 @@ def make_dataloader(tokenizer, B, T, split, device="cpu", buffer_size=1000, data
 def evaluate_bpb(model, tokenizer, batch_size):
     """Bits per byte on the validation shard: summed per-token cross-entropy (nats) over the summed UTF-8
     bytes of the target tokens, over ln 2. Targets that are special tokens (0 bytes) count in neither sum.
-    Independent of the vocabulary size; uses MAX_SEQ_LEN and EVAL_TOKENS so runs stay comparable."""
+    Independent of the vocabulary size; uses MAX_SEQ_LEN and EVAL_TOKENS so runs stay comparable. Under
+    torchrun the ranks split the same batches between them and add up their sums: the same metric."""
     device = next(model.parameters()).device
     token_bytes = tokenizer.token_bytes(device)
-    val_loader = make_dataloader(tokenizer, batch_size, MAX_SEQ_LEN, "val", device=device)
+    rank, world = this_rank()
+    val_loader = make_dataloader(tokenizer, batch_size, MAX_SEQ_LEN, "val", device=device, shard=(rank, world))
     steps = max(1, EVAL_TOKENS // (batch_size * MAX_SEQ_LEN))
-    total_nats, total_bytes = 0.0, 0
-    for _ in range(steps):
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # nats, bytes
+    for _ in range(rank, steps, world):  # this rank's batches: rank, rank + world, ...
         x, y, _ = next(val_loader)
         loss = model(x, y, reduction="none").reshape(-1).float()
         nbytes = token_bytes[y.reshape(-1)]
-        total_nats += (loss * (nbytes > 0)).sum().item()
-        total_bytes += nbytes.sum().item()
+        sums[0] += (loss * (nbytes > 0)).sum(dtype=torch.float64)
+        sums[1] += nbytes.sum(dtype=torch.float64)
+    if world > 1:
+        torch.distributed.all_reduce(sums)
+    total_nats, total_bytes = sums.tolist()
     return total_nats / (math.log(2) * total_bytes)
 
 # ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ Autoresearch pretraining script. Single device, single file: this is the file th
 
     uv run train.py              train for TIME_BUDGET seconds, evaluate val_bpb, print the summary
     uv run train.py --profile    profile a few steps, print where each step's time goes, exit
+    uv run torchrun --standalone --nproc_per_node=N train.py    the same run on N GPUs (DDP)
 
 On CUDA the defaults are upstream autoresearch's (DEPTH 8, 2^19 tokens per step, 5 minutes). Without a GPU
 a small preset runs instead (prepare.py's "cpu" preset and the CPU model size below), so a run takes minutes.
@@ -53,7 +54,7 @@ FINAL_LR_FRAC = 0.0
 DEPTH = 8                  # transformer layers
 DEVICE_BATCH_SIZE = 128    # sequences per forward/backward; lower it if CUDA runs out of memory
 if DEVICE_TYPE == "cpu":   # small preset so a CPU run takes minutes (see README)
-    DEPTH, DEVICE_BATCH_SIZE, TOTAL_BATCH_SIZE = 2, 8, 8 * MAX_SEQ_LEN
+    DEPTH, DEVICE_BATCH_SIZE, TOTAL_BATCH_SIZE = 2, 4, 8 * MAX_SEQ_LEN
 
 # ---------------------------------------------------------------------------
 # GPT model
@@ -382,18 +383,19 @@ def build_model(vocab_size, device):
     return model
 
 
-def make_train_step(model, optimizer, loader, grad_accum_steps, autocast):
+def make_train_step(model, optimizer, loader, grad_accum_steps, autocast, ranks):
     """train_step(step, progress) -> loss tensor of the last micro-batch: one optimizer step, no host sync."""
-    forward = torch.compile(model, dynamic=False) if COMPILE else model
+    ddp = ranks.distribute(model)  # DistributedDataParallel under torchrun, else the model itself
+    forward = torch.compile(ddp, dynamic=False) if COMPILE else ddp
     batch = next(loader)
 
     def train_step(step, progress):
         nonlocal batch
-        for _ in range(grad_accum_steps):
+        for i in range(grad_accum_steps):
             x, y, _epoch = batch
-            with autocast:
+            with autocast, ranks.grad_sync(ddp, last=i == grad_accum_steps - 1):
                 loss = forward(x, y)
-            (loss / grad_accum_steps).backward()
+                (loss / grad_accum_steps).backward()
             batch = next(loader)  # the next batch is prepared while the GPU works
         set_schedules(optimizer, step, progress)
         optimizer.step()
@@ -403,12 +405,14 @@ def make_train_step(model, optimizer, loader, grad_accum_steps, autocast):
     return train_step, forward
 
 
-def check_batch_sizes():
-    tokens = DEVICE_BATCH_SIZE * MAX_SEQ_LEN
+def check_batch_sizes(ranks):
+    """Micro-batches per step on each rank (TOTAL_BATCH_SIZE is the tokens per step over all ranks)."""
+    tokens = DEVICE_BATCH_SIZE * MAX_SEQ_LEN * ranks
     if TOTAL_BATCH_SIZE % tokens:
+        on = f" x {ranks} ranks" if ranks > 1 else ""
         raise runner.ConfigError(
-            f"TOTAL_BATCH_SIZE ({TOTAL_BATCH_SIZE}) is not a multiple of DEVICE_BATCH_SIZE x MAX_SEQ_LEN "
-            f"({DEVICE_BATCH_SIZE} x {MAX_SEQ_LEN} = {tokens}); change one of them")
+            f"TOTAL_BATCH_SIZE ({TOTAL_BATCH_SIZE}) is not a multiple of DEVICE_BATCH_SIZE x MAX_SEQ_LEN{on} "
+            f"({DEVICE_BATCH_SIZE} x {MAX_SEQ_LEN}{on} = {tokens}); change one of them")
     return TOTAL_BATCH_SIZE // tokens
 
 
@@ -428,7 +432,7 @@ def main(argv=None):
 
 def train_and_evaluate(run):
     """Set up the model and data, train, evaluate: fills run.summary (the runner prints it and exits)."""
-    grad_accum_steps = check_batch_sizes()
+    grad_accum_steps = check_batch_sizes(run.ranks.world_size)
     run.start()  # prepares the data if none is; prints the device, settings and early-abort gate lines
     torch.manual_seed(42)
     if DEVICE_TYPE == "cuda":
@@ -443,7 +447,7 @@ def train_and_evaluate(run):
     run.describe_model(model, flops_per_token, TOTAL_BATCH_SIZE, grad_accum_steps)
     optimizer = make_optimizer(model)
     loader = make_dataloader(tokenizer, DEVICE_BATCH_SIZE, MAX_SEQ_LEN, "train", device=device)
-    train_step, forward = make_train_step(model, optimizer, loader, grad_accum_steps, autocast)
+    train_step, forward = make_train_step(model, optimizer, loader, grad_accum_steps, autocast, run.ranks)
     train(run, train_step, flops_per_token)
     if run.profile_only:
         return
@@ -466,7 +470,7 @@ def train(run, train_step, flops_per_token):
         """Wait for step `done` and account for it."""
         nonlocal t_train, progress, smooth
         loss = loss.item()  # waits for the GPU to finish step `done`
-        dt = clock.elapsed(mark)
+        loss, dt = run.ranks.agree(loss, clock.elapsed(mark))  # under torchrun: the ranks' mean loss, slowest time
         if not math.isfinite(loss) or loss > 100:
             raise runner.Diverged(f"loss {loss} at step {done}")
         if done >= excluded:

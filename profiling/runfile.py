@@ -14,7 +14,7 @@ VERSION = 1
 # The printed summary block, in order (upstream's fields). Values are numbers.
 SUMMARY_FIELDS = (
     "val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
-    "total_tokens_M", "num_steps", "num_params_M", "depth",
+    "total_tokens_M", "num_steps", "num_params_M", "depth", "world_size",
 )
 STATUSES = ("ok", "crash", "fail", "early_abort")  # fail: NaN or exploding loss
 # Top-level keys, in the order they are written. `summary` holds SUMMARY_FIELDS; `settings` the effective
@@ -31,6 +31,7 @@ LOSS_CURVE_POINTS = 20  # at least this many evenly spaced fractions of the time
 SUMMARY_FORMATS = {
     "val_bpb": ".6f", "training_seconds": ".1f", "total_seconds": ".1f", "peak_vram_mb": ".1f",
     "mfu_percent": ".2f", "total_tokens_M": ".1f", "num_steps": "d", "num_params_M": ".1f", "depth": "d",
+    "world_size": "d",
 }
 
 

@@ -5,10 +5,18 @@ imports it; the rest of the package stays torch-free.
     run = runner.Run(argv, __file__, DEVICE_TYPE, hyperparameters)  # flags; run.json: "crash" until the end
     return run.execute(lambda: train_and_evaluate(run))            # exit code; run.json and the summary
 
-Inside, train.py calls run.start() (data, header lines, the gate), run.describe_model(), run.profile() at
-one step of the loop, run.track() for each counted step, and fills run.summary.
+Inside, train.py calls run.start() (data, header lines, the gate), run.describe_model(), run.distribute()
+and run.grad_sync() around the model, run.agree() and run.track() for each step, run.profile() at one step of
+the loop, and fills run.summary.
+
+Under torchrun (`torchrun --standalone --nproc_per_node=N train.py`) the Run is one of N ranks: it joins the
+process group (NCCL on CUDA, gloo on the CPU), wraps the model in DistributedDataParallel, and keeps the
+ranks in step on the host: every rank uses the same step time and loss (run.agree), so they stop, diverge
+and abort together, and the gate's decision is made on rank 0 and sent to the others. Only rank 0 prints
+and writes run.json. Those host-side messages go over a gloo group, never over the GPU stream.
 """
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,6 +24,7 @@ import time
 import traceback
 
 import torch
+import torch.distributed as dist
 
 import prepare
 from profiling import runfile
@@ -151,6 +160,98 @@ class StepClock:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Several processes (torchrun)
+# ---------------------------------------------------------------------------------------------------------
+
+def world_size():
+    """The number of ranks this run trains on: torchrun's WORLD_SIZE, 1 without torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class Ranks:
+    """This process's place among the ranks (`rank`, `world_size`, `local_rank`, from torchrun's
+    environment) and, once joined, `control`: a gloo group for the host-side messages (step time, loss, the
+    gate), so they never wait behind the GPU's queue."""
+
+    def __init__(self, cuda):
+        self.cuda, self.world_size = cuda, world_size()
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.control = None
+
+    def join(self):
+        """Join the process group (NCCL on CUDA, gloo on the CPU); nothing on one rank."""
+        if self.world_size == 1:
+            return
+        if self.cuda:
+            if self.local_rank >= torch.cuda.device_count():
+                raise ConfigError(f"rank {self.rank} needs GPU {self.local_rank} but this machine has "
+                                  f"{torch.cuda.device_count()}; lower --nproc_per_node")
+            torch.cuda.set_device(self.local_rank)
+            dist.init_process_group("nccl", device_id=torch.device("cuda", self.local_rank))
+            self.control = dist.new_group(backend="gloo")
+        else:
+            dist.init_process_group("gloo")
+            self.control = dist.group.WORLD
+
+    @property
+    def first(self):
+        return self.rank == 0
+
+    def barrier(self):
+        if self.control is not None:
+            dist.barrier(group=self.control)
+
+    def gather(self, values):
+        """Every rank's list of floats, in rank order (the host's all-gather; [values] on one rank)."""
+        if self.control is None:
+            return [list(values)]
+        mine = torch.tensor(values, dtype=torch.float64)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(out, mine, group=self.control)
+        return [t.tolist() for t in out]
+
+    def from_first(self, obj):
+        """Rank 0's `obj`, on every rank."""
+        if self.control is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def distribute(self, model):
+        """The model in DistributedDataParallel under torchrun (gradients averaged over the ranks in
+        backward); the model itself on one rank."""
+        if self.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, device_ids=[self.local_rank] if self.cuda else None,
+                                       broadcast_buffers=False)  # the buffers (rotary tables) are constants
+
+    def grad_sync(self, model, last):
+        """Context for one micro-batch's forward and backward: gradients are averaged over the ranks only in
+        the last micro-batch of a step (DDP's no_sync for the others)."""
+        if last or not hasattr(model, "no_sync"):
+            return contextlib.nullcontext()
+        return model.no_sync()
+
+    def agree(self, loss, seconds):
+        """(loss, seconds) of a finished step as every rank will use them: the mean loss over the ranks and
+        the slowest rank's time, so all ranks keep the same budget, stop at the same step and see a NaN
+        together. Unchanged on one rank."""
+        if self.world_size == 1:
+            return loss, seconds
+        rows = self.gather([loss, seconds])
+        return sum(r[0] for r in rows) / len(rows), max(r[1] for r in rows)
+
+    def close(self):
+        """Leave the process group; only where every rank gets to (a crashed rank just exits: torchrun
+        then stops the others)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------------------
 
@@ -162,13 +263,19 @@ class Run:
         self.args = parse_args(argv)
         self.t_start = time.time()
         self.cuda = device_type == "cuda"
+        self.ranks = Ranks(self.cuda)
+        n = self.ranks.world_size
         self.device = torch.cuda.get_device_name() if self.cuda else "cpu"
-        self.peak_flops = hardware.peak_flops(self.device) if self.cuda else None
+        self.device_peak = hardware.peak_flops(self.device) if self.cuda else None
+        self.peak_flops = self.device_peak * n if self.device_peak else None  # all ranks' GPUs
+        settings = prepare.settings()
+        if self.cuda or n > 1:  # runs on other GPU kinds or numbers of ranks are other groups
+            settings["hardware"] = f"{n}x {self.device}"
         self.record = dict(device=self.device, torch=torch.__version__, commit=git_commit(train_file),
-                           dataset="unknown", settings=prepare.settings(), hyperparameters=hyperparameters,
+                           dataset="unknown", settings=settings, hyperparameters=hyperparameters,
                            loss_curve=None, profile=None)
         self.summary = dict.fromkeys(runfile.SUMMARY_FIELDS)
-        self.summary["depth"] = hyperparameters.get("DEPTH")
+        self.summary.update(depth=hyperparameters.get("DEPTH"), world_size=n)
         self.gate, self.points, self.model_meta = None, [], {}
         if not self.args.profile:
             self.write("crash", "did not finish: killed, timed out, or crashed before writing its summary")
@@ -183,6 +290,8 @@ class Run:
         return not self.args.no_profile
 
     def write(self, status, error=None):
+        if not self.ranks.first:
+            return
         self.summary["total_seconds"] = round(time.time() - self.t_start, 1)
         if self.cuda:
             self.summary["peak_vram_mb"] = round(torch.cuda.max_memory_allocated() / 1024**2, 1)
@@ -198,14 +307,19 @@ class Run:
 
     def execute(self, body):
         """Run body(); returns the exit code: 0 ok, 1 FAIL or crash, 2 a refused configuration, 3 early
-        abort."""
+        abort. Under torchrun every rank runs it; only rank 0 prints to stdout and writes run.json."""
+        if not self.ranks.first:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
         try:
+            self.ranks.join()
             body()
+            self.ranks.close()
         except (ConfigError, prepare.PrepareError) as e:
             print(f"error: {e}", file=sys.stderr)
             return self.finish("crash", error=str(e), code=2)
         except Diverged as e:
-            print(f"\nFAIL: {e}")  # NaN or exploding loss
+            print(f"\nFAIL: {e}")  # NaN or exploding loss (every rank sees the same loss: run.agree)
+            self.ranks.close()
             return self.finish("fail", error=str(e), code=1)
         except EarlyAbort as e:
             d = e.decision
@@ -213,6 +327,7 @@ class Run:
                   f"{d['ratio']}x the reference {d['reference_loss']} (threshold {d['threshold']}x)")
             keys = ("fraction", "loss", "reference_loss", "ratio", "threshold")
             extra = [(f"gate_{k}", d[k]) for k in keys]
+            self.ranks.close()  # every rank got the same decision (run.track)
             return self.finish("early_abort", code=gate.EXIT_CODE, extra=extra)
         except torch.OutOfMemoryError:
             batch = self.record["hyperparameters"].get("DEVICE_BATCH_SIZE")
@@ -225,14 +340,19 @@ class Run:
         return 0 if self.profile_only else self.finish("ok")
 
     def start(self):
-        """Prepare the data if none is, print the device, settings and gate lines, and arm the gate."""
-        self.record["dataset"] = prepare.ensure_data()
+        """Prepare the data if none is (rank 0, the others wait), print the device, settings and gate lines,
+        and arm the gate."""
+        if self.ranks.first:
+            self.record["dataset"] = prepare.ensure_data()
+        self.ranks.barrier()
+        if not self.ranks.first:
+            self.record["dataset"] = prepare.ensure_data()
         print(f"Device: {self.device} | torch {torch.__version__} | dataset: {self.record['dataset']}")
         print("Settings: " + ", ".join(f"{k}={v}" for k, v in self.record["settings"].items()))
         a = self.args
         reference, why_off = (None, "off (--no-gate)") if a.no_gate or a.profile else \
             gate.find_reference(experiments.default_path(), self.record["settings"], self.record["dataset"])
-        self.gate = gate.Gate(reference) if reference else None
+        self.gate = gate.Gate(reference) if reference and self.ranks.first else None  # decides on rank 0
         self.record["gate"] = {"status": self.gate.describe() if self.gate else why_off, "decisions": []}
         if not a.profile:
             print(f"Early-abort gate: {self.record['gate']['status']}")
@@ -254,9 +374,11 @@ class Run:
 
     def track(self, progress, loss):
         """A counted step's smoothed loss at `progress`: a point of the loss curve, and the gate's check
-        (raises EarlyAbort)."""
+        (raises EarlyAbort). The gate decides on rank 0; every rank gets its decision."""
         self.points.append((progress, loss))
         decision = self.gate.check(progress, loss) if self.gate else None
+        if self.ranks.world_size > 1:
+            decision = self.ranks.from_first(decision)
         if decision:
             self.record["gate"]["decisions"].append(decision)
             if decision["abort"]:

@@ -15,7 +15,7 @@ import torch
 
 import prepare
 import train
-from profiling import cli, runfile
+from profiling import cli, runfile, runner
 from profiling.research import gate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,8 +66,8 @@ def test_loss_falls_on_the_builtin_corpus(prepared_cache):
     tokenizer = prepare.Tokenizer.from_directory()
     model = train.build_model(tokenizer.get_vocab_size(), torch.device("cpu"))
     loader = prepare.make_dataloader(tokenizer, train.DEVICE_BATCH_SIZE, prepare.MAX_SEQ_LEN, "train")
-    step_fn, _ = train.make_train_step(model, train.make_optimizer(model), loader, train.check_batch_sizes(),
-                                       torch.autocast("cpu", dtype=torch.bfloat16))
+    step_fn, _ = train.make_train_step(model, train.make_optimizer(model), loader, train.check_batch_sizes(1),
+                                       torch.autocast("cpu", dtype=torch.bfloat16), runner.Ranks(cuda=False))
     losses = [step_fn(step, 0.0).item() for step in range(40)]
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
@@ -98,7 +98,7 @@ def test_profile_with_zero_active_steps_is_refused(tiny, capsys):
 
 
 def test_nan_loss_prints_fail_and_exits_1(tiny, capsys, monkeypatch):
-    def nan_step(model, optimizer, loader, grad_accum_steps, autocast):
+    def nan_step(model, optimizer, loader, grad_accum_steps, autocast, ranks):
         return (lambda step, progress: torch.tensor(float("nan"))), model
     monkeypatch.setattr(train, "make_train_step", nan_step)
     assert train.main(["--no-gate", "--no-profile"]) == 1
@@ -107,7 +107,7 @@ def test_nan_loss_prints_fail_and_exits_1(tiny, capsys, monkeypatch):
 
 
 def test_an_exception_in_training_writes_a_crash_run_json(tiny, capsys, monkeypatch):
-    def broken_step(model, optimizer, loader, grad_accum_steps, autocast):
+    def broken_step(model, optimizer, loader, grad_accum_steps, autocast, ranks):
         def step(step, progress):
             raise RuntimeError("shape mismatch in an edit")
         return step, model
@@ -215,7 +215,7 @@ def test_train_py_runs_as_a_script(prepared_cache, tmp_path):
 
 
 def test_cuda_out_of_memory_names_the_knob_and_writes_a_crash(tiny, capsys, monkeypatch):
-    def oom_step(model, optimizer, loader, grad_accum_steps, autocast):
+    def oom_step(model, optimizer, loader, grad_accum_steps, autocast, ranks):
         def step(step, progress):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
         return step, model

@@ -4,6 +4,7 @@ import torch
 
 import kernels
 import train
+from profiling import runner
 
 pytestmark = pytest.mark.gpu
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -20,7 +21,8 @@ def test_compiled_model_trains_a_few_cuda_steps():
     model.setup_attention()
     optimizer = train.make_optimizer(model)
     batches = iter([(*torch.randint(0, 512, (2, 4, 256), device="cuda").unbind(0), 0)] * 100)
-    step_fn, _ = train.make_train_step(model, optimizer, batches, 2, torch.autocast("cuda", torch.bfloat16))
+    step_fn, _ = train.make_train_step(model, optimizer, batches, 2, torch.autocast("cuda", torch.bfloat16),
+                                       runner.Ranks(cuda=True))
     losses = [step_fn(step, 0.0).item() for step in range(8)]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]

@@ -97,7 +97,7 @@ def test_lr_schedule_is_constant_then_linear_warmdown():
 def test_batch_sizes_that_do_not_divide_are_refused(monkeypatch):
     monkeypatch.setattr(train, "TOTAL_BATCH_SIZE", 1000)
     with pytest.raises(ValueError, match="TOTAL_BATCH_SIZE .* DEVICE_BATCH_SIZE"):
-        train.check_batch_sizes()
+        train.check_batch_sizes(1)
 
 
 @pytest.mark.parametrize("name,tflops", [

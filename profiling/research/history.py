@@ -12,9 +12,19 @@ STAGNANT_KEPT = 5         # ... or the last this-many kept ones each improved by
 STAGNANT_RELATIVE = 0.001  # 0.1% relative
 
 
+def group_settings(record):
+    """A record's settings as its group compares them. Since issue #27 a GPU run's settings name its hardware
+    ("hardware": "2x NVIDIA H100 80GB HBM3"), so runs on other GPU kinds or numbers never compare; a record
+    written before then ran on one GPU of its `device`."""
+    settings, device = record.get("settings"), record.get("device")
+    if isinstance(settings, dict) and "hardware" not in settings and device not in (None, "cpu"):
+        return {**settings, "hardware": f"1x {device}"}
+    return settings
+
+
 def same_group(record, settings, dataset):
-    """Runs are compared only with runs of identical settings and dataset."""
-    return record.get("settings") == settings and record.get("dataset") == dataset
+    """Runs are compared only with runs of identical settings (hardware included) and dataset."""
+    return group_settings(record) == settings and record.get("dataset") == dataset
 
 
 def best_kept(records, settings, dataset):
@@ -35,7 +45,7 @@ def best_per_group(records):
     for r in records:
         bpb = r.get("val_bpb")
         if r["status"] == "keep" and bpb is not None:
-            key = (_freeze(r.get("settings")), r.get("dataset"))
+            key = (_freeze(group_settings(r)), r.get("dataset"))
             if key not in best or bpb < best[key]["val_bpb"]:
                 best[key] = r
     return list(best.values())
@@ -80,8 +90,8 @@ def noise_floors(records):
     {"settings", "dataset", "std", "runs", "commits"} in order of first appearance."""
     groups = {}
     for r in records:
-        key = (_freeze(r.get("settings")), r.get("dataset"))
-        groups.setdefault(key, (r.get("settings"), r.get("dataset"), []))[2].append(r)
+        key = (_freeze(group_settings(r)), r.get("dataset"))
+        groups.setdefault(key, (group_settings(r), r.get("dataset"), []))[2].append(r)
     out = []
     for settings, dataset, members in groups.values():
         floor = noise_floor(members, settings, dataset)

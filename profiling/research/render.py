@@ -1,5 +1,6 @@
 """Text for the memory commands: `key: value` lines and GitHub Markdown tables. Pure: plain data in, a
 string out."""
+from profiling.research.history import group_settings
 from profiling.research.ucb1 import reward_rule
 
 CHANGE_WIDTH = 80
@@ -32,8 +33,9 @@ def fmt(value, spec=".6f", none="-"):
 def group_label(settings, dataset):
     if settings is None and dataset is None:
         return "imported (no settings, no dataset)"
-    preset = (settings or {}).get("preset")
-    return f"dataset {dataset}, " + (f"preset {preset}" if preset else f"settings {settings}")
+    preset, hardware = (settings or {}).get("preset"), (settings or {}).get("hardware")
+    label = f"dataset {dataset}, " + (f"preset {preset}" if preset else f"settings {settings}")
+    return label + (f", {hardware}" if hardware and preset else "")
 
 
 # ----------------------------------------------------------------------------
@@ -147,7 +149,7 @@ def show_text(view, path):
         head += f" (showing the last {len(shown)}; --last 0 for all)"
     lines = [head]
     lines += [f"best: {b['val_bpb']:.6f} (experiment {b['id']}, commit {b.get('commit') or 'n/a'}; "
-              f"{group_label(b.get('settings'), b.get('dataset'))})" for b in view["best"]]
+              f"{group_label(group_settings(b), b.get('dataset'))})" for b in view["best"]]
     if shown:
         lines += ["", experiments_table(shown),
                   "delta = baseline_bpb - val_bpb (positive is better); * = within the noise floor"]

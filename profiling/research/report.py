@@ -38,7 +38,7 @@ def groups(records):
     for r in records:
         key = (json.dumps(r.get("settings"), sort_keys=True), r.get("dataset"))
         if key not in out:
-            label = group_label(r.get("settings"), r.get("dataset"))
+            label = group_label(history.group_settings(r), r.get("dataset"))
             twin = next((g for g in out.values() if g["label"] == label), None)
             if twin:  # the same preset with other settings: name what differs
                 settings, other = r.get("settings") or {}, twin["settings"] or {}
