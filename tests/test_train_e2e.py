@@ -228,9 +228,11 @@ def test_cuda_out_of_memory_names_the_knob_and_writes_a_crash(tiny, capsys, monk
 
 
 def test_summary_format_is_pinned():
-    """The block the agent greps, character for character (upstream's fields and formats, then status)."""
+    """The block the agent greps, character for character (upstream's fields and formats, the number of
+    ranks, then status)."""
     summary = dict(val_bpb=0.9979, training_seconds=300.12, total_seconds=325.94, peak_vram_mb=45060.2,
-                   mfu_percent=39.8, total_tokens_M=499.6, num_steps=953, num_params_M=50.3, depth=8)
+                   mfu_percent=39.8, total_tokens_M=499.6, num_steps=953, num_params_M=50.3, depth=8,
+                   world_size=1)
     assert runfile.format_summary(summary) == (
         "---\n"
         "val_bpb:          0.997900\n"
@@ -242,6 +244,7 @@ def test_summary_format_is_pinned():
         "num_steps:        953\n"
         "num_params_M:     50.3\n"
         "depth:            8\n"
+        "world_size:       1\n"
         "status:           ok")
     summary.update(val_bpb=None, mfu_percent=None)
     block = runfile.format_summary(summary, "early_abort", [("gate_reference_loss", 0.217536)])
