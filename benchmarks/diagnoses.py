@@ -33,8 +33,8 @@ CASES = {
     "host_sync": (
         "the loss read with .item() after every micro-batch's backward (a host sync before the next batch)",
         ("host_sync",),
-        [("            (loss / grad_accum_steps).backward()\n",
-          ("            (loss / grad_accum_steps).backward()\n"
+        [("                (loss / grad_accum_steps).backward()\n",
+          ("                (loss / grad_accum_steps).backward()\n"
            "            last_loss = loss.item()  # planted\n"))],
         None),
     "nan_check": (
@@ -84,8 +84,8 @@ CASES = {
     "eager_model": (
         "the model left uncompiled (the optimizer's update functions stay compiled)",
         ("eager_code", "regression"),
-        [("    forward = torch.compile(model, dynamic=False) if COMPILE else model\n",
-          "    forward = model  # planted: no torch.compile\n")],
+        [("    forward = torch.compile(ddp, dynamic=False) if COMPILE else ddp\n",
+          "    forward = ddp  # planted: no torch.compile\n")],
         None),
     "eager_optimizer": (
         "the optimizer's update functions left uncompiled",
