@@ -11,6 +11,7 @@ then times `--steps` steps with the device synchronized at both ends. FLOPs acco
 """
 import argparse
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ import torch  # noqa: E402
 from common import report  # noqa: E402
 
 import prepare  # noqa: E402
+from profiling import runner  # noqa: E402
 from profiling.profile import hardware  # noqa: E402
 
 
@@ -52,7 +54,11 @@ def main():
     optimizer = train.make_optimizer(model)
     loader = prepare.make_dataloader(tokenizer, train.DEVICE_BATCH_SIZE, prepare.MAX_SEQ_LEN, "train", device=device)
     autocast = torch.autocast(device_type=train.DEVICE_TYPE, dtype=torch.bfloat16)
-    step_fn, _ = train.make_train_step(model, optimizer, loader, train.check_batch_sizes(), autocast)
+    if "ranks" in inspect.signature(train.make_train_step).parameters:  # since issue #27 (DDP)
+        step_fn, _ = train.make_train_step(model, optimizer, loader, train.check_batch_sizes(1), autocast,
+                                           runner.Ranks(train.DEVICE_TYPE == "cuda"))
+    else:  # an older train.py (--train)
+        step_fn, _ = train.make_train_step(model, optimizer, loader, train.check_batch_sizes(), autocast)
     sync = torch.cuda.synchronize if train.DEVICE_TYPE == "cuda" else (lambda: None)
 
     t0 = time.time()

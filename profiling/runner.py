@@ -407,13 +407,16 @@ class Run:
         from profiling.profile import capture  # the only module that drives torch.profiler
         a = self.args
         steps = iter(range(first_step, first_step + a.warmup_steps + a.active_steps))
+        model, n = dict(self.model_meta), self.ranks.world_size
+        if n > 1:  # a rank's trace: its own GPU, its share of the step's tokens and FLOPs
+            model.update(tokens_per_step=model["tokens_per_step"] // n, flops_per_step=model["flops_per_step"] / n)
         meta = dict(device=self.device, torch=torch.__version__, commit=self.record["commit"],
-                    peak_flops=self.peak_flops, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
+                    peak_flops=self.device_peak, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
-                    **self.model_meta)  # tokens_per_step, micro_batches, flops_per_step, parameters
+                    **model)  # tokens_per_step, micro_batches, flops_per_step, parameters
         report, self.record["profile"], seconds = capture.profile_training(
             lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta,
-            reference=self.profile_reference())
+            reference=self.profile_reference() if self.ranks.first else None, ranks=self.ranks)
         print(f"\n{report}\n(profile files: {self.record['profile']}; export, summary and report took "
               f"{seconds:.1f} s)")
         return a.warmup_steps + a.active_steps

@@ -6,7 +6,8 @@ One code path: the live profile exports a Chrome trace, and the report is made b
 Files, under ./profiles (git-ignored; AUTORESEARCH_PROFILE_DIR names another), one folder per profile:
     profiles/<time>-<commit>/report.md        the Markdown report printed to stdout
     profiles/<time>-<commit>/summary.json     the same numbers as JSON
-    profiles/<time>-<commit>/trace.json.gz    the Chrome trace (open it in https://ui.perfetto.dev)
+    profiles/<time>-<commit>/trace.json.gz    the Chrome trace (open it in https://ui.perfetto.dev); under
+                                              torchrun one per rank: rank-<k>.trace.json.gz
     profiles/latest                           a link to the newest folder (the next report diffs against it):
                                               `cat profiles/latest/report.md`
 """
@@ -201,29 +202,43 @@ def new_folder(root, stem):
             name = f"{stem}-{n}"
 
 
-def profile_training(step_fn, warmup, active, metadata, top=10, reference=None):
+def profile_training(step_fn, warmup, active, metadata, top=10, reference=None, ranks=None):
     """Capture, summarize, render and save one profile. reference: (summary.json path, label) of the profile
-    to look for a regression against (the best kept run's), or None.
+    to look for a regression against (the best kept run's), or None. ranks: under torchrun, the runner's
+    Ranks: every rank profiles the same steps and writes rank-<k>.trace.json.gz into one folder, and rank 0
+    makes the one report of all ranks (profiling.profile.ranks) once all are written.
 
-    Returns (markdown report, folder, seconds spent after the last profiled step: export, summary, render
-    and writing the files)."""
+    Returns (markdown report, or None on ranks other than 0; folder; seconds spent after the last profiled
+    step: export, summary, render and writing the files)."""
+    n = ranks.world_size if ranks else 1
+    if n > 1:
+        metadata = dict(metadata, rank=ranks.rank, world_size=n)
     trace, t_end = capture(step_fn, warmup, active, metadata)
-    result = summary.summarize(trace)
+    root = profile_dir()
+    previous = previous_summary(root)
+    stem = time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit")
+    name = new_folder(root, stem) if n == 1 or ranks.first else None
+    folder = os.path.join(root, ranks.from_first(name) if n > 1 else name)
+    trace_gz = gzip.compress(json.dumps(trace).encode(), compresslevel=1, mtime=0)
+    atomic_write(os.path.join(folder, f"rank-{ranks.rank}.trace.json.gz" if n > 1 else "trace.json.gz"),
+                 trace_gz)
+    if n > 1:
+        ranks.barrier()  # every rank's trace is written
+        if not ranks.first:
+            return None, folder, time.perf_counter() - t_end
+        from profiling.profile import ranks as multi_rank
+        result = multi_rank.summarize_folder(folder)
+    else:
+        result = summary.summarize(trace)
     if reference:
         try:
             regression.add(result, summary.load_summary(reference[0]), reference[1])
         except UserError as e:  # an unreadable reference costs the finding, not the profile
             print(f"profile: no regression check against {reference[0]}: {e}", file=sys.stderr)
-    root = profile_dir()
-    previous = previous_summary(root)
     report = render.to_markdown(result, previous=previous, top=top)
-    name = new_folder(root, time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit"))
-    folder = os.path.join(root, name)
-    trace_gz = gzip.compress(json.dumps(trace).encode(), compresslevel=1, mtime=0)
-    atomic_write(os.path.join(folder, "trace.json.gz"), trace_gz)
     atomic_write(os.path.join(folder, "summary.json"), render.to_json(result))
     atomic_write(os.path.join(folder, "report.md"), report + "\n")
     link = os.path.join(root, f".latest-{os.getpid()}")
-    os.symlink(name, link)  # relative, so the folder can move
+    os.symlink(os.path.basename(folder), link)  # relative, so the folder can move
     os.replace(link, os.path.join(root, "latest"))
     return report, folder, time.perf_counter() - t_end
