@@ -213,7 +213,7 @@ def record_from_run(records, run, dimension, change, *, rationale=None, status=N
     compared with the best kept run of `records` with the same settings and dataset. `now` is an
     aware datetime. The record's id is set when it is appended."""
     val = _checked_bpb(run)
-    settings, dataset = run["settings"], run["dataset"]
+    settings, dataset = group_settings(run), run["dataset"]
     base = best_kept(records, settings, dataset)
     base_bpb = base["val_bpb"] if base else None
     status, reason = decide_status(run["status"], val, base_bpb, status)

@@ -197,6 +197,28 @@ def test_baseline_is_the_best_kept_run_with_identical_settings_and_dataset():
     assert [r["id"] for r in history.best_per_group(records)] == [2, 4, 5]
 
 
+def test_runs_on_other_gpu_kinds_or_numbers_are_other_groups():
+    def on(hardware, val, commit, device="NVIDIA H100 80GB HBM3"):
+        run = make_run(val, commit=commit, time=commit,
+                       settings={**SETTINGS, "hardware": hardware} if hardware else SETTINGS)
+        run["device"] = device
+        return run
+
+    records = []
+    legacy = add(records, on(None, 1.0, "a"))  # written before runs named their hardware: one GPU
+    assert legacy["settings"]["hardware"] == "1x NVIDIA H100 80GB HBM3"
+    assert add(records, on("1x NVIDIA H100 80GB HBM3", 0.99, "b"))["baseline_id"] == legacy["id"]
+    two = add(records, on("2x NVIDIA H100 80GB HBM3", 1.2, "c"))
+    assert two["status"] == "keep" and two["baseline_bpb"] is None  # a new group: its own baseline
+    h200 = add(records, on("1x NVIDIA H200", 1.3, "d", device="NVIDIA H200"))
+    assert h200["baseline_bpb"] is None
+    assert history.best_kept(records, {**SETTINGS, "hardware": "2x NVIDIA H100 80GB HBM3"}, "builtin") is two
+    assert len(history.best_per_group(records)) == 3
+    cpu = make_run(1.0, commit="e", time="e")
+    cpu["device"] = "cpu"
+    assert "hardware" not in history.group_settings(cpu)  # CPU runs of one process: as before
+
+
 def test_run_status_maps_to_the_memory_status():
     records = [dict(add([], make_run(1.0)), id=1)]
     crash = history.record_from_run(records, make_run(None, "crash"), "optimizer", "x", now=NOW)[0]
