@@ -126,6 +126,30 @@ CASES = {
           ("            x = torch.utils.checkpoint.checkpoint(  # planted\n"
            "                block, x, ve, cos_sin, self.masks[self.window_sizes[i]], use_reentrant=False)\n"))],
         None),
+    "hidden_host_work": (
+        "50 ms of Python work per micro-batch in the input pipeline, nothing else (hidden behind the GPU)",
+        (),
+        [("            batch = next(loader)  # the next batch is prepared while the GPU works\n",
+          "            batch = preprocess(next(loader))  # planted\n"),
+         ("def make_train_step(", ("def preprocess(batch):  # planted: Python work on every batch\n"
+                                  "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.05:\n"
+                                  "        pass\n    return batch\n\n\ndef make_train_step(")),
+         ("import math\n", "import math\nimport time  # planted\n")],
+        None),
+    "sync_exposes_host": (
+        "hidden_host_work plus the loss read with .item() after each micro-batch's backward: the sync "
+        "drains the GPU's queue, so the 50 ms run while the GPU waits (root cause: the sync)",
+        ("host_sync",),
+        [("                (loss / grad_accum_steps).backward()\n",
+          "                (loss / grad_accum_steps).backward()\n"
+          "                last_loss = loss.item()  # planted\n"),
+         ("            batch = next(loader)  # the next batch is prepared while the GPU works\n",
+          "            batch = preprocess(next(loader))  # planted\n"),
+         ("def make_train_step(", ("def preprocess(batch):  # planted: Python work on every batch\n"
+                                  "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.05:\n"
+                                  "        pass\n    return batch\n\n\ndef make_train_step(")),
+         ("import math\n", "import math\nimport time  # planted\n")],
+        None),
 }
 
 

@@ -1,11 +1,13 @@
 """Reading torch.profiler Chrome traces: load and check a file, index its events in one pass, and give each
-device event to the step that launched it. Stdlib only.
+device event to the step that launched it. Stdlib, and orjson for speed.
 
 Bad input raises UserError with a one-line message (the CLI prints it and exits 2).
 """
 import bisect
 import gzip
 import json
+
+import orjson
 
 from profiling.errors import UserError
 
@@ -35,6 +37,10 @@ def read_json(path):
             data = gzip.decompress(data)
         except (OSError, EOFError) as e:
             raise UserError(f"{path}: not a valid gzip file ({e})") from None
+    try:
+        return orjson.loads(data)  # 2-3x faster than json on traces; strict (no NaN): json decides then
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
