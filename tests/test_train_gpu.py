@@ -51,3 +51,34 @@ def test_cuda_attention_matches_dense_mask(compiled):
         ref_grads = torch.autograd.grad(ref, (qf, kf, vf), g.float())
         for a, b in zip((out, *grads), (ref, *ref_grads)):
             assert (a.float() - b).norm() / b.norm() < 1e-2, window
+
+
+@cuda
+def test_compiled_ddp_model_trains_like_the_plain_model():
+    """torch.compile of the DDP-wrapped model (DDP's graph splitting), with the fast kernels and no_sync on
+    the first micro-batch, on a process group of one GPU: the same losses as the plain compiled model."""
+    import torch.distributed as dist
+    cfg = train.GPTConfig(sequence_len=256, vocab_size=512, n_layer=2, n_head=2, n_kv_head=2, n_embd=256,
+                          window_pattern="SL")
+    batches = [(*torch.randint(0, 512, (2, 4, 256), device="cuda").unbind(0), 0) for _ in range(16)]
+
+    def losses(ranks):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = train.GPT(cfg)
+        model.init_weights()
+        model.setup_attention()
+        step_fn, _ = train.make_train_step(model, train.make_optimizer(model), iter(batches * 2), 2,
+                                           torch.autocast("cuda", torch.bfloat16), ranks)
+        return [step_fn(step, 0.0).item() for step in range(6)]
+
+    plain = losses(runner.Ranks(cuda=True))
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        ranks = runner.Ranks(cuda=True)
+        ranks.world_size = 2  # wrap in DDP although the group has one rank: the multi-GPU code path
+        wrapped = losses(ranks)
+    finally:
+        dist.destroy_process_group()
+    assert all(abs(a - b) / abs(b) < 2e-2 for a, b in zip(wrapped, plain)), (wrapped, plain)
