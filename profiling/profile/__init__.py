@@ -8,4 +8,7 @@ model's parts), `roofline` (FLOPs and bytes against the device's peaks, `hardwar
 source line) and `kernel_match` (kernels matched across recompiles for diffs); `findings` and
 `kernel_findings` turn the summary into causes with evidence, gain and fix; `render` writes the Markdown
 report and its JSON twin. `cli_profile` is `research profile TRACE`, the same path on a saved trace.
+`ranks` reads a profile folder of several ranks (torchrun: `rank-<k>.trace.json.gz`, or HTA's `rank-<k>.json`)
+into one result: rank 0's summary, a row per rank (step, compute, communication, exposed communication, idle),
+the skew between ranks and the `exposed_communication` and `straggler` findings (`summarize_folder(folder)`).
 """

@@ -2,6 +2,10 @@
 
 Categories (the rules, applied in this order; the first that matches wins):
 
+0. `communication`: collectives between ranks. On the GPU, NCCL's kernels (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`,
+   `ncclKernel_...`: every name starting `nccl`); on the CPU, the c10d and gloo collectives (`c10d::allreduce_`,
+   `gloo:all_reduce`, `record_param_comms`, the functional `_c10d_functional::all_reduce` and its
+   `wait_tensor`). DDP's own bucket copies and gradient division (`...reducer::...`) stay compute.
 1. `optimizer`: launched inside an optimizer annotation window (decided by the caller, see summary.py),
    or a name that names an optimizer (adam, muon, lamb, lion, sgd, optimizer).
 2. `memory`: device memcpy/memset records (`gpu_memcpy`, `gpu_memset`); on CPU, allocation and copy ops.
@@ -15,7 +19,7 @@ Categories (the rules, applied in this order; the first that matches wins):
 import functools
 import re
 
-CATEGORIES = ("GEMM", "attention", "other compute", "optimizer", "memory", "other")
+CATEGORIES = ("GEMM", "attention", "other compute", "optimizer", "memory", "communication", "other")
 
 _OPTIMIZER = re.compile(r"adam|muon|optimizer|(?<![a-z])(lamb|lion|sgd)(?![a-z])", re.IGNORECASE)
 # dot_do_o and convert_dq: the helper kernels of cuDNN's SDPA backward (compute_dot_do_o_specialized, ...)
@@ -27,6 +31,8 @@ _OTHER_COMPUTE = re.compile(r"^triton_|at::|c10::|cub::|thrust::|at_cuda_detail|
                             r"softmax|loss|cross_entropy|embedding|index|gather|scatter|copy|fill|cat_|sort", re.IGNORECASE)
 _CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|_scaled_mm|mkldnn_|convolution|"
                        r"_convolution|conv\w*|linear)", re.IGNORECASE)
+_COMM_KERNEL = re.compile(r"^nccl", re.IGNORECASE)
+_COMM_OP = re.compile(r"^(gloo:|nccl:|c10d::|_?c10d_functional::|record_param_comms$)")
 _CPU_MEMORY = re.compile(r"^aten::(copy_|to|_to_copy|empty\w*|zero_|zeros\w*|ones\w*|fill_|clone|"
                          r"contiguous|new_\w+|full\w*|resize_)$", re.IGNORECASE)
 
@@ -34,6 +40,8 @@ _CPU_MEMORY = re.compile(r"^aten::(copy_|to|_to_copy|empty\w*|zero_|zeros\w*|one
 @functools.lru_cache(maxsize=4096)
 def classify_kernel(raw, device_cat="kernel", in_optimizer=False):
     """The category of one device event: its raw kernel name, its trace `cat`, and where it was launched."""
+    if is_communication(raw, device=True):
+        return "communication"
     if in_optimizer or _OPTIMIZER.search(raw):
         return "optimizer"
     if device_cat in ("gpu_memcpy", "gpu_memset", "memcpy", "memset"):
@@ -42,8 +50,6 @@ def classify_kernel(raw, device_cat="kernel", in_optimizer=False):
         return "attention"
     if _GEMM.search(raw) or _is_triton_mm(raw):
         return "GEMM"
-    if raw.startswith("nccl"):  # communication: not compute, shown by name
-        return "other"
     if _OTHER_COMPUTE.search(raw):
         return "other compute"
     return "other"
@@ -52,6 +58,8 @@ def classify_kernel(raw, device_cat="kernel", in_optimizer=False):
 @functools.lru_cache(maxsize=4096)
 def classify_cpu_op(name, in_optimizer=False):
     """The category of one CPU operator (the CPU-profile twin of classify_kernel)."""
+    if is_communication(name):
+        return "communication"
     if in_optimizer or _OPTIMIZER.search(name):
         return "optimizer"
     if _CPU_MEMORY.match(name):
@@ -61,6 +69,11 @@ def classify_cpu_op(name, in_optimizer=False):
     if _CPU_GEMM.match(name):
         return "GEMM"
     return "other compute"
+
+
+def is_communication(name, device=False):
+    """True for a collective: an NCCL kernel (device=True), or a c10d/gloo/NCCL operator or annotation on the CPU."""
+    return bool((_COMM_KERNEL if device else _COMM_OP).match(name))
 
 
 def _is_triton_mm(raw):

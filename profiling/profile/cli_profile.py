@@ -1,11 +1,13 @@
 """`research profile TRACE`: where each training step's time goes, from any torch.profiler Chrome trace.
 
-A thin layer over profiling.profile.summary and profiling.profile.render; the main CLI (profiling/cli.py) registers it with
+TRACE may be a profile folder: one trace per rank (rank-<k>.trace.json.gz, or rank-<k>.json as Holistic Trace
+Analysis reads) gives one report for all ranks (profiling/profile/ranks.py); a folder with trace.json.gz, that trace.
+A thin layer over profiling.profile.summary, profiling.profile.ranks and profiling.profile.render; the main CLI (profiling/cli.py) registers it with
 `add_subparser` and turns a UserError into `research: error: <message>` and exit status 2.
 """
 import argparse
 
-from profiling.profile import regression, render, summary
+from profiling.profile import ranks, regression, render, summary
 
 DEFAULT_TOP = 10
 
@@ -25,8 +27,10 @@ def add_subparser(subparsers):
     p = subparsers.add_parser(
         "profile", help="summarize a torch.profiler trace: where each step's time goes",
         description="Summarize a torch.profiler Chrome trace (gzip or plain JSON, from any script, on any "
-                    "machine): per-step time by category, GPU idle, top kernels and checks, as Markdown.")
-    p.add_argument("trace", metavar="TRACE", help="the trace file (.json or .json.gz)")
+                    "machine): per-step time by category, GPU idle, top kernels and checks, as Markdown. A profile "
+                    "folder with one trace per rank (torchrun) gives one report for all ranks.")
+    p.add_argument("trace", metavar="TRACE", help="the trace file (.json or .json.gz), or a profile folder: "
+                   "rank-<k>.trace.json.gz or rank-<k>.json[.gz] per rank, or trace.json.gz")
     p.add_argument("--top", type=_count, metavar="N",
                    help=f"list the top N kernels (default {DEFAULT_TOP} in Markdown, all in JSON)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of Markdown")
@@ -39,7 +43,7 @@ def add_subparser(subparsers):
 
 def handler(args):
     """Print the report (or the JSON summary) for args.trace; bad input raises UserError. Returns 0."""
-    result = summary.summarize(summary.load_trace(args.trace))
+    result = ranks.summarize_path(args.trace)
     previous = summary.load_summary(args.previous) if args.previous else None
     if previous is not None:
         regression.add(result, previous, f"the profile {args.previous}")

@@ -1,14 +1,16 @@
 """Pure: where a step's time goes inside the model -- the region table of the profile. Stdlib only, never torch.
 
 Regions: embedding, attention (projections and attention kernels), MLP, norms and residuals, head and loss,
-optimizer, data movement, and `unattributed` (time no rule below could place: shown, never dropped); then
+optimizer, data movement, communication (collectives between ranks: a row only where there are some), and
+`unattributed` (time no rule below could place: shown, never dropped); then
 GPU idle and overlap from the step budget, so the rows add up to the step. The model regions (and
 unattributed) are split into forward and backward.
 
 Each device event (CPU profile: each operator's self time) is placed by the first rule that applies:
 
 1. The step budget's own categories: `optimizer` (launched inside the optimizer annotation window, or
-   named for an optimizer) and `memory` (memcpy/memset records) -> optimizer, data movement; `attention`
+   named for an optimizer), `memory` (memcpy/memset records) and `communication` (NCCL kernels, c10d/gloo
+   collectives) -> optimizer, data movement, communication; `attention`
    kernels (flex/flash/fused attention) -> attention. So these rows match the budget.
 2. GEMMs (the budget's GEMM kernels, or launched by aten::mm/addmm/bmm/linear/...): by the weight they
    multiply. The launching operator is found by the launch's `External id`; with record_shapes=True it
@@ -65,8 +67,10 @@ from profiling.profile.classify import classify_cpu_op, short_name
 from profiling.profile.traceio import backward_windows, by_thread, is_backward, outer_names, parents
 
 MODEL_REGIONS = ("embedding", "attention", "MLP", "norms and residuals", "head and loss")
-REGIONS = MODEL_REGIONS + ("optimizer", "data movement", "unattributed")
-BY_CATEGORY = {"optimizer": "optimizer", "memory": "data movement", "attention": "attention"}
+REGIONS = MODEL_REGIONS + ("optimizer", "data movement", "communication", "unattributed")
+BY_CATEGORY = {"optimizer": "optimizer", "memory": "data movement", "attention": "attention",
+               "communication": "communication"}
+SOMETIMES = ("communication",)  # regions with a row only where they have time
 NO_PARAMETERS = "no parameter shapes in the trace metadata (autoresearch.parameters): GEMMs are unattributed"
 MAX_LISTED = 5          # unattributed kernels and parameters listed in the summary
 
@@ -418,6 +422,8 @@ def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None), boun
     rows = []
     for region in REGIONS:
         keys = [(region, p) for p in ("forward", "backward", None)]
+        if region in SOMETIMES and not any(key in totals.us for key in keys):
+            continue
         fwd, bwd, other = (totals.us.get(key, 0.0) / n / 1e3 for key in keys)
         split = region in MODEL_REGIONS or region == "unattributed"
         row = _row(region, fwd + bwd + other, step, fwd if split else None, bwd if split else None)
@@ -437,11 +443,11 @@ def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None), boun
         rows[-2]["bound_ms"], rows[-1]["bound_ms"] = 0.0, rows[-1]["ms_per_step"]
     unplaced = sorted(totals.unplaced.items(), key=lambda kv: -kv[1])
     unknown = params.unplaced()
+    lost = next(r for r in rows if r["region"] == "unattributed")["ms_per_step"]
     return {
         "parameters": len(params.region),
         "rows": rows,
-        "attributed_percent": _r(100 * (1 - rows[REGIONS.index("unattributed")]["ms_per_step"] / device)
-                                 if device else 0.0),
+        "attributed_percent": _r(100 * (1 - lost / device) if device else 0.0),
         "unattributed": [{"name": short_name(name), "raw_name": name, "reason": reason,
                           "ms_per_step": _r(us / n / 1e3)} for (name, reason), us in unplaced[:MAX_LISTED]],
         "shared_shapes": [{"shape": list(shape), "parameters": dict(counts), "ms_per_step": _r(us / n / 1e3)}

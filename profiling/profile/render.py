@@ -5,7 +5,8 @@ header line (device, torch, steps profiled, tokens/step), then 0. the findings (
 the most, each with its evidence and fix: profiling/profile/findings.py), 1. the step budget (parts that add up to
 the step; MFU; peak memory), where the step goes in the model (regions, forward and backward; see
 profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the top kernels, 3. the checks, 4. what
-changed since the previous profile.
+changed since the previous profile. A profile of several ranks (profiling/profile/ranks.py) adds, after the findings, a
+row per rank and the skew between them; the other sections are rank 0's.
 Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
 """
 import json
@@ -21,6 +22,7 @@ PART_LABELS = {
     "other compute": "other compute (fused elementwise, norms, loss)",
     "optimizer": "optimizer",
     "memory": "memory (copy/set)",
+    "communication": "communication (collectives, overlapped or not)",
     "idle": "GPU idle (waiting on the CPU)",
     "outside ops": "outside operators (Python, data, waiting)",
     "overlap": "overlap (concurrent kernels, counted once)",
@@ -66,8 +68,9 @@ def to_markdown(summary, previous=None, top=10):
         title += f" (unprofiled; profiled {_ms(summary['step_ms'])}: see the note under the step budget)"
     state = device_state.text(summary.get("device_state"))
     lines += [title, _header(summary)] + ([state] if state else []) + [""]
-    if not cpu and "findings" in summary:
+    if (not cpu or "ranks" in summary) and "findings" in summary:
         lines += _findings(view) + [""]
+    lines += _ranks(view)
     lines += _budget(view) + _regions(view) + _lines(view) + [""] + _kernels(view, top) + [""] \
         + _checks(summary)
     if previous is not None:
@@ -107,6 +110,9 @@ def _header(s):
              f"{tokens:,} tokens/step" if isinstance(tokens, int) else "tokens/step unknown"]
     if s.get("commit"):
         parts.append(f"commit {s['commit']}")
+    if "ranks" in s:
+        parts.append(f"rank {s['report_rank']} of {s['world_size']} (every section but Ranks is rank "
+                     f"{s['report_rank']}'s)")
     return " · ".join(parts)
 
 
@@ -121,7 +127,8 @@ def _findings(s, shown=MAX_FINDINGS):
                   f"({100 * f['ms_per_step'] / step:.1f}% of the step)",
                   f"   evidence: {f['evidence']}", f"   fix: {f['fix']}"]
     if not big:
-        lines.append(f"No rule found a cause costing {SHOW_PERCENT:g}% of the step or more (GPU idle "
+        idle = "outside operators" if s.get("kind") == "cpu" else "GPU idle"
+        lines.append(f"No rule found a cause costing {SHOW_PERCENT:g}% of the step or more ({idle} "
                      f"{s['idle_percent']:.1f}%)" + _unexplained(s.get("bound")))
     if len(found) > len(big):
         lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
@@ -151,6 +158,31 @@ def _budget(s):
             "kernels' time, which profiling does not change"] if distorted else []
     return ["## 1. Step budget", _table(["part", "ms/step", "% of step"], rows), "", " · ".join(extras)] \
         + _bound_line(s.get("bound")) + note
+
+
+def _ranks(s):
+    """The ranks of a multi-rank profile (profiling/profile/ranks.py): one step-budget row each, and the skew."""
+    if "ranks" not in s:
+        return []
+    rows = [[str(r["rank"]), _ms(r["step_ms"]), _ms(r["compute_ms"]), _ms(r["comm_ms"]), _ms(r["exposed_comm_ms"]),
+             _pct(r["exposed_comm_ms"], r["step_ms"]), _ms(r["idle_ms"]), _ms(r["work_ms"])] for r in s["ranks"]]
+    head = ["rank", "step ms", "compute", "communication", "exposed comm", "exposed %", "idle", "work"]
+    idle = "outside every operator and collective" if s.get("kind") == "cpu" else "no kernel runs"
+    lines = [f"## Ranks ({s['world_size']}): the step on each rank", _table(head, rows), "",
+             "per step: compute: some non-communication " + ("operator" if s.get("kind") == "cpu" else "kernel")
+             + " runs; communication: a collective runs (" + ("gloo/c10d collectives on their threads"
+             if s.get("kind") == "cpu" else "NCCL kernels") + "); exposed comm: a collective runs and no compute; "
+             f"idle: {idle}; compute + exposed + idle = step; work = step - exposed comm (what a rank does "
+             "besides waiting on the collectives)"]
+    k = s.get("skew")
+    if k and len(s["ranks"]) > 1:
+        grew = ", ".join(f"{g['part']} +{_ms(g['ms'])}" for g in k["grew"][:3]) or "nothing by category"
+        ops = ", ".join(f"`{_code(o['name'])}` +{_ms(o['ms'])}" for o in k["ops"])
+        lines.append(f"skew: step rank {k['slowest']} (slowest) - rank {k['fastest']} (fastest) = "
+                     f"{_ms(k['step_spread_ms'])} ms (collectives make the steps equal); work rank {k['straggler']} "
+                     f"(most) - rank {k['least_work']} (least) = {_ms(k['work_spread_ms'])} ms; grew on rank "
+                     f"{k['straggler']}, ms/step: {grew}" + (f"; operators: {ops}" if ops else ""))
+    return lines + [""]
 
 
 def _unexplained(b):

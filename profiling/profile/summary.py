@@ -29,7 +29,8 @@ The summary (plain JSON data; `render.to_json` writes it as is):
     steps, step_ms, step_ms_each                      profiled steps; mean and per-step ms
     idle_ms, idle_percent, device_ms                  per step (device_ms: None for a CPU profile)
     categories                                        part -> ms/step: GEMM, attention, other compute,
-                                                      optimizer, memory, other, idle ("outside ops" on
+                                                      optimizer, memory, communication (only where there
+                                                      are collectives), other, idle ("outside ops" on
                                                       CPU), overlap; they sum to step_ms
     other_kernels                                     names of the kernels in "other"
     kernels, kernels_total                            [{name, raw_name, category, ms_per_step,
@@ -202,7 +203,7 @@ def _summarize_device(ix, meta):
     bounds = bound.event_bounds(tl, work, rate, peaks[1]) if peaks[1] else None
     s = _header("cuda", meta, n, step_ms, each)
     s.update(idle_ms=_r(cats["idle"]), idle_percent=_r(100 * cats["idle"] / step_ms if step_ms else 0.0),
-             device_ms=_r(sum(cats[c] for c in CATEGORIES)), categories={k: _r(v) for k, v in cats.items()},
+             device_ms=_r(sum(cats[c] for c in CATEGORIES)), categories=_categories(cats),
              other_kernels=[k["name"] for k in kernels if k["category"] == "other"],
              kernels=kernels, kernels_total=len(kernels),
              not_counted={"launched_before_steps": out["before"], "launched_outside_steps": out["outside"],
@@ -266,7 +267,7 @@ def _summarize_cpu(ix, meta):
     s = _header("cpu", meta, n, step_ms, each)
     s.update(idle_ms=_r(cats["outside ops"]),
              idle_percent=_r(100 * cats["outside ops"] / step_ms if step_ms else 0.0),
-             device_ms=None, categories={k: _r(v) for k, v in cats.items()}, other_kernels=[],
+             device_ms=None, categories=_categories(cats), other_kernels=[],
              kernels=_kernel_rows(rows, n, step_ms, readable=False), kernels_total=len(rows),
              not_counted={}, findings=[], regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}),
              lines=lines.cpu_table(ix, placed, meta, step_ms))
@@ -280,6 +281,11 @@ def _summarize_cpu(ix, meta):
 
 def _r(x):
     return None if x is None else round(float(x), 4)
+
+
+def _categories(cats):
+    """The budget's parts, rounded; `communication` only where there is some (a single-process run has none)."""
+    return {k: _r(v) for k, v in cats.items() if k != "communication" or v}
 
 
 def _metadata(trace):

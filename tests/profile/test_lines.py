@@ -49,7 +49,7 @@ def line_of(text, trace=None):
 def test_compiled_calls_are_all_placed_and_only_eager_work_is_not(cpu):
     table = cpu["lines"]
     assert table["missing"] is None and table["graphs"] == 2  # forward and backward
-    ops_ms = sum(cpu["categories"][c] for c in CATEGORIES)
+    ops_ms = sum(cpu["categories"].get(c, 0.0) for c in CATEGORIES)  # communication only where there is some
     assert table["placed_ms"] + table["unplaced_ms"] == pytest.approx(ops_ms, abs=1e-3)
     assert table["placed_percent"] == pytest.approx(100 * table["placed_ms"] / ops_ms, abs=1e-3)
     assert 30 < table["placed_percent"] < 70  # on the CPU the optimizer runs eager: about half of the step

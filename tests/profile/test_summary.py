@@ -347,7 +347,7 @@ def test_different_raw_names_never_share_a_name():
     ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor<float> >()", "kernel", "optimizer"),
     ("Memset (Device)", "gpu_memset", "memory"),
     ("Memcpy DtoD (Device -> Device)", "gpu_memcpy", "memory"),
-    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "kernel", "other"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "kernel", "communication"),
     ("my_custom_kernel", "kernel", "other"),
 ])
 def test_categories(raw, cat, expected):
