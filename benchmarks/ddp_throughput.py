@@ -5,7 +5,8 @@
 Each run is a real `train.py --no-profile --no-gate` (under `torchrun --standalone --nproc_per_node=N` for
 N GPUs) with AUTORESEARCH_TIME_BUDGET=--budget seconds of counted training; its tokens/s is from run.json:
 TOTAL_BATCH_SIZE x counted steps / training_seconds (the first EXCLUDED_STEPS steps, compilation, are not
-counted). Runs, in this order:
+counted), and the median of the counted steps' `dt` on the progress lines (the slowest rank's step time
+under torchrun). Runs, in this order:
     1gpu_before   --before (train.py before the change), 1 GPU (when given)
     1gpu          train.py, 1 GPU
     Ngpu          train.py on N GPUs: torch.compile of the DDP-wrapped model (DDP's graph splitting)
@@ -14,6 +15,8 @@ counted). Runs, in this order:
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -23,6 +26,16 @@ OUTER = ("    ddp = ranks.distribute(model)  # DistributedDataParallel under tor
          "    forward = torch.compile(ddp, dynamic=False) if COMPILE else ddp\n")
 INNER = ("    ddp = ranks.distribute(torch.compile(model, dynamic=False) if COMPILE else model)\n"
          "    forward = ddp  # variant: the inner model compiled, then wrapped in DDP\n")
+
+
+def gpu_state():
+    """nvidia-smi's SM clock, power and clock event reasons right after a run (None without nvidia-smi)."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=index,clocks.sm,clocks.max.sm,power.draw,power.limit,"
+                               "clocks_event_reasons.active", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def run(name, train_py, gpus, budget, work):
@@ -44,10 +57,14 @@ def run(name, train_py, gpus, budget, work):
         record = json.load(f)
     s, hp = record["summary"], record["hyperparameters"]
     counted = s["num_steps"] - hp["EXCLUDED_STEPS"]
-    tok_s = hp["TOTAL_BATCH_SIZE"] * counted / s["training_seconds"]
-    out = {"name": name, "gpus": gpus, "tokens_per_s": round(tok_s), "step_ms": round(1000 * s["training_seconds"]
-           / counted, 2), "mfu_percent": s["mfu_percent"], "counted_steps": counted, "val_bpb": s["val_bpb"],
-           "peak_vram_mb": s["peak_vram_mb"], "wall_s": round(time.time() - t0, 1)}
+    steps = [int(ms) for n, ms in re.findall(r"step (\d+) .*?dt: (\d+)ms", proc.stdout.replace("\r", "\n"))
+             if int(n) >= hp["EXCLUDED_STEPS"]]
+    median_ms = statistics.median(steps)
+    out = {"name": name, "gpus": gpus, "tokens_per_s": round(hp["TOTAL_BATCH_SIZE"] * counted / s["training_seconds"]),
+           "tokens_per_s_median_step": round(hp["TOTAL_BATCH_SIZE"] / median_ms * 1000), "median_step_ms": median_ms,
+           "mean_step_ms": round(1000 * s["training_seconds"] / counted, 2), "mfu_percent": s["mfu_percent"],
+           "counted_steps": counted, "val_bpb": s["val_bpb"], "peak_vram_mb": s["peak_vram_mb"],
+           "gpu_state": gpu_state(), "wall_s": round(time.time() - t0, 1)}
     print(json.dumps(out), flush=True)
     return out
 
@@ -75,7 +92,8 @@ def main():
                if plan[name][0]]
     ok = {r["name"]: r for r in results if "error" not in r}
     if "1gpu" in ok and "Ngpu" in ok:
-        print(f"speedup {args.gpus} GPUs vs 1: {ok['Ngpu']['tokens_per_s'] / ok['1gpu']['tokens_per_s']:.3f}x")
+        print(f"speedup {args.gpus} GPUs vs 1: {ok['Ngpu']['tokens_per_s'] / ok['1gpu']['tokens_per_s']:.3f}x "
+              f"(median steps: {ok['1gpu']['median_step_ms'] / ok['Ngpu']['median_step_ms']:.3f}x)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"budget_s": args.budget, "runs": results}, f, indent=2)
