@@ -66,16 +66,27 @@ def test_one_rank_failing_ends_the_others_with_its_error(prepared_cache, tmp_pat
 
 
 @pytest.mark.slow
-def test_train_py_on_two_processes_trains_evaluates_and_writes_one_run_json(prepared_cache, tmp_path):
+def test_train_py_on_two_processes_trains_profiles_evaluates_and_writes_one_run_json(prepared_cache, tmp_path):
     env = dict(AUTORESEARCH_TIME_BUDGET="2", AUTORESEARCH_EVAL_TOKENS=str(4 * 4 * prepare.MAX_SEQ_LEN),
-               AUTORESEARCH_MEMORY=str(tmp_path / "experiments.json"))
-    proc, _ = torchrun([os.path.join(ROOT, "train.py"), "--no-profile"], tmp_path, **env)
+               AUTORESEARCH_MEMORY=str(tmp_path / "experiments.json"),
+               AUTORESEARCH_PROFILE_DIR=str(tmp_path / "profiles"))
+    proc, _ = torchrun([os.path.join(ROOT, "train.py"), "--active-steps", "2", "--warmup-steps", "1"], tmp_path,
+                       **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("\n---\n") == 1  # rank 0 prints, the other is quiet
+    assert proc.stdout.count("\n---\n") == 1 and proc.stdout.count("# Profile:") == 1  # rank 0 prints
     block = proc.stdout[proc.stdout.rindex("\n---\n"):]
     assert "world_size:       2" in block and "status:           ok" in block
     run = runfile.read_run(tmp_path / "run.json")
     assert run["summary"]["world_size"] == 2 and run["settings"]["hardware"] == "2x cpu"
+    folder = run["profile"]
+    assert sorted(os.listdir(folder)) == ["rank-0.trace.json.gz", "rank-1.trace.json.gz", "report.md",
+                                          "summary.json"]
+    assert "## Ranks (2)" in proc.stdout
+    with open(os.path.join(folder, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["world_size"] == 2 and [r["rank"] for r in summary["ranks"]] == [0, 1]
+    for r in summary["ranks"]:
+        assert {"step_ms", "comm_ms", "exposed_comm_ms", "idle_ms"} <= set(r) and r["comm_ms"] > 0
 
 
 def test_gradient_accumulation_must_divide_over_the_ranks(monkeypatch):
