@@ -27,6 +27,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# 50 ms of Python per micro-batch in the input pipeline (the plants hidden_host_work and sync_exposes_host)
+HOST_WORK_50MS = [
+    ("            batch = next(loader)  # the next batch is prepared while the GPU works\n",
+     "            batch = preprocess(next(loader))  # planted\n"),
+    ("def make_train_step(", ("def preprocess(batch):  # planted: Python work on every batch\n"
+                             "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.05:\n"
+                             "        pass\n    return batch\n\n\ndef make_train_step(")),
+    ("import math\n", "import math\nimport time  # planted\n")]
+
 # name -> (what is planted, finding kinds that name it, [(text in train.py, replacement)], background load)
 CASES = {
     "baseline": ("nothing: the default train.py", (), [], None),
@@ -129,12 +138,7 @@ CASES = {
     "hidden_host_work": (
         "50 ms of Python work per micro-batch in the input pipeline, nothing else (hidden behind the GPU)",
         (),
-        [("            batch = next(loader)  # the next batch is prepared while the GPU works\n",
-          "            batch = preprocess(next(loader))  # planted\n"),
-         ("def make_train_step(", ("def preprocess(batch):  # planted: Python work on every batch\n"
-                                  "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.05:\n"
-                                  "        pass\n    return batch\n\n\ndef make_train_step(")),
-         ("import math\n", "import math\nimport time  # planted\n")],
+        HOST_WORK_50MS,
         None),
     "sync_exposes_host": (
         "hidden_host_work plus the loss read with .item() after each micro-batch's backward: the sync "
@@ -142,13 +146,7 @@ CASES = {
         ("host_sync",),
         [("                (loss / grad_accum_steps).backward()\n",
           "                (loss / grad_accum_steps).backward()\n"
-          "                last_loss = loss.item()  # planted\n"),
-         ("            batch = next(loader)  # the next batch is prepared while the GPU works\n",
-          "            batch = preprocess(next(loader))  # planted\n"),
-         ("def make_train_step(", ("def preprocess(batch):  # planted: Python work on every batch\n"
-                                  "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.05:\n"
-                                  "        pass\n    return batch\n\n\ndef make_train_step(")),
-         ("import math\n", "import math\nimport time  # planted\n")],
+          "                last_loss = loss.item()  # planted\n")] + HOST_WORK_50MS,
         None),
 }
 
