@@ -148,6 +148,48 @@ CASES = {
           "                (loss / grad_accum_steps).backward()\n"
           "                last_loss = loss.item()  # planted\n")] + HOST_WORK_50MS,
         None),
+    # after the rules recompute and misaligned_shapes (2026-11-24): cases none of the rules were written on
+    "checkpoint_mlp": (
+        "activation checkpointing around the MLP only (its forward recomputed in the backward)",
+        ("recompute", "regression"),
+        [("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.utils.checkpoint  # planted\n"),
+         ("        return x + self.mlp(norm(x))\n",
+          "        return x + torch.utils.checkpoint.checkpoint(self.mlp, norm(x), use_reentrant=False)  # planted\n")],
+        None),
+    "eager_attention": (
+        "the attention module excluded from torch.compile (@torch.compiler.disable on its forward)",
+        ("graph_break", "eager_code", "regression"),
+        [("    def forward(self, x, ve, cos_sin, mask):\n        B, T, C = x.size()\n",
+          "    @torch.compiler.disable  # planted\n    def forward(self, x, ve, cos_sin, mask):\n"
+          "        B, T, C = x.size()\n")],
+        None),
+    "clip_grad_sync": (
+        "gradient clipping each step with a finiteness check on the host (clip_grad_norm_ + .item())",
+        ("host_sync", "eager_code", "regression"),
+        [("        set_schedules(optimizer, step, progress)\n",
+          "        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # planted\n"
+          "        if not math.isfinite(grad_norm.item()):  # planted\n"
+          "            raise FloatingPointError('non-finite gradient')\n"
+          "        set_schedules(optimizer, step, progress)\n")],
+        None),
+    "mlp_width_1344": (
+        "the MLP's hidden width 1344 (8/3 x width rounded down to a multiple of 64): mlp_width_1365's reference",
+        (),
+        [("        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)\n"
+          "        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)\n",
+          ("        hidden = 1344  # planted: 8/3 x 512 rounded to a multiple of 64\n"
+           "        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)\n"
+           "        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)\n"))],
+        None),
+    "mlp_width_1365": (
+        "the MLP's hidden width int(8/3 x width) = 1365 (a SwiGLU-style ratio, not rounded)",
+        ("misaligned_shapes", "regression"),
+        [("        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)\n"
+          "        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)\n",
+          ("        hidden = int(8 / 3 * config.n_embd)  # planted: 1365, not a multiple of 8\n"
+           "        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)\n"
+           "        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)\n"))],
+        None),
 }
 
 

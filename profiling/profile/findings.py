@@ -21,7 +21,7 @@ from profiling.profile import hardware
 from profiling.profile.classify import short_name
 from profiling.profile.kernel_findings import attention_fallback, finding, fp32_matmul, slow_device, top
 from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
-from profiling.profile.waste_findings import eager_code, fp32_intermediate, over_bound
+from profiling.profile.waste_findings import eager_code, fp32_intermediate, misaligned_shapes, over_bound, recompute
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
 LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
@@ -39,7 +39,7 @@ def diagnose(tl, summary):
     ctx = _context(tl, summary)
     found = []
     for rule in (host_sync, graph_break, eager_code, fp32_matmul, fp32_intermediate, slow_device,
-                 attention_fallback, launch_bound, gpu_waits_on_host, over_bound):
+                 attention_fallback, recompute, misaligned_shapes, launch_bound, gpu_waits_on_host, over_bound):
         f = rule(tl, ctx, found)
         if f:
             found.append(f)
@@ -57,7 +57,8 @@ def _context(tl, s):
         scale = max(0.0, min(1.0, (unprofiled - busy) / idle)) if idle > 0 else 1.0
     peak = tl.meta.get("peak_flops") or hardware.peak_flops(s.get("device"))
     return {"step": step, "idle": idle, "busy": busy, "unprofiled": unprofiled, "scale": scale, "peak": peak,
-            "n": tl.n, "micro_batches": tl.meta.get("micro_batches")}
+            "n": tl.n, "micro_batches": tl.meta.get("micro_batches"), "peak_memory_mb": s.get("peak_memory_mb"),
+            "regions": (s.get("regions") or {}).get("rows", [])}
 
 
 def _idle(gaps, ctx):

@@ -41,6 +41,10 @@ attention (attn, attention, qkv, rotary), MLP (mlp, ffn, ff, fc, experts, moe), 
 *norm, resid, residual, lambda, lambdas). A path naming none of these (a new layer type) places nothing:
 its GEMMs stay unattributed and the parameter is listed.
 
+Padded shapes: Inductor pads a GEMM dimension that is not a multiple of 8 (bf16; 4 in float32) before
+multiplying (its pad_mm pass: a [262144, 2049] activation becomes [262144, 2056]), so a GEMM also matches a
+parameter whose shape, rounded up to a multiple of 4, 8 or 16, is the GEMM's (`Parameters.padded`).
+
 Shared shapes: when the parameters with a GEMM's shape live in several regions (c_q and c_proj are both
 [512, 512], both attention: fine; an MLP of 1x width would share [512, 512] with attention), the time is
 split in proportion to the number of those parameters in each region: same-shaped weights do the same
@@ -68,6 +72,7 @@ from profiling.profile.traceio import backward_windows, by_thread, is_backward, 
 
 MODEL_REGIONS = ("embedding", "attention", "MLP", "norms and residuals", "head and loss")
 REGIONS = MODEL_REGIONS + ("optimizer", "data movement", "communication", "unattributed")
+PAD_ALIGNMENTS = (4, 8, 16)  # Inductor pads a GEMM's misaligned dimension to a multiple of 8 (bf16) or 4 (fp32)
 BY_CATEGORY = {"optimizer": "optimizer", "memory": "data movement", "attention": "attention",
                "communication": "communication"}
 SOMETIMES = ("communication",)  # regions with a row only where they have time
@@ -145,12 +150,21 @@ class Parameters:
     def __init__(self, parameters):
         self.region = {}
         self.by_shape = {}
+        self.padded = {}  # a matrix's shape padded as Inductor pads a misaligned GEMM -> parameters
         for name, shape in (parameters or {}).items():
             if not (isinstance(shape, list) and shape and all(isinstance(x, int) for x in shape)):
                 continue
             self.region[name] = path_region(name)
             for key in {tuple(shape), tuple(reversed(shape)) if len(shape) == 2 else tuple(shape)}:
                 self.by_shape.setdefault(key, []).append(name)
+        for name in self.region:
+            shape = parameters[name]
+            for align in PAD_ALIGNMENTS if len(shape) == 2 else ():
+                padded = tuple(-(-x // align) * align for x in shape)
+                for key in {padded, padded[::-1]} - self.by_shape.keys():
+                    self.padded.setdefault(key, []).append(name)
+        for key, names in self.padded.items():
+            self.by_shape[key] = list(dict.fromkeys(names))
 
     def __bool__(self):
         return bool(self.region)
@@ -281,11 +295,11 @@ class Totals:
 
     def __init__(self, work=False):
         self.work = work   # whether FLOPs and bytes are counted (device profiles)
-        self.us, self.flops, self.bytes, self.bytes_us, self.bound = {}, {}, {}, {}, {}
+        self.us, self.flops, self.bytes, self.bytes_us, self.bound, self.gemm_flops = {}, {}, {}, {}, {}, {}
         self.unplaced = {}
         self.shared = {}
 
-    def add(self, us, placed, backward, name, flops=None, nbytes=None, bound=None):
+    def add(self, us, placed, backward, name, flops=None, nbytes=None, bound=None, gemm=False):
         shares, reason, shared = placed
         phase = "backward" if backward else "forward"
         for region, f in shares:
@@ -294,6 +308,8 @@ class Totals:
             self.bound[key] = self.bound.get(key, 0.0) + (us if bound is None else bound) * f
             if flops:
                 self.flops[key] = self.flops.get(key, 0.0) + flops * f
+                if gemm:
+                    self.gemm_flops[key] = self.gemm_flops.get(key, 0.0) + flops * f
             if nbytes:
                 self.bytes[key] = self.bytes.get(key, 0.0) + nbytes * f
                 self.bytes_us[key] = self.bytes_us.get(key, 0.0) + us * f
@@ -326,7 +342,8 @@ def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), mo
             backward = is_backward(launch, windows) or id(e) in moved
             moved_us += e["dur"] if id(e) in moved else 0.0
             flops, nbytes = work[k][i] if work else (None, None)
-            totals.add(e["dur"], placed, backward, name, flops, nbytes, bounds[k][i] if bounds else None)
+            totals.add(e["dur"], placed, backward, name, flops, nbytes, bounds[k][i] if bounds else None,
+                       gemm=cat == "GEMM")
     table = _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params, peaks,
                    bounds is not None)
     table["moved_to_backward_ms"] = _r(moved_us / max(1, len(tl.per_step)) / 1e3)
@@ -431,6 +448,9 @@ def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None), boun
             flops, nbytes, bytes_us = (sum(d.get(key, 0.0) for key in keys) / n
                                        for d in (totals.flops, totals.bytes, totals.bytes_us))
             row.update(roofline.rates(flops, (fwd + bwd + other) * 1e3, nbytes or None, bytes_us, *peaks))
+            gemm = [totals.gemm_flops.get(key, 0.0) / n for key in keys[:2]]
+            if split and any(gemm):
+                row["gemm_flops"] = {"forward": gemm[0], "backward": gemm[1]}
         if bounded:
             row["bound_ms"] = _r(sum(totals.bound.get(key, 0.0) for key in keys) / n / 1e3)
         rows.append(row)

@@ -4,6 +4,8 @@
   or a part of them left uncompiled): the chain's kernels against one fused pass.
 - fp32_intermediate: large float32 tensors (hundreds of MB) written and read by the compiled graph's
   non-GEMM kernels each micro-batch: their traffic against the same tensors in bf16.
+- recompute: the backward's GEMMs doing more than twice the forward's FLOPs in a region (activation
+  checkpointing: the backward re-runs the forward): the region's forward time, once per share re-run.
 - over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
   bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where.
 
@@ -11,6 +13,7 @@ Each rule takes (timeline, context, findings so far) and returns a finding or No
 """
 from profiling.profile.classify import short_name
 from profiling.profile.kernel_findings import finding, top
+from profiling.profile.regions import PAD_ALIGNMENTS
 from profiling.profile.roofline import DTYPE_BYTES
 from profiling.profile.timeline import COMPILED
 
@@ -23,6 +26,10 @@ LARGE_FP32_BYTES = 256e6  # a float32 tensor this large per micro-batch is an ac
 # 2026-11-23: GEMMs at most 1.25x, cuDNN attention 2.0-2.3x (flash recomputation is not in its FLOPs),
 # fused elementwise and loss kernels at most 4.0x (the fused loss: exp-bound, its bytes a floor))
 OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
+# recompute: a backward GEMM pass does exactly 2x its forward's FLOPs (the input's gradient and the weight's);
+# every region of every H100/H200 fixture without recomputation: 2.00; activation checkpointing: 3.00
+RECOMPUTE_RATIO = 2.1
+ALIGN = 8  # a matrix dimension not a multiple of this needs padding (Inductor) or slow unaligned GEMM kernels
 OVER_RATIO_OTHER = 5.0
 OVER_MIN_SHARE = 0.01    # of the step, summed over the flagged kernels
 
@@ -111,6 +118,87 @@ def _mb(shape):
     for x in shape:
         n *= x
     return f"{n / 1e6:,.0f}"
+
+
+def recompute(tl, ctx, found):
+    """Regions whose backward GEMMs do more than twice their forward's FLOPs: the backward re-runs part of the
+    forward; that share of the region's forward time is the gain."""
+    ms, parts = 0.0, []
+    for row in ctx["regions"]:
+        gemm = row.get("gemm_flops") or {}
+        fwd, bwd = gemm.get("forward") or 0.0, gemm.get("backward") or 0.0
+        if fwd and bwd > RECOMPUTE_RATIO * fwd:
+            share = min(1.0, (bwd - 2 * fwd) / fwd)
+            ms += share * (row.get("forward_ms") or 0.0)
+            parts.append(f"{row['region']} {bwd / fwd:.2f}x (re-runs {100 * share:.0f}% of its forward, "
+                         f"{share * (row.get('forward_ms') or 0.0):.1f} ms)")
+    if ms < EAGER_MIN_SHARE * ctx["step"]:
+        return None
+    memory = ctx.get("peak_memory_mb")
+    evidence = ("the backward's GEMMs do more than twice the forward's FLOPs (2.00x when nothing is recomputed: "
+                "one GEMM for the input's gradient, one for the weight's): " + ", ".join(parts)
+                + "; gain: the re-run share of each region's forward time (the norms' and residuals' recomputation "
+                "not counted)" + (f"; peak memory {memory:,.0f} MB" if memory else ""))
+    return finding("recompute", ms, ctx, evidence,
+                   "remove activation checkpointing (torch.utils.checkpoint, checkpoint_sequential) or the "
+                   "manual recomputation in these regions, unless memory requires it (then checkpoint fewer "
+                   "blocks, or lower DEVICE_BATCH_SIZE and raise the gradient accumulation instead)")
+
+
+def _misaligned(parameters):
+    """{parameter: shape} of the matrices with a dimension of 64 or more not a multiple of ALIGN, and the
+    dimensions their GEMMs may show (as is, or padded as Inductor pads them)."""
+    bad = {name: shape for name, shape in (parameters or {}).items()
+           if isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) for x in shape)
+           and any(x >= 64 and x % ALIGN for x in shape)}
+    dims = {-(-x // a) * a for shape in bad.values() for x in shape if x >= 64 and x % ALIGN
+            for a in (1,) + PAD_ALIGNMENTS}
+    return bad, dims
+
+
+def _on_dims(op, dims):
+    shapes = (op.get("args") or {}).get("Input Dims") if op else None
+    return isinstance(shapes, list) and any(isinstance(s, list) and dims.intersection(s) for s in shapes)
+
+
+def misaligned_shapes(tl, ctx, found):
+    """Kernels on the shapes of parameters whose dimensions are not multiples of ALIGN: their time over their
+    bound (the same kinds of kernels on aligned shapes, for comparison, in the evidence)."""
+    bounds = getattr(tl, "bounds", None)
+    bad, dims = _misaligned(tl.meta.get("parameters"))
+    if not bounds or not bad:
+        return None
+    acc = {}  # (category, on misaligned shapes) -> [us, bound us]; kernel name -> us
+    kernels = {}
+    for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
+        for (e, launch), cat, b in zip(evs, cats, bs):
+            if not b or cat not in ("GEMM", "other compute"):
+                continue
+            hit = _on_dims(tl.op_of(launch), dims)
+            row = acc.setdefault((cat, hit), [0.0, 0.0])
+            row[0], row[1] = row[0] + e["dur"], row[1] + b
+            if hit:
+                kernels[str(e.get("name", ""))] = kernels.get(str(e.get("name", "")), 0.0) + e["dur"]
+    gain, parts = 0.0, []
+    for cat in ("GEMM", "other compute"):
+        (us, b), (ref_us, ref_b) = acc.get((cat, True), (0.0, 0.0)), acc.get((cat, False), (0.0, 0.0))
+        if us:
+            gain += us - b
+            parts.append(f"{cat} {us / ctx['n'] / 1e3:.1f} ms at {us / b:.2f}x its bound"
+                         + (f" (on aligned shapes {ref_us / ref_b:.2f}x)" if ref_b else ""))
+    ms = gain / ctx["n"] / 1e3
+    if ms < EAGER_MIN_SHARE * ctx["step"]:
+        return None
+    names = list(bad)
+    shown = ", ".join(f"{n} {bad[n]}" for n in names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    evidence = (f"{len(names)} parameters have a dimension not a multiple of {ALIGN}: {shown}; the kernels on "
+                "their shapes (as is, or padded by Inductor): " + "; ".join(parts) + "; top: "
+                + ", ".join(f"`{short_name(k)}` {t / ctx['n'] / 1e3:.1f} ms" for k, t in top(kernels))
+                + "; gain: those kernels brought to their bound (the passes Inductor adds to pad them are part of "
+                "it, so they are not counted)")
+    return finding("misaligned_shapes", ms, ctx, evidence,
+                   f"make every matrix dimension a multiple of 64 (at least of {ALIGN}): round the width that "
+                   "made these shapes (a hidden size, a head count x head size, a vocabulary) to one")
 
 
 def over_bound(tl, ctx, found):
