@@ -301,7 +301,7 @@ def report(args):
     base = summaries.get("baseline", {}).get("unprofiled_step_ms")
     rows = [evaluate(c, summaries[c], base) for c in cases]
     rows += [{"case": c, "planted": CASES[c][0], "result": "FAIL: no trace (see its log)"} for c in CASES
-             if c not in cases]
+             if c not in cases and os.path.exists(os.path.join(args.out, f"{c}.log"))]
     keys = ["case", "unprofiled_ms", "profiled_ms", "slowdown_ms", "top_finding", "naming_finding", "within_30pct",
             "result"]
     table = tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, tablefmt="github")

@@ -30,6 +30,8 @@ FRAGMENT_GAP_US = 2000.0   # idle between fragments is a resume's Python; longer
 LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
 LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
 SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
+UNFUSED_OPS = ("aten::embedding",)  # lookups and their scatter-add: the same work in one graph (as are GEMMs,
+                                   # attention and custom operators such as kernels.py's)
 FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
 
 
@@ -121,7 +123,8 @@ def _exposed(tl, gaps, ctx):
 
 
 def graph_break(tl, ctx, found):
-    """More compiled regions per micro-batch than one: the eager kernels and idle between the fragments."""
+    """More compiled regions per micro-batch than one: the eager elementwise kernels a single graph would fuse
+    away, and the idle between the fragments."""
     counts = [len(r) for r in tl.regions]
     if not counts or not max(counts):
         return None
@@ -133,12 +136,13 @@ def graph_break(tl, ctx, found):
     eager_us, eager_ops, idle = 0.0, {}, []
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
-            if cat in ("optimizer", "memory"):
-                continue
+            if cat != "other compute":
+                continue  # GEMMs and attention kernels run as long in one graph: only the fusion is lost
             chain = tl.chain(tl.op_of(launch))
-            if chain and not any(c.startswith(COMPILED) for c in chain):
+            op = _launcher(chain) if chain and not any(c.startswith(COMPILED) for c in chain) else None
+            if op and op.startswith("aten::") and not op.startswith(UNFUSED_OPS):
                 eager_us += e["dur"]
-                eager_ops[_launcher(chain)] = eager_ops.get(_launcher(chain), 0.0) + e["dur"]
+                eager_ops[op] = eager_ops.get(op, 0.0) + e["dur"]
     for g in tl.gaps:
         if g.cause is None and g.us < FRAGMENT_GAP_US and _between_fragments(tl, g):
             g.cause = "graph_break"
@@ -149,15 +153,17 @@ def graph_break(tl, ctx, found):
     resumes = ", ".join(name.replace("torch_dynamo_resume_in_", "").replace("_at_", " at line ")
                         for name in list(dynamo.get("resumes", {}))[:3])
     lines = _break_lines(tl.meta.get("provenance"))
-    evidence = (f"{per_mb:g} compiled regions per micro-batch (1 expected); eager kernels between them "
+    evidence = (f"{per_mb:g} compiled regions per micro-batch (1 expected); eager elementwise kernels between them "
                 f"{eager:.1f} ms/step (" + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in top(eager_ops))
                 + f"), GPU idle between them {_idle(idle, ctx):.1f} ms/step"
                 + (f"; dynamo: {reasons}" if reasons else "")
                 + (f"; breaks at {', '.join(lines[:3])}" if lines else f"; resumes in {resumes}" if resumes else "")
-                + "; fusion lost inside the fragments is not counted")
+                + "; gain: those kernels fused away (GEMMs, attention, lookups and custom operators run the same in "
+                "one graph), and the idle")
     return finding("graph_break", eager + _idle(idle, ctx), ctx, evidence,
-                    "keep the model one graph: no data-dependent Python branch, .item(), print or "
-                    "non-torch call inside forward (check such things once per step, outside the model)")
+                    "keep the model one graph: no data-dependent Python branch, .item(), print, "
+                    "torch.compiler.disable or non-torch call inside forward (check such things once per step, "
+                    "outside the model)")
 
 
 def _break_lines(record):
