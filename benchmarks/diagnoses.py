@@ -172,6 +172,21 @@ CASES = {
           "            raise FloatingPointError('non-finite gradient')\n"
           "        set_schedules(optimizer, step, progress)\n")],
         None),
+    "eval_forward": (
+        "a second forward under torch.no_grad each step (the train loss of the last micro-batch, for logging)",
+        ("forward_without_backward", "regression"),
+        [("        set_schedules(optimizer, step, progress)\n",
+          "        with torch.no_grad(), autocast:  # planted: a no-grad forward each step\n"
+          "            forward(x, y)\n"
+          "        set_schedules(optimizer, step, progress)\n")],
+        None),
+    "sync_microbatch": (
+        "torch.cuda.synchronize() after every micro-batch's backward",
+        ("host_sync", "regression"),
+        [("                (loss / grad_accum_steps).backward()\n",
+          "                (loss / grad_accum_steps).backward()\n"
+          "                torch.cuda.synchronize()  # planted\n")],
+        None),
     "mlp_width_1344": (
         "the MLP's hidden width 1344 (8/3 x width rounded down to a multiple of 64): mlp_width_1365's reference",
         (),

@@ -21,7 +21,8 @@ from profiling.profile import hardware
 from profiling.profile.classify import short_name
 from profiling.profile.kernel_findings import attention_fallback, finding, fp32_matmul, slow_device, top
 from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
-from profiling.profile.waste_findings import eager_code, fp32_intermediate, misaligned_shapes, over_bound, recompute
+from profiling.profile.waste_findings import (eager_code, forward_without_backward, fp32_intermediate,
+                                              misaligned_shapes, over_bound, recompute)
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
 LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
@@ -41,7 +42,8 @@ def diagnose(tl, summary):
     ctx = _context(tl, summary)
     found = []
     for rule in (host_sync, graph_break, eager_code, fp32_matmul, fp32_intermediate, slow_device,
-                 attention_fallback, recompute, misaligned_shapes, launch_bound, gpu_waits_on_host, over_bound):
+                 attention_fallback, recompute, forward_without_backward, misaligned_shapes,
+                 launch_bound, gpu_waits_on_host, over_bound):
         f = rule(tl, ctx, found)
         if f:
             found.append(f)
@@ -78,27 +80,36 @@ def _scaled(ctx):
 
 def host_sync(tl, ctx, found):
     """Host syncs made by the step's operators, costed by the GPU idle that begins while the host waits."""
-    syncs = [(e, chain) for e, chain in tl.syncs if chain]  # none around it: the capture's own final sync
+    # a sync made by an operator (.item(), .cpu()), or by a call the host samples place in the agent's code
+    # (torch.cuda.synchronize() has no operator around it); neither: the capture's own sync at the window's edge
+    python = {id(e): _sync_line(tl, e) for e, chain in tl.syncs if not chain}
+    syncs = [(e, chain) for e, chain in tl.syncs if chain or python[id(e)]]
     if not syncs:
         return None
+    mine = {id(e) for e, _ in syncs}
     claimed, exposed = [], []
     for g in tl.gaps:
         hit = tl.sync_at(g)
-        if hit and hit[1] and g.launch["ts"] >= hit[0]["ts"] + hit[0]["dur"] - 50.0:
+        if hit and id(hit[0]) in mine and g.launch["ts"] >= hit[0]["ts"] + hit[0]["dur"] - 50.0:
             g.cause = "host_sync"
             claimed.append(g)
     ends = [(tl.step_of(e["ts"]), e["ts"] + e["dur"]) for e, chain in syncs]
-    for g in tl.gaps:  # root cause first: a sync in this step or the last drained the queue that hid the host
-        k = tl.step_of(g.launch["ts"])
-        if g.cause is None and g.us >= FRAGMENT_GAP_US and any(k is not None and 0 <= k - j <= 1 and t <= g.start
-                                                               for j, t in ends):
+    for g in tl.gaps:  # root cause first: a sync drained the queue that hid the host's work after it: the long
+        k = tl.step_of(g.launch["ts"])  # gaps of this step and the next, every gap of 0.2 ms or more of this one
+        if g.cause is None and k is not None and any(t <= g.start and (k == j and g.us >= LONG_GAP_US or
+                                                                       0 <= k - j <= 1 and g.us >= FRAGMENT_GAP_US)
+                                                     for j, t in ends):
             g.cause = "host_sync"
             exposed.append(g)
     ops = {}
-    for _, chain in syncs:
-        name = ([c for c in chain if c.startswith("aten::")] or [chain[0]])[-1]
+    for e, chain in syncs:
+        name = ([c for c in chain if c.startswith("aten::")] or [chain[0]])[-1] if chain else str(e["name"])
         ops[name] = ops.get(name, 0) + 1
     lines = [s for s in tl.meta.get("syncs") or () if not s["where"].startswith(SYNC_NOISE)]
+    texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
+    for line in dict.fromkeys(python[id(e)] for e, chain in syncs if not chain):
+        count = sum(1 for e, chain in syncs if not chain and python[id(e)] == line)
+        lines.append({"where": line.rsplit(" ", 1)[0], "line": texts.get(line, "?"), "count": count})
     where = "; ".join(f"{s['where']} `{s['line']}` ({s['count'] / ctx['n']:g}/step)" for s in lines[:3])
     evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in top(ops))
                 + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"
@@ -106,6 +117,12 @@ def host_sync(tl, ctx, found):
     return finding("host_sync", _idle(claimed + exposed, ctx), ctx, evidence,
                     "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
                     "tensor); read them once per step after the next step is launched, as train.py's loop does")
+
+
+def _sync_line(tl, e):
+    """The agent's line the host samples show blocked in sync call e, or None (no samples, or the profiler's)."""
+    line = _line_between(tl, tl.step_of(e["ts"]), e["ts"], e["ts"] + e["dur"])
+    return line if line and line in _own(tl) and not line.startswith(("profiling/", "prepare.py")) else None
 
 
 def _exposed(tl, gaps, ctx):
@@ -195,10 +212,14 @@ def _between_fragments(tl, g):
 def _host_line(tl, gap):
     """What the host did during a gap: the most sampled line of the project's own files (else the innermost
     frame) among the live run's samples inside it, or None without samples."""
+    return _line_between(tl, gap.step, gap.start, gap.end)
+
+
+def _line_between(tl, k, start, end):
     host = tl.meta.get("host_samples") or {}
     stacks, own = host.get("stacks") or [], _own(tl)
     counts = {}
-    for sid in tl.samples_between(gap.step, gap.start, gap.end):
+    for sid in tl.samples_between(k, start, end):
         if 0 <= sid < len(stacks) and stacks[sid]:
             label = next((f for f in stacks[sid] if f in own), stacks[sid][0])
             counts[label] = counts.get(label, 0) + 1

@@ -6,6 +6,8 @@
   non-GEMM kernels each micro-batch: their traffic against the same tensors in bf16.
 - recompute: the backward's GEMMs doing more than twice the forward's FLOPs in a region (activation
   checkpointing: the backward re-runs the forward): the region's forward time, once per share re-run.
+- forward_without_backward: the same ratio under 2 (forward GEMMs no backward trains through): the share of the
+  forward time without a backward.
 - over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
   bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where.
 
@@ -120,23 +122,31 @@ def _mb(shape):
     return f"{n / 1e6:,.0f}"
 
 
-def recompute(tl, ctx, found):
-    """Regions whose backward GEMMs do more than twice their forward's FLOPs: the backward re-runs part of the
-    forward; that share of the region's forward time is the gain."""
+def _unbalanced(ctx, share_of):
+    """(ms, evidence parts) over the regions where share_of(forward GEMM FLOPs, backward GEMM FLOPs) gives a
+    share of the region's forward time done for nothing."""
     ms, parts = 0.0, []
     for row in ctx["regions"]:
         gemm = row.get("gemm_flops") or {}
         fwd, bwd = gemm.get("forward") or 0.0, gemm.get("backward") or 0.0
-        if fwd and bwd > RECOMPUTE_RATIO * fwd:
-            share = min(1.0, (bwd - 2 * fwd) / fwd)
+        share = share_of(fwd, bwd) if fwd else None
+        if share and share * (row.get("forward_ms") or 0.0) >= 0.5:  # smaller: a stray GEMM, not a pattern
             ms += share * (row.get("forward_ms") or 0.0)
-            parts.append(f"{row['region']} {bwd / fwd:.2f}x (re-runs {100 * share:.0f}% of its forward, "
+            parts.append(f"{row['region']} {bwd / fwd:.2f}x ({100 * share:.0f}% of its forward, "
                          f"{share * (row.get('forward_ms') or 0.0):.1f} ms)")
+    return ms, parts
+
+
+def recompute(tl, ctx, found):
+    """Regions whose backward GEMMs do more than twice their forward's FLOPs: the backward re-runs part of the
+    forward; that share of the region's forward time is the gain."""
+    ms, parts = _unbalanced(ctx, lambda f, b: min(1.0, (b - 2 * f) / f) if b > RECOMPUTE_RATIO * f else None)
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     memory = ctx.get("peak_memory_mb")
     evidence = ("the backward's GEMMs do more than twice the forward's FLOPs (2.00x when nothing is recomputed: "
-                "one GEMM for the input's gradient, one for the weight's): " + ", ".join(parts)
+                "one GEMM for the input's gradient, one for the weight's): "
+                + ", ".join(parts).replace("% of its forward", "% of its forward re-run")
                 + "; gain: the re-run share of each region's forward time (the norms' and residuals' recomputation "
                 "not counted)" + (f"; peak memory {memory:,.0f} MB" if memory else ""))
     return finding("recompute", ms, ctx, evidence,
@@ -199,6 +209,21 @@ def misaligned_shapes(tl, ctx, found):
     return finding("misaligned_shapes", ms, ctx, evidence,
                    f"make every matrix dimension a multiple of 64 (at least of {ALIGN}): round the width that "
                    "made these shapes (a hidden size, a head count x head size, a vocabulary) to one")
+
+
+def forward_without_backward(tl, ctx, found):
+    """Regions whose backward GEMMs do less than twice their forward's FLOPs: part of the forward has no
+    backward (a forward under no_grad in the step, an output the loss never uses, a frozen weight)."""
+    ms, parts = _unbalanced(ctx, lambda f, b: (2 * f - b) / (2 * f) if b < f * 4 / RECOMPUTE_RATIO else None)
+    if ms < EAGER_MIN_SHARE * ctx["step"]:
+        return None
+    evidence = ("the backward's GEMMs do less than twice the forward's FLOPs (2.00x when every forward GEMM is "
+                "trained through): " + ", ".join(parts).replace("% of its forward", "% of its forward without a "
+                "backward") + "; gain: that share of each region's forward time")
+    return finding("forward_without_backward", ms, ctx, evidence,
+                   "find the forward work in the step that no loss trains through: a second forward under "
+                   "torch.no_grad (a train-loss or metric pass: do it once per eval, not per step), a layer whose "
+                   "output is unused; frozen weights by design are fine")
 
 
 def over_bound(tl, ctx, found):

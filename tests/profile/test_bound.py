@@ -158,3 +158,23 @@ def test_float32_activations_are_fp32_intermediate_beside_fp32_matmul():
     assert s["findings"][0] is f and "largest [128, 2048, 512], 537 MB" in f["evidence"]
     assert 0.7 * 77.02 <= f["ms_per_step"] + kinds["fp32_matmul"]["ms_per_step"] <= 1.3 * 77.02
     assert "fp32_intermediate" not in {x["kind"] for x in load("h100-plant26-eager_model")["findings"]}
+
+
+def test_a_no_grad_forward_in_the_step_is_forward_without_backward():
+    """h100-fresh-eval_forward: a torch.no_grad forward of one micro-batch each step (+48.89 ms measured,
+    unprofiled 355.72 vs 306.83 in that call): every region's backward GEMMs do 1.33x its forward's."""
+    s = load("h100-fresh-eval_forward")
+    top = s["findings"][0]
+    assert top["kind"] == "forward_without_backward" and "MLP 1.33x" in top["evidence"]
+    assert 0.7 * 48.89 <= top["ms_per_step"] <= 1.3 * 48.89
+    assert "torch.no_grad" in top["fix"]
+    assert not any(f["kind"] == "forward_without_backward" for f in load("h100-plant26-baseline")["findings"])
+
+
+def test_torch_cuda_synchronize_is_a_host_sync_with_its_line():
+    """h100-fresh-sync_microbatch: torch.cuda.synchronize() after each backward has no operator around it; the
+    host samples place the host in train.py, so it is the step's sync, and the first finding (root cause)."""
+    s = load("h100-fresh-sync_microbatch")
+    top = s["findings"][0]
+    assert top["kind"] == "host_sync" and "cudaDeviceSynchronize x2" in top["evidence"]
+    assert "sync_microbatch/train.py:399" in top["evidence"]
