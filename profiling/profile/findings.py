@@ -16,6 +16,7 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
   attention calls), else a fraction of the device's peak (profiling/profile/kernel_findings.py names them).
 """
 import statistics
+from collections import Counter
 
 from profiling.profile import hardware
 from profiling.profile.classify import short_name
@@ -79,7 +80,8 @@ def _scaled(ctx):
 # ---------------------------------------------------------------------------------------------------------
 
 def host_sync(tl, ctx, found):
-    """Host syncs made by the step's operators, costed by the GPU idle that begins while the host waits."""
+    """Host syncs made in the step, costed by the GPU idle that begins while the host waits and the idle of the
+    host work after them that the drained queue no longer hides."""
     # a sync made by an operator (.item(), .cpu()), or by a call the host samples place in the agent's code
     # (torch.cuda.synchronize() has no operator around it); neither: the capture's own sync at the window's edge
     python = {id(e): _sync_line(tl, e) for e, chain in tl.syncs if not chain}
@@ -107,9 +109,8 @@ def host_sync(tl, ctx, found):
         ops[name] = ops.get(name, 0) + 1
     lines = [s for s in tl.meta.get("syncs") or () if not s["where"].startswith(SYNC_NOISE)]
     texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
-    for line in dict.fromkeys(python[id(e)] for e, chain in syncs if not chain):
-        count = sum(1 for e, chain in syncs if not chain and python[id(e)] == line)
-        lines.append({"where": line.rsplit(" ", 1)[0], "line": texts.get(line, "?"), "count": count})
+    lines += [{"where": line.rsplit(" ", 1)[0], "line": texts.get(line, "?"), "count": count}
+              for line, count in Counter(python[id(e)] for e, chain in syncs if not chain).items()]
     where = "; ".join(f"{s['where']} `{s['line']}` ({s['count'] / ctx['n']:g}/step)" for s in lines[:3])
     evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in top(ops))
                 + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"

@@ -28,12 +28,12 @@ LARGE_FP32_BYTES = 256e6  # a float32 tensor this large per micro-batch is an ac
 # 2026-11-23: GEMMs at most 1.25x, cuDNN attention 2.0-2.3x (flash recomputation is not in its FLOPs),
 # fused elementwise and loss kernels at most 4.0x (the fused loss: exp-bound, its bytes a floor))
 OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
+OVER_RATIO_OTHER = 5.0
+OVER_MIN_SHARE = 0.01    # of the step, summed over the flagged kernels
 # recompute: a backward GEMM pass does exactly 2x its forward's FLOPs (the input's gradient and the weight's);
 # every region of every H100/H200 fixture without recomputation: 2.00; activation checkpointing: 3.00
 RECOMPUTE_RATIO = 2.1
 ALIGN = 8  # a matrix dimension not a multiple of this needs padding (Inductor) or slow unaligned GEMM kernels
-OVER_RATIO_OTHER = 5.0
-OVER_MIN_SHARE = 0.01    # of the step, summed over the flagged kernels
 
 
 def _eager(tl, chain, cat):
@@ -122,9 +122,9 @@ def _mb(shape):
     return f"{n / 1e6:,.0f}"
 
 
-def _unbalanced(ctx, share_of):
+def _unbalanced(ctx, share_of, what):
     """(ms, evidence parts) over the regions where share_of(forward GEMM FLOPs, backward GEMM FLOPs) gives a
-    share of the region's forward time done for nothing."""
+    share of the region's forward time done for nothing (`what` says how, in the evidence)."""
     ms, parts = 0.0, []
     for row in ctx["regions"]:
         gemm = row.get("gemm_flops") or {}
@@ -132,7 +132,7 @@ def _unbalanced(ctx, share_of):
         share = share_of(fwd, bwd) if fwd else None
         if share and share * (row.get("forward_ms") or 0.0) >= 0.5:  # smaller: a stray GEMM, not a pattern
             ms += share * (row.get("forward_ms") or 0.0)
-            parts.append(f"{row['region']} {bwd / fwd:.2f}x ({100 * share:.0f}% of its forward, "
+            parts.append(f"{row['region']} {bwd / fwd:.2f}x ({100 * share:.0f}% of its forward {what}, "
                          f"{share * (row.get('forward_ms') or 0.0):.1f} ms)")
     return ms, parts
 
@@ -140,13 +140,14 @@ def _unbalanced(ctx, share_of):
 def recompute(tl, ctx, found):
     """Regions whose backward GEMMs do more than twice their forward's FLOPs: the backward re-runs part of the
     forward; that share of the region's forward time is the gain."""
-    ms, parts = _unbalanced(ctx, lambda f, b: min(1.0, (b - 2 * f) / f) if b > RECOMPUTE_RATIO * f else None)
+    ms, parts = _unbalanced(ctx, lambda f, b: min(1.0, (b - 2 * f) / f) if b > RECOMPUTE_RATIO * f else None,
+                            "re-run")
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     memory = ctx.get("peak_memory_mb")
     evidence = ("the backward's GEMMs do more than twice the forward's FLOPs (2.00x when nothing is recomputed: "
                 "one GEMM for the input's gradient, one for the weight's): "
-                + ", ".join(parts).replace("% of its forward", "% of its forward re-run")
+                + ", ".join(parts)
                 + "; gain: the re-run share of each region's forward time (the norms' and residuals' recomputation "
                 "not counted)" + (f"; peak memory {memory:,.0f} MB" if memory else ""))
     return finding("recompute", ms, ctx, evidence,
@@ -178,8 +179,7 @@ def misaligned_shapes(tl, ctx, found):
     bad, dims = _misaligned(tl.meta.get("parameters"))
     if not bounds or not bad:
         return None
-    acc = {}  # (category, on misaligned shapes) -> [us, bound us]; kernel name -> us
-    kernels = {}
+    acc, kernels = {}, {}  # (category, on misaligned shapes) -> [us, bound us]; kernel name -> us
     for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
         for (e, launch), cat, b in zip(evs, cats, bs):
             if not b or cat not in ("GEMM", "other compute"):
@@ -204,8 +204,8 @@ def misaligned_shapes(tl, ctx, found):
     evidence = (f"{len(names)} parameters have a dimension not a multiple of {ALIGN}: {shown}; the kernels on "
                 "their shapes (as is, or padded by Inductor): " + "; ".join(parts) + "; top: "
                 + ", ".join(f"`{short_name(k)}` {t / ctx['n'] / 1e3:.1f} ms" for k, t in top(kernels))
-                + "; gain: those kernels brought to their bound (the passes Inductor adds to pad them are part of "
-                "it, so they are not counted)")
+                + "; gain: those kernels brought to their bound (the extra passes Inductor adds to pad them count "
+                "as needed work)")
     return finding("misaligned_shapes", ms, ctx, evidence,
                    f"make every matrix dimension a multiple of 64 (at least of {ALIGN}): round the width that "
                    "made these shapes (a hidden size, a head count x head size, a vocabulary) to one")
@@ -214,12 +214,12 @@ def misaligned_shapes(tl, ctx, found):
 def forward_without_backward(tl, ctx, found):
     """Regions whose backward GEMMs do less than twice their forward's FLOPs: part of the forward has no
     backward (a forward under no_grad in the step, an output the loss never uses, a frozen weight)."""
-    ms, parts = _unbalanced(ctx, lambda f, b: (2 * f - b) / (2 * f) if b < f * 4 / RECOMPUTE_RATIO else None)
+    ms, parts = _unbalanced(ctx, lambda f, b: (2 * f - b) / (2 * f) if b < f * 4 / RECOMPUTE_RATIO else None,
+                            "without a backward")
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     evidence = ("the backward's GEMMs do less than twice the forward's FLOPs (2.00x when every forward GEMM is "
-                "trained through): " + ", ".join(parts).replace("% of its forward", "% of its forward without a "
-                "backward") + "; gain: that share of each region's forward time")
+                "trained through): " + ", ".join(parts) + "; gain: that share of each region's forward time")
     return finding("forward_without_backward", ms, ctx, evidence,
                    "find the forward work in the step that no loss trains through: a second forward under "
                    "torch.no_grad (a train-loss or metric pass: do it once per eval, not per step), a layer whose "
