@@ -5,8 +5,8 @@ run, with `sampler` (the host's Python stack) and `provenance` (which lines of t
 came from) beside it, and exports a Chrome trace. `traceio` and `timeline` read and index any such trace;
 `classify` names kernels and their categories; `summary` makes the per-step numbers, with `regions` (the
 model's parts), `roofline` (FLOPs and bytes against the device's peaks, `hardware`), `lines` (time per
-source line) and `kernel_match` (kernels matched across recompiles for diffs); `findings` and
-`kernel_findings` turn the summary into causes with evidence, gain and fix; `render` writes the Markdown
+source line) and `kernel_match` (kernels matched across recompiles for diffs);
+the `findings` package turns the summary into causes with evidence, gain and fix; `render` writes the Markdown
 report and its JSON twin. `cli_profile` is `research profile TRACE`, the same path on a saved trace.
 `ranks` reads a profile folder of several ranks (torchrun: `rank-<k>.trace.json.gz`, or HTA's `rank-<k>.json`)
 into one result: rank 0's summary, a row per rank (step, compute, communication, exposed communication, idle),

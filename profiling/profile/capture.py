@@ -52,7 +52,7 @@ def capture(step_fn, warmup, active, metadata):
     The device is synchronized at the window's edges only: nothing launched before it runs inside it, and
     everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
     the summary gives each kernel to the step that launched it. During the active steps the capture also
-    records what the trace cannot show (profiling/profile/findings.py reads it): the main thread's Python stack
+    records what the trace cannot show (profiling/profile/findings/ reads it): the main thread's Python stack
     every few ms (profiling/profile/sampler.py), the Python lines of the host syncs (CUDA's sync debug mode), the
     graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
     profiling.profile.provenance.start() ran before compilation (profiling/profile/lines.py reads them).

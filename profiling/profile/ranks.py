@@ -32,7 +32,7 @@ import re
 from profiling.errors import UserError
 from profiling.profile import summary
 from profiling.profile.classify import CATEGORIES, is_communication
-from profiling.profile.kernel_findings import finding
+from profiling.profile.findings.contract import finding
 from profiling.profile.traceio import attribute, by_thread, index, merge, num, step_windows, union_length
 
 RANK_FILE = re.compile(r"^rank-(\d+)(\.trace)?\.json(\.gz)?$")

@@ -10,7 +10,7 @@ kernels' time alone: host_sync and gpu_waits_on_host name those. The evidence li
 moves lines still matches) and kernels (profiling/profile/kernel_match.py: renumbered kernels match; new and
 gone ones show as such) that grew most.
 """
-from profiling.profile.kernel_findings import finding
+from profiling.profile.findings.contract import finding
 from profiling.profile.summary import diff
 
 MIN_GROWTH = 0.015  # of the reference step: two fresh compiles of one commit (h100-compile-a/-b): kernel time

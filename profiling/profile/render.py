@@ -2,7 +2,7 @@
 
 The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
 header line (device, torch, steps profiled, tokens/step), then 0. the findings (the few causes that cost
-the most, each with its evidence and fix: profiling/profile/findings.py), 1. the step budget (parts that add up to
+the most, each with its evidence and fix: profiling/profile/findings/), 1. the step budget (parts that add up to
 the step; MFU; peak memory), where the step goes in the model (regions, forward and backward; see
 profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the top kernels, 3. the checks, 4. what
 changed since the previous profile. A profile of several ranks (profiling/profile/ranks.py) adds, after the findings, a
@@ -133,6 +133,19 @@ def _findings(s, shown=MAX_FINDINGS):
     if len(found) > len(big):
         lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
     lines += [f"note: {f['evidence']}" for f in s["findings"] if f["kind"] == "profiler_overhead"]
+    return lines + _unknown(s)
+
+
+def _unknown(s):
+    """What rules saw and could not explain, with the evidence that would tell; the rules this trace could not
+    run."""
+    step = s["step_ms"]
+    lines = [f"unexplained: {u['what']} (~{_ms(u['ms_per_step'])} ms/step, {u['rule']}"
+             + (f"; would need: {', '.join(u['missing'])})" if u.get("missing") else ")")
+             for u in s.get("unknown") or () if u["ms_per_step"] >= SHOW_PERCENT / 100 * step]
+    skipped = [f"{x['rule']} ({', '.join(x['missing'])})" for x in s.get("skipped") or ()]
+    if skipped:
+        lines.append("not checked, this trace lacks their evidence: " + "; ".join(skipped))
     return lines
 
 

@@ -39,7 +39,7 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       time, no roofline fields)
     not_counted                                       device events left out, by reason
     checks                                            [{name, ok, detail}]
-    findings                                          the causes that cost the most (profiling/profile/findings.py):
+    findings                                          the causes that cost the most (profiling/profile/findings/):
                                                       [{kind, ms_per_step, pct_of_step, evidence, fix}]
     regions                                           where the step goes in the model (profiling/profile/regions.py):
                                                       rows [{region, forward_ms, backward_ms, ms_per_step,
@@ -213,7 +213,7 @@ def _summarize_device(ix, meta):
              lines=lines.device_table(tl, ix.graph_calls, meta, step_ms, moved))
     s["bound"] = _step_bound(tl, bounds, rate, s)
     tl.bounds = bounds
-    s["findings"] = findings.diagnose(tl, s)
+    s.update(findings.diagnose(tl, s))
     s["checks"] = [
         _check_counts(counts, "device events"),
         _check_step_time(step_ms, meta),

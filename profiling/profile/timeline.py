@@ -1,4 +1,4 @@
-"""Pure: the facts the findings (profiling/profile/findings.py) reason from, read once from an indexed trace. Stdlib only.
+"""Pure: the facts the findings (profiling/profile/findings/) reason from, read once from an indexed trace. Stdlib only.
 
 - GPU idle gaps: per step, the stretches of the step's device window where no device event runs, each with
   the device event that ends it (and the CPU launch of that event) and the one before it.

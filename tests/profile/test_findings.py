@@ -186,8 +186,8 @@ def test_research_profile_json_has_the_findings():
 
 def test_no_overhead_finding_without_an_unprofiled_time(summaries):
     step = summaries("baseline")["step_ms"]
-    assert findings.profiler_overhead(None, {"unprofiled": None, "step": step}, []) is None
-    assert findings.profiler_overhead(None, {"unprofiled": step * 1.02, "step": step}, []) is None
+    assert findings.idle.profiler_overhead(None, {"unprofiled": None, "step": step}, []) is None
+    assert findings.idle.profiler_overhead(None, {"unprofiled": step * 1.02, "step": step}, []) is None
 
 
 # ---------------------------------------------------------------------------------------------------------

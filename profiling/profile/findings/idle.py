@@ -1,29 +1,13 @@
-"""Pure: the causes that cost the most, each with its evidence, an estimated gain and a fix. Stdlib only.
-
-    findings = diagnose(timeline, summary)   # [{kind, ms_per_step, pct_of_step, evidence, fix}], costliest first
-
-One small rule per kind, run in order, each reading the trace's events through profiling/profile/timeline.py (and
-what the live run put in the trace's metadata), never train.py's source. A rule returns a finding or None.
-
-Costs (`ms_per_step`: what fixing the cause would save, estimated):
-- GPU idle is split once, so no two findings claim the same gap: first the gaps that begin while the host is
-  blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break), then the
-  rest (gpu_waits_on_host: long gaps, by what the host was doing; launch_bound: the host cannot launch fast
-  enough). When the profiled step is more than 3% slower than the unprofiled one, the profiler's own host
-  cost inflated the idle: idle-based costs are scaled to the unprofiled run's idle (unprofiled step - device
-  busy), and the profiler_overhead finding says so.
-- Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
-  attention calls), else a fraction of the device's peak (profiling/profile/kernel_findings.py names them).
+"""Pure: the GPU waiting on the host: host syncs, graph breaks, a host that cannot launch fast enough, and the
+host's other work (what its stack samples show it doing). Stdlib only. Rules: profiling/profile/findings/
+contract.py's shape; the GPU idle is split among them once (profiling/profile/findings/__init__.py).
 """
 import statistics
 from collections import Counter
 
-from profiling.profile import hardware
 from profiling.profile.classify import short_name
-from profiling.profile.kernel_findings import attention_fallback, finding, fp32_matmul, slow_device, top
+from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
-from profiling.profile.waste_findings import (eager_code, forward_without_backward, fp32_intermediate,
-                                              misaligned_shapes, over_bound, recompute)
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
 LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
@@ -35,35 +19,6 @@ SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
 UNFUSED_OPS = ("aten::embedding",)  # lookups and their scatter-add: the same work in one graph (as are GEMMs,
                                    # attention and custom operators such as kernels.py's)
 FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
-
-
-def diagnose(tl, summary):
-    """The findings of one device profile, costliest first (profiler_overhead, which costs training nothing,
-    last)."""
-    ctx = _context(tl, summary)
-    found = []
-    for rule in (host_sync, graph_break, eager_code, fp32_matmul, fp32_intermediate, slow_device,
-                 attention_fallback, recompute, forward_without_backward, misaligned_shapes,
-                 launch_bound, gpu_waits_on_host, over_bound):
-        f = rule(tl, ctx, found)
-        if f:
-            found.append(f)
-    found.sort(key=lambda f: -f["ms_per_step"])
-    overhead = profiler_overhead(tl, ctx, found)
-    return found + ([overhead] if overhead else [])
-
-
-def _context(tl, s):
-    step, idle = s["step_ms"], s["idle_ms"]
-    busy = step - idle
-    unprofiled = tl.meta.get("unprofiled_step_ms")
-    scale = 1.0
-    if isinstance(unprofiled, (int, float)) and unprofiled > 0 and step > unprofiled * (1 + STEP_TOLERANCE):
-        scale = max(0.0, min(1.0, (unprofiled - busy) / idle)) if idle > 0 else 1.0
-    peak = tl.meta.get("peak_flops") or hardware.peak_flops(s.get("device"))
-    return {"step": step, "idle": idle, "busy": busy, "unprofiled": unprofiled, "scale": scale, "peak": peak,
-            "n": tl.n, "micro_batches": tl.meta.get("micro_batches"), "peak_memory_mb": s.get("peak_memory_mb"),
-            "regions": (s.get("regions") or {}).get("rows", [])}
 
 
 def _idle(gaps, ctx):
@@ -79,6 +34,7 @@ def _scaled(ctx):
 # The rules
 # ---------------------------------------------------------------------------------------------------------
 
+@rule("host_sync", needs=("device",))
 def host_sync(tl, ctx, found):
     """Host syncs made in the step, costed by the GPU idle that begins while the host waits and the idle of the
     host work after them that the drained queue no longer hides."""
@@ -140,6 +96,7 @@ def _exposed(tl, gaps, ctx):
             f"{_idle(gaps, ctx):.1f} ms/step, the host then in {host} (counted here, the root cause)")
 
 
+@rule("graph_break", needs=("device",))
 def graph_break(tl, ctx, found):
     """More compiled regions per micro-batch than one: the eager elementwise kernels a single graph would fuse
     away, and the idle between the fragments."""
@@ -257,6 +214,7 @@ def _launch_heavy(tl, ctx):
     return events * LAUNCH_HOST_US / 1e3 >= LAUNCH_SHARE * ctx["busy"], events
 
 
+@rule("launch_bound", needs=("device",))
 def launch_bound(tl, ctx, found):
     """The host cannot launch kernels as fast as the GPU runs them: many short kernels, idle between them."""
     heavy, events = _launch_heavy(tl, ctx)
@@ -281,6 +239,7 @@ def _train_line(tl, label):
     return label in _own(tl) and not label.split(":")[0].endswith(FIXED_FILES) and "profiling/" not in label
 
 
+@rule("gpu_waits_on_host", needs=("device",))
 def gpu_waits_on_host(tl, ctx, found):
     """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing."""
     gaps = [g for g in _open_gaps(tl) if g.us >= LONG_GAP_US]
@@ -313,6 +272,7 @@ def gpu_waits_on_host(tl, ctx, found):
     return finding("gpu_waits_on_host", _idle(gaps, ctx), ctx, evidence, fix)
 
 
+@rule("profiler_overhead", needs=("device", "unprofiled"))
 def profiler_overhead(tl, ctx, found):
     """The profiled step differs from the unprofiled one by more than 3%: which figures are inflated."""
     u = ctx["unprofiled"]

@@ -1,4 +1,4 @@
-"""Pure: the findings about kernels running below their rate (profiling/profile/findings.py runs them). Stdlib only.
+"""Pure: the findings about kernels running below their rate (profiling/profile/findings/ runs them). Stdlib only.
 
 - fp32_matmul: GEMMs on float32 inputs, against this trace's bf16 GEMM rate.
 - slow_device: large bf16 GEMMs far below the device's peak (a braked, throttled or shared GPU).
@@ -9,6 +9,7 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 """
 from profiling.profile import device_state
 from profiling.profile.classify import short_name
+from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.roofline import ATTENTION_OP, attention_flops, gemm_flops
 from profiling.profile.timeline import input_types
 
@@ -19,16 +20,6 @@ EXPECTED_GEMM_FRACTION = 0.60  # what large bf16 GEMMs reach on a healthy device
 ATTENTION_SLOW_FRACTION = 0.30  # attention below this share of peak (causal FLOPs) is a fallback kernel (fused
                                 # cuDNN attention on the H100 here: 0.43-0.55; a dense mask: 0.13-0.18)
 ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate when the trace has none to measure
-
-
-def finding(kind, ms, ctx, evidence, fix):
-    return {"kind": kind, "ms_per_step": round(ms, 2), "pct_of_step": round(100 * ms / ctx["step"], 1),
-            "evidence": evidence, "fix": fix}
-
-
-def top(counts, k=3):
-    """The k largest (key, value) pairs of a dict."""
-    return sorted(counts.items(), key=lambda kv: -kv[1])[:k]
 
 
 def _gemms(tl):
@@ -69,6 +60,7 @@ def _nvml(state):
             "; NVML: no clock event slowed the GPU (another process on it?)") + f" ({text.split(': ', 1)[1]})"
 
 
+@rule("fp32_matmul", needs=("device",))
 def fp32_matmul(tl, ctx, found):
     """GEMMs on float32 inputs (TF32 or full fp32 kernels), against this trace's bf16 GEMM rate."""
     gemms = _gemms(tl)
@@ -100,6 +92,7 @@ def fp32_matmul(tl, ctx, found):
                     "on their inputs")
 
 
+@rule("slow_device", needs=("device", "peak", "shapes"))
 def slow_device(tl, ctx, found):
     """Large bf16 GEMMs far below the device's peak: a braked, throttled or shared GPU, not the code."""
     if not ctx["peak"]:
@@ -150,6 +143,7 @@ def _ancestors(tl, op):
         op = tl.parent.get(id(op))
 
 
+@rule("attention_fallback", needs=("device", "peak"))
 def attention_fallback(tl, ctx, found):
     """Attention on a kernel far slower than the fused ones (a masked fallback, the math path, an old kernel)."""
     if not ctx["peak"] or any(f["kind"] == "slow_device" for f in found):

@@ -11,10 +11,10 @@
 - over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
   bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where.
 
-Each rule takes (timeline, context, findings so far) and returns a finding or None (as kernel_findings.py).
+Each rule takes (timeline, context, findings so far) and returns a finding or None (profiling/profile/findings/contract.py).
 """
 from profiling.profile.classify import short_name
-from profiling.profile.kernel_findings import finding, top
+from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.regions import PAD_ALIGNMENTS
 from profiling.profile.roofline import DTYPE_BYTES
 from profiling.profile.timeline import COMPILED
@@ -40,6 +40,7 @@ def _eager(tl, chain, cat):
     return cat in EAGER_CATEGORIES and bool(chain) and not any(c.startswith(COMPILED) for c in chain)
 
 
+@rule("eager_code", needs=("device",))
 def eager_code(tl, ctx, found):
     """Eager elementwise chains; each chain would cost about its longest kernel as one fused pass."""
     if any(f["kind"] == "graph_break" for f in found):
@@ -88,6 +89,7 @@ def _fp32_share(op):
     return (fp32, total, largest[1]) if largest[0] >= LARGE_FP32_BYTES else None
 
 
+@rule("fp32_intermediate", needs=("device", "shapes"))
 def fp32_intermediate(tl, ctx, found):
     """Compiled non-GEMM kernels moving large float32 tensors: half of those bytes would do in bf16."""
     us, gain, kernels, shapes = 0.0, 0.0, {}, {}
@@ -137,6 +139,7 @@ def _unbalanced(ctx, share_of, what):
     return ms, parts
 
 
+@rule("recompute", needs=("device", "regions"))
 def recompute(tl, ctx, found):
     """Regions whose backward GEMMs do more than twice their forward's FLOPs: the backward re-runs part of the
     forward; that share of the region's forward time is the gain."""
@@ -172,6 +175,7 @@ def _on_dims(op, dims):
     return isinstance(shapes, list) and any(isinstance(s, list) and dims.intersection(s) for s in shapes)
 
 
+@rule("misaligned_shapes", needs=("device", "parameters", "bounds", "shapes"))
 def misaligned_shapes(tl, ctx, found):
     """Kernels on the shapes of parameters whose dimensions are not multiples of ALIGN: their time over their
     bound (the same kinds of kernels on aligned shapes, for comparison, in the evidence)."""
@@ -211,6 +215,7 @@ def misaligned_shapes(tl, ctx, found):
                    "made these shapes (a hidden size, a head count x head size, a vocabulary) to one")
 
 
+@rule("forward_without_backward", needs=("device", "regions"))
 def forward_without_backward(tl, ctx, found):
     """Regions whose backward GEMMs do less than twice their forward's FLOPs: part of the forward has no
     backward (a forward under no_grad in the step, an output the loss never uses, a frozen weight)."""
@@ -226,6 +231,7 @@ def forward_without_backward(tl, ctx, found):
                    "output is unused; frozen weights by design are fine")
 
 
+@rule("over_bound", needs=("device", "bounds"))
 def over_bound(tl, ctx, found):
     """When no rule named a cause: the kernels furthest over their bound, beyond what their category shows in
     a clean run."""

@@ -1,0 +1,64 @@
+"""Pure: the causes that cost the most, each with its evidence, an estimated gain and a fix. Stdlib only.
+
+    result = diagnose(timeline, summary)   # {findings: [...], unknown: [...], skipped: [...]}
+
+`findings`: [{kind, ms_per_step, pct_of_step, evidence, fix}], costliest first (profiler_overhead, which costs
+training nothing, last). `unknown`: time a rule saw but could not explain, with the evidence that would tell
+({rule, missing, ms_per_step, what}). `skipped`: the rules whose evidence the trace lacks ({rule, missing}).
+
+One module per family of causes, every rule of the same shape (contract.py: what it needs, a skip when that
+is missing, a match that returns a finding with evidence, gain and fix):
+
+- idle.py: the GPU waiting on the host (host syncs, graph breaks, launches, the host's other work)
+- calls.py: the host inside CUDA calls (launches that block, allocation churn, synchronizing calls, pageable
+  copies)
+- kernels.py: kernels below their rate (float32 GEMMs, a slow device, attention fallbacks)
+- waste.py: work done in a slow form (eager code, float32 intermediates, recomputation, misaligned shapes,
+  the bound)
+- settings.py: a process setting whose cost the trace shows
+regression.py and ranks.py (beside this package) add the findings that need another profile or other ranks,
+through the same contract.
+
+Costs (`ms_per_step`: what fixing the cause would save, estimated):
+- GPU idle is split once, so no two findings claim the same gap (Gap.cause): first the gaps that begin while
+  the host is blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break),
+  then the CUDA calls the host was inside, then the rest (gpu_waits_on_host: long gaps, by what the host was
+  doing; launch_bound: the host cannot launch fast enough). When the profiled step is more than 3% slower
+  than the unprofiled one, the profiler's own host cost inflated the idle: idle-based costs are scaled to the
+  unprofiled run's idle (unprofiled step - device busy), and the profiler_overhead finding says so.
+- Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
+  attention calls), else a fraction of the device's peak (kernels.py names them).
+"""
+from profiling.profile import hardware
+from profiling.profile.findings import idle, kernels, waste
+from profiling.profile.findings.contract import run
+
+STEP_TOLERANCE = idle.STEP_TOLERANCE
+
+# The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
+RULES = (idle.host_sync, idle.graph_break, waste.eager_code, kernels.fp32_matmul, waste.fp32_intermediate,
+         kernels.slow_device, kernels.attention_fallback, waste.recompute, waste.forward_without_backward,
+         waste.misaligned_shapes, idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
+
+
+def diagnose(tl, summary):
+    """The findings of one device profile (module docstring)."""
+    ctx = context(tl, summary)
+    found, skipped = run(RULES, tl, ctx)
+    found.sort(key=lambda f: -f["ms_per_step"])
+    overhead, _ = run((idle.profiler_overhead,), tl, ctx)
+    return {"findings": found + overhead, "unknown": ctx.get("unknown", []), "skipped": skipped}
+
+
+def context(tl, s):
+    """What every rule reads beside the timeline: the step's figures, the idle's scale, the device's peak."""
+    step, idle_ms = s["step_ms"], s["idle_ms"]
+    busy = step - idle_ms
+    unprofiled = tl.meta.get("unprofiled_step_ms")
+    scale = 1.0
+    if isinstance(unprofiled, (int, float)) and unprofiled > 0 and step > unprofiled * (1 + STEP_TOLERANCE):
+        scale = max(0.0, min(1.0, (unprofiled - busy) / idle_ms)) if idle_ms > 0 else 1.0
+    peak = tl.meta.get("peak_flops") or hardware.peak_flops(s.get("device"))
+    return {"step": step, "idle": idle_ms, "busy": busy, "unprofiled": unprofiled, "scale": scale, "peak": peak,
+            "n": tl.n, "micro_batches": tl.meta.get("micro_batches"), "peak_memory_mb": s.get("peak_memory_mb"),
+            "regions": (s.get("regions") or {}).get("rows", []), "unknown": []}

@@ -1,0 +1,98 @@
+"""Pure: the one shape every finding rule has, and the evidence it may need. Stdlib only.
+
+A rule is a function `match(tl, ctx, found) -> finding or None`, declared with `@rule(kind, needs=...)`:
+
+- `needs`: the evidence it cannot do without (EVIDENCE names). When a trace lacks one, the rule is skipped
+  and the skip is listed (`skipped`: the rule, what was missing); it never guesses a cause in its place.
+- `match`: reads the trace's events through the Timeline (profiling/profile/timeline.py) and what the live run
+  recorded (`tl.meta`), never train.py's source. It sees the findings earlier rules returned (`found`) and
+  the GPU idle they claimed (`Gap.cause`): no two findings claim the same gap.
+- a finding: {kind, ms_per_step, pct_of_step, evidence, fix}; its `ms_per_step` is what applying its fix
+  would save, so a rule that cannot name a fix that recovers the time reports under `unknown` instead
+  (`ctx["unknown"]`: the rule, the evidence it lacked, the ms/step it leaves unexplained).
+
+Rules run in the explicit order of profiling/profile/findings/__init__.py (root causes before what they
+expose), and the findings come out costliest first.
+"""
+
+# What a rule may need, and how a trace shows it (`evidence()` decides, once per trace).
+EVIDENCE = {
+    "device": "device (GPU) events: kernels, copies, sets",
+    "host_samples": "the live run's Python stack samples of the main thread (profiling/profile/sampler.py)",
+    "sync_lines": "the Python lines of the host syncs, from CUDA's sync debug mode (a live capture's)",
+    "unprofiled": "the unprofiled step time, measured before the profiled window",
+    "shapes": "operator input shapes and dtypes (record_shapes=True)",
+    "settings": "the process's settings, recorded by a live capture (profiling/profile/settings.py)",
+    "peak": "the device's peak FLOP/s (a known GPU)",
+    "bounds": "each kernel's least time (profiling/profile/bound.py: a known GPU's peaks and shapes)",
+    "regions": "the model's parameters (the regions table: forward and backward GEMM FLOPs per region)",
+    "parameters": "the model's parameter shapes, recorded by a live capture",
+}
+
+
+def rule(kind, needs=("device",)):
+    """Declare a rule: its finding's kind and the evidence it needs (EVIDENCE's names)."""
+    unknown = set(needs) - set(EVIDENCE)
+    if unknown:
+        raise ValueError(f"rule {kind}: unknown evidence {sorted(unknown)}; known: {sorted(EVIDENCE)}")
+
+    def wrap(match):
+        match.kind, match.needs = kind, tuple(needs)
+        return match
+    return wrap
+
+
+def evidence(tl, ctx):
+    """The EVIDENCE names this trace has."""
+    meta = tl.meta
+    have = {"device"}
+    host = meta.get("host_samples") or {}
+    if host.get("stacks"):
+        have.add("host_samples")
+    if isinstance(meta.get("syncs"), list):  # an empty list is a record: no sync made from Python
+        have.add("sync_lines")
+    if isinstance(ctx.get("unprofiled"), (int, float)) and ctx["unprofiled"] > 0:
+        have.add("unprofiled")
+    if any((op.get("args") or {}).get("Input Dims") for op in tl.ix.cpu_ops[:2000]):
+        have.add("shapes")
+    if isinstance(meta.get("settings"), dict) and meta["settings"]:
+        have.add("settings")
+    if ctx.get("peak"):
+        have.add("peak")
+    if getattr(tl, "bounds", None):
+        have.add("bounds")
+    if ctx.get("regions"):
+        have.add("regions")
+    if meta.get("parameters"):
+        have.add("parameters")
+    return have
+
+
+def run(rules, tl, ctx):
+    """Each rule in order whose evidence the trace has: (findings, skipped [{rule, missing}])."""
+    have, found, skipped = evidence(tl, ctx), [], []
+    for r in rules:
+        missing = [n for n in r.needs if n not in have]
+        if missing:
+            skipped.append({"rule": r.kind, "missing": missing})
+            continue
+        f = r(tl, ctx, found)
+        if f:
+            found.append(f)
+    return found, skipped
+
+
+def finding(kind, ms, ctx, evidence, fix):
+    return {"kind": kind, "ms_per_step": round(ms, 2), "pct_of_step": round(100 * ms / ctx["step"], 1),
+            "evidence": evidence, "fix": fix}
+
+
+def unknown(ctx, kind, missing, ms, what):
+    """Record time a rule saw but could not explain: the rule, the evidence that would tell, the ms/step."""
+    ctx.setdefault("unknown", []).append({"rule": kind, "missing": missing, "ms_per_step": round(ms, 2),
+                                          "what": what})
+
+
+def top(counts, k=3):
+    """The k largest (key, value) pairs of a dict."""
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:k]
