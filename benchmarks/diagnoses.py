@@ -1,24 +1,54 @@
-"""A benchmark of diagnoses: plant one slowdown at a time in a copy of train.py, profile it, and check that the
-profile's findings name the planted cause.
+"""A benchmark of diagnoses: plant one slowdown at a time in a copy of train.py, profile it, and check that
+the profile's findings name the planted cause. The cases are in benchmarks/diagnoses_cases.py.
 
-    python3 benchmarks/diagnoses.py capture OUT [--cases a,b,...]   # on the GPU: plant, profile, keep traces
-    uv run python benchmarks/diagnoses.py report OUT [--markdown FILE] [--json FILE]   # anywhere, from traces
+    python3 benchmarks/diagnoses.py check [--cases ...]        # anywhere: every plant applies and compiles
+    python3 benchmarks/diagnoses.py capture OUT [--cases baseline,new1] [--skip-existing] [--budget S]  # GPU
+    uv run python benchmarks/diagnoses.py report OUT [OUT2 ...] [--markdown FILE] [--json FILE]  # anywhere
 
-`capture` writes, per case, `OUT/<case>.trace.json.gz` (the profile's trace, with what the live run recorded
-in its metadata) and `OUT/<case>.log` (train.py's output), and `OUT/device.json` (the GPU, one timed bf16
-8192^3 matmul before and after: a braked or shared GPU shows there). Each case runs
-`train.py --profile` (2 warm-up + 5 profiled steps, as an agent runs it) in its own copy under
-.bench/diagnoses/<case>/, the edit applied by exact text replacement: an edit whose text is no longer in
-train.py stops the benchmark instead of silently planting nothing.
+`--cases` takes case names and group names: `new` (issue #33's plants, NEW_CASES), `new1` and `new2` (its
+two halves: one device call each, with the baseline), `all` (the default).
 
-`report` reads the traces as `research profile` does and writes one row per case: the unprofiled and
-profiled ms/step, the slowdown against the baseline's unprofiled step, the top finding, and whether the
-planted cause is named: by the top finding, or by a finding whose cost is at least half the measured
-slowdown (the acceptance line of issue #16). Failing rows stay in the results.
+`check` applies every case's edits to train.py and compiles the result without running it. It exits
+non-zero, naming the case, when an edit's text is not in train.py exactly once, when the result does not
+parse, uses a module it does not import or touches os.environ after torch is imported, or when the line
+the case names is not in the planted file once. `capture` runs the same check before any GPU work.
+
+`capture` writes, per case, `OUT/<case>.trace.json.gz` (the profile's trace, with what the live run
+recorded in its metadata), `OUT/<case>.log` (train.py's output), `OUT/<case>.plant.json` (the planted
+line's number, for the check), and `OUT/device-<first case>.json` (the GPU, one timed bf16 8192^3 matmul
+before and after: a braked or shared GPU shows there). Each case runs `train.py --profile` (2 warm-up + 5
+profiled steps, as an agent runs it) in its own copy under .bench/diagnoses/<case>/, the edits applied by
+exact text replacement: an edit whose text is no longer in train.py stops the benchmark instead of
+silently planting nothing. Each case compiles into its own Inductor cache (TORCHINDUCTOR_CACHE_DIR in its
+folder; SHARED_INDUCTOR_CACHE lists cases that keep the default one), so the lines of its compiled graphs
+name its own folder (Inductor's on-disk cache keeps the paths of the run that first compiled a graph); the
+price is a fresh compile per case (~30-60 s on an H100). `--skip-existing` skips the cases whose trace is
+already in OUT, so a second call on the same machine goes on where a first one stopped; `--budget S`
+starts no case that would not end within S seconds of the call's start (the longest case so far, at
+least `--case-estimate`, plus the closing matmul), so a call ends on its own inside a device limit.
+
+`report` reads the traces as `research profile` does and writes one row per case (several OUT folders:
+each against its own baseline, measured in the same device call): the unprofiled and profiled ms/step,
+the slowdown (unprofiled ms/step minus the baseline's, or minus the case's `against`), the top finding,
+and two verdicts:
+
+- `result`, issue #16's rule, kept so that the earlier plants compare before and after: ok when the top
+  finding is of one of the case's `kinds`, or a finding of those kinds claims at least half the slowdown;
+  a case with no kinds (quiet): ok when no finding costs 5% of the step or more.
+- `issue33`, the rule of issue #33's acceptance, on the evidence, not the kind: for a case with kinds,
+  the top finding (findings[0]) must (a) hold one of the case's `words` in its evidence or fix (any case),
+  (b) where the case names a `line` (a stack ties the cause to it), hold `train.py:<that line's number in
+  the planted file>` in its evidence, and (c) claim a gain (ms_per_step) within 30% of the slowdown; a
+  slowdown under 10 ms is "too small" to check. For a quiet case (the baseline, a setting expected to cost
+  nothing): no finding of 1% of the step or more, a slowdown under 10 ms, and where the case names
+  `listed` words, a row of the summary's `settings.differs` whose name=value holds one of them ("settings
+  not recorded" for a trace without the record). The `listed` column shows that for every case with
+  `listed` words. Failing rows stay in the results.
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,200 +57,46 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# 50 ms of Python per micro-batch in the input pipeline (the plants hidden_host_work and sync_exposes_host)
-HOST_WORK_50MS = [
-    ("            batch = next(loader)  # the next batch is prepared while the GPU works\n",
-     "            batch = preprocess(next(loader))  # planted\n"),
-    ("def make_train_step(", ("def preprocess(batch):  # planted: Python work on every batch\n"
-                             "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.05:\n"
-                             "        pass\n    return batch\n\n\ndef make_train_step(")),
-    ("import math\n", "import math\nimport time  # planted\n")]
+# CASES and plant are also read from here (tests/profile/test_findings.py)
+from benchmarks.diagnoses_cases import (  # noqa: E402, F401
+    CASES, GROUPS, NEW_CASES, PlantError, apply_plant, check_source, expand, line_number, plant)
 
-# name -> (what is planted, finding kinds that name it, [(text in train.py, replacement)], background load)
-CASES = {
-    "baseline": ("nothing: the default train.py", (), [], None),
-    "host_sync": (
-        "the loss read with .item() after every micro-batch's backward (a host sync before the next batch)",
-        ("host_sync",),
-        [("                (loss / grad_accum_steps).backward()\n",
-          ("                (loss / grad_accum_steps).backward()\n"
-           "            last_loss = loss.item()  # planted\n"))],
-        None),
-    "nan_check": (
-        "a NaN check after every block (`if torch.isnan(x).any(): raise`): graph breaks and host syncs",
-        ("graph_break", "host_sync"),
-        [("        return x + self.mlp(norm(x))\n",
-          ("        x = x + self.mlp(norm(x))\n        if torch.isnan(x).any():  # planted\n"
-           "            raise FloatingPointError('NaN in a block')\n        return x\n"))],
-        None),
-    "fp32_mlp": (
-        "the MLP left in float32 (autocast off around it)",
-        ("fp32_matmul", "fp32_intermediate"),
-        [("        return self.c_proj(F.relu(self.c_fc(x)).square())\n",
-          ("        with torch.autocast(x.device.type, enabled=False):  # planted\n"
-           "            return self.c_proj(F.relu(self.c_fc(x.float())).square())\n"))],
-        None),
-    "dense_mask": (
-        "the sliding window as a dense boolean mask passed to scaled_dot_product_attention",
-        ("attention_fallback",),
-        [("        self.masks = kernels.attention_masks(self.window_sizes, self.config.sequence_len, "
-          "self.cos.device)\n",
-          ("        T, device = self.config.sequence_len, self.cos.device  # planted: dense boolean masks\n"
-           "        self.masks = {w: kernels.dense_mask(w, T, device) if w < T else None\n"
-           "                      for w in set(self.window_sizes)}\n"))],
-        None),
-    "small_batch": (
-        "DEVICE_BATCH_SIZE 16 instead of 128 (16 micro-batches of small kernels per step)",
-        ("launch_bound",),
-        [("DEVICE_BATCH_SIZE = 128 ", "DEVICE_BATCH_SIZE = 16  ")],
-        None),
-    "slow_input": (
-        "200 ms of Python preprocessing per micro-batch in the input pipeline",
-        ("gpu_waits_on_host",),
-        [("            batch = next(loader)  # the next batch is prepared while the GPU works\n",
-          "            batch = preprocess(next(loader))  # planted\n"),
-         ("def make_train_step(", ("def preprocess(batch):  # planted: slow Python work on every batch\n"
-                                  "    t0 = time.perf_counter()\n    while time.perf_counter() - t0 < 0.2:\n"
-                                  "        pass\n    return batch\n\n\ndef make_train_step(")),
-         ("import math\n", "import math\nimport time  # planted\n")],
-        None),
-    "shared_gpu": (
-        "another process running bf16 matmuls on the same GPU (the GPU is slow, not the code)",
-        ("slow_device",),
-        [],
-        "import torch\na = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\nwhile True:\n    a @ a\n"),
-    # issue #26: causes no rule was written for when they were planted
-    "eager_model": (
-        "the model left uncompiled (the optimizer's update functions stay compiled)",
-        ("eager_code", "regression"),
-        [("    forward = torch.compile(ddp, dynamic=False) if COMPILE else ddp\n",
-          "    forward = ddp  # planted: no torch.compile\n")],
-        None),
-    "eager_optimizer": (
-        "the optimizer's update functions left uncompiled",
-        ("eager_code", "regression"),
-        [("maybe_compile = torch.compile(dynamic=False, fullgraph=True) if COMPILE else (lambda f: f)\n",
-          "maybe_compile = lambda f: f  # planted: the optimizer runs eagerly\n")],
-        None),
-    "fp32_logits": (
-        "the loss as plain F.cross_entropy over float32 soft-capped logits (the reference path)",
-        ("regression", "over_bound"),
-        [("        return kernels.head_loss(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1), "
-          "reduction,\n                                 cap=SOFTCAP)\n",
-          ("        logits = SOFTCAP * torch.tanh(self.lm_head(x).float() / SOFTCAP)  # planted\n"
-           "        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), "
-           "reduction=reduction)\n"))],
-        None),
-    "sync_per_step": (
-        "the loss read with .item() once per step, before the optimizer step",
-        ("host_sync", "regression"),
-        [("        set_schedules(optimizer, step, progress)\n",
-          "        last_loss = loss.item()  # planted: one sync per step\n"
-          "        set_schedules(optimizer, step, progress)\n")],
-        None),
-    "odd_mlp_width": (
-        "the MLP's hidden width 4 x width + 1 instead of 4 x width (GEMMs on a misaligned shape)",
-        ("over_bound", "regression"),
-        [("        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)\n"
-          "        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)\n",
-          ("        hidden = 4 * config.n_embd + 1  # planted: not a multiple of 8\n"
-           "        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)\n"
-           "        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)\n"))],
-        None),
-    "checkpoint_blocks": (
-        "activation checkpointing around every block (its forward recomputed in the backward)",
-        ("regression", "over_bound"),
-        [("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.utils.checkpoint  # planted\n"),
-         ("            x = block(x, ve, cos_sin, self.masks[self.window_sizes[i]])\n",
-          ("            x = torch.utils.checkpoint.checkpoint(  # planted\n"
-           "                block, x, ve, cos_sin, self.masks[self.window_sizes[i]], use_reentrant=False)\n"))],
-        None),
-    "hidden_host_work": (
-        "50 ms of Python work per micro-batch in the input pipeline, nothing else (hidden behind the GPU)",
-        (),
-        HOST_WORK_50MS,
-        None),
-    "sync_exposes_host": (
-        "hidden_host_work plus the loss read with .item() after each micro-batch's backward: the sync "
-        "drains the GPU's queue, so the 50 ms run while the GPU waits (root cause: the sync)",
-        ("host_sync",),
-        [("                (loss / grad_accum_steps).backward()\n",
-          "                (loss / grad_accum_steps).backward()\n"
-          "                last_loss = loss.item()  # planted\n")] + HOST_WORK_50MS,
-        None),
-    # after the rules recompute and misaligned_shapes (2026-11-24): cases none of the rules were written on
-    "checkpoint_mlp": (
-        "activation checkpointing around the MLP only (its forward recomputed in the backward)",
-        ("recompute", "regression"),
-        [("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.utils.checkpoint  # planted\n"),
-         ("        return x + self.mlp(norm(x))\n",
-          "        return x + torch.utils.checkpoint.checkpoint(self.mlp, norm(x), use_reentrant=False)  # planted\n")],
-        None),
-    "eager_attention": (
-        "the attention module excluded from torch.compile (@torch.compiler.disable on its forward)",
-        ("graph_break", "eager_code", "regression"),
-        [("    def forward(self, x, ve, cos_sin, mask):\n        B, T, C = x.size()\n",
-          "    @torch.compiler.disable  # planted\n    def forward(self, x, ve, cos_sin, mask):\n"
-          "        B, T, C = x.size()\n")],
-        None),
-    "clip_grad_sync": (
-        "gradient clipping each step with a finiteness check on the host (clip_grad_norm_ + .item())",
-        ("host_sync", "eager_code", "regression"),
-        [("        set_schedules(optimizer, step, progress)\n",
-          "        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # planted\n"
-          "        if not math.isfinite(grad_norm.item()):  # planted\n"
-          "            raise FloatingPointError('non-finite gradient')\n"
-          "        set_schedules(optimizer, step, progress)\n")],
-        None),
-    "eval_forward": (
-        "a second forward under torch.no_grad each step (the train loss of the last micro-batch, for logging)",
-        ("forward_without_backward", "regression"),
-        [("        set_schedules(optimizer, step, progress)\n",
-          "        with torch.no_grad(), autocast:  # planted: a no-grad forward each step\n"
-          "            forward(x, y)\n"
-          "        set_schedules(optimizer, step, progress)\n")],
-        None),
-    "sync_microbatch": (
-        "torch.cuda.synchronize() after every micro-batch's backward",
-        ("host_sync", "regression"),
-        [("                (loss / grad_accum_steps).backward()\n",
-          "                (loss / grad_accum_steps).backward()\n"
-          "                torch.cuda.synchronize()  # planted\n")],
-        None),
-    "mlp_width_1344": (
-        "the MLP's hidden width 1344 (8/3 x width rounded down to a multiple of 64): mlp_width_1365's reference",
-        (),
-        [("        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)\n"
-          "        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)\n",
-          ("        hidden = 1344  # planted: 8/3 x 512 rounded to a multiple of 64\n"
-           "        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)\n"
-           "        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)\n"))],
-        None),
-    "mlp_width_1365": (
-        "the MLP's hidden width int(8/3 x width) = 1365 (a SwiGLU-style ratio, not rounded)",
-        ("misaligned_shapes", "regression"),
-        [("        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)\n"
-          "        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)\n",
-          ("        hidden = int(8 / 3 * config.n_embd)  # planted: 1365, not a multiple of 8\n"
-           "        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)\n"
-           "        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)\n"))],
-        None),
-}
+MIN_PLANT_MS = 10.0     # issue #33: a new plant costs at least this per step; below it no gain is checked
+GAIN_TOLERANCE = 0.30   # issue #33 (and #26's within_30pct): the top finding's gain within 30% of the loss
+QUIET_PERCENT = 1.0     # issue #33: a quiet case has no finding of 1% of the step or more (as render shows)
+EARLIER_QUIET_PERCENT = 5.0   # issue #16's rule for the same, kept in the `result` column
+SHARED_INDUCTOR_CACHE = ()    # cases about the compile cache: they keep the machine's default Inductor cache
+CLOSING_S = 20.0        # the matmul timed after the cases, kept inside --budget
+
+
+# ---------------------------------------------------------------------------------------------------------
+# check (anywhere)
+# ---------------------------------------------------------------------------------------------------------
+
+def check(args):
+    """Every case's edits applied to train.py and compiled (nothing runs); exit 1 naming the failing ones."""
+    with open(os.path.join(ROOT, "train.py"), encoding="utf-8") as f:
+        source = f.read()
+    failed = []
+    for case in expand(args.cases):
+        try:
+            planted = apply_plant(case, source)
+            check_source(case, planted)
+            line_number(case, planted)
+            if CASES[case].kinds and not CASES[case].words:
+                raise PlantError(f"case {case}: it plants a slowdown but names no words for its finding")
+        except PlantError as e:
+            failed.append(case)
+            print(f"FAIL {e}")
+    n = len(expand(args.cases))
+    print(f"diagnoses check: {n - len(failed)} of {n} cases plant and compile" +
+          (f"; failing: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 # ---------------------------------------------------------------------------------------------------------
 # capture (GPU)
 # ---------------------------------------------------------------------------------------------------------
-
-def plant(case, source):
-    """train.py's text with the case's edits applied; SystemExit when an edit's text is missing."""
-    for old, new in CASES[case][2]:
-        if source.count(old) != 1:
-            sys.exit(f"diagnoses: case {case}: the text to replace is in train.py {source.count(old)} times "
-                     f"(expected once): {old.strip()[:60]!r}; update CASES")
-        source = source.replace(old, new)
-    return source
-
 
 def matmul_tflops():
     """One bf16 8192^3 matmul, median of 10 after 3 warm-ups, in TFLOP/s (a healthy H100: ~780)."""
@@ -232,6 +108,7 @@ def matmul_tflops():
 
 
 def run_case(case, out, timeout):
+    """Plant, run `train.py --profile`, keep the trace: the seconds it took."""
     folder = os.path.join(ROOT, ".bench", "diagnoses", case)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
@@ -239,14 +116,22 @@ def run_case(case, out, timeout):
         source = plant(case, f.read())
     with open(os.path.join(folder, "train.py"), "w", encoding="utf-8") as f:
         f.write(source)
+    with open(os.path.join(out, f"{case}.plant.json"), "w") as f:
+        json.dump({"case": case, "planted": CASES[case].planted, "line": line_number(case, source),
+                   "line_text": CASES[case].line}, f, indent=2)
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path, AUTORESEARCH_PROFILE_DIR=os.path.join(folder, "profiles"))
-    hog = CASES[case][3] and subprocess.Popen([sys.executable, "-c", CASES[case][3]])
+    if case not in SHARED_INDUCTOR_CACHE:  # compiled graphs name this folder's train.py, not another case's
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "inductor-cache")
+    hog = CASES[case].load and subprocess.Popen([sys.executable, "-c", CASES[case].load])
     t0 = time.time()
     try:
         with open(os.path.join(out, f"{case}.log"), "w") as log:
             code = subprocess.run([sys.executable, os.path.join(folder, "train.py"), "--profile"], cwd=ROOT,
-                                  env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False).returncode
+                                  env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                  check=False).returncode
+    except subprocess.TimeoutExpired:
+        code = f"timeout after {timeout:.0f} s"
     finally:
         if hog:
             hog.kill()
@@ -255,21 +140,37 @@ def run_case(case, out, timeout):
     if code == 0 and os.path.exists(trace):
         shutil.copy(trace, os.path.join(out, f"{case}.trace.json.gz"))
     print(f"{case}: exit {code}, {time.time() - t0:.0f} s", flush=True)
+    return time.time() - t0
 
 
 def capture(args):
-    import torch
+    cases = expand(args.cases)
+    if check(args):  # every plant applies and compiles before any GPU time is spent
+        sys.exit("diagnoses: fix the plants above first")
     os.makedirs(args.out, exist_ok=True)
-    cases = args.cases.split(",") if args.cases else list(CASES)
-    unknown = [c for c in cases if c not in CASES]
-    if unknown:
-        sys.exit(f"diagnoses: unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
+    done = [c for c in cases
+            if args.skip_existing and os.path.exists(os.path.join(args.out, f"{c}.trace.json.gz"))]
+    if done:
+        print(f"skipped (trace already in {args.out}): {', '.join(done)}", flush=True)
+    todo = [c for c in cases if c not in done]
+    if not todo:
+        return
+    import torch
+    t_start, longest, ran = time.time(), args.case_estimate, []
     device = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "matmul_tflops_before": matmul_tflops()}
-    for case in cases:
-        run_case(case, args.out, args.timeout)
+    for case in todo:
+        left = args.budget - (time.time() - t_start) if args.budget else None
+        if left is not None and left < longest + CLOSING_S:
+            print(f"stopped before {case}: {left:.0f} s of the budget left, a case takes up to {longest:.0f} "
+                  f"s; not run: {', '.join(todo[len(ran):])} (--skip-existing goes on)", flush=True)
+            break
+        timeout = args.timeout if left is None else min(args.timeout, left - CLOSING_S)
+        longest = max(longest, run_case(case, args.out, timeout))
+        ran.append(case)
     device["matmul_tflops_after"] = matmul_tflops()
-    with open(os.path.join(args.out, f"device-{cases[0]}.json"), "w") as f:
+    device["cases"] = ran
+    with open(os.path.join(args.out, f"device-{ran[0] if ran else todo[0]}.json"), "w") as f:
         json.dump(device, f, indent=2)
     print(json.dumps(device))
 
@@ -278,75 +179,187 @@ def capture(args):
 # report (anywhere)
 # ---------------------------------------------------------------------------------------------------------
 
-def evaluate(case, s, baseline_ms):
-    """One result row from a case's summary."""
+def _slowdown(unprofiled, reference):
+    return unprofiled - reference if unprofiled is not None and reference is not None else None
+
+
+def listed(case, s):
+    """Whether the summary's settings list names the case's setting: "yes", "no", "not recorded", ""."""
+    words = [w.lower() for w in CASES[case].listed]
+    if not words:
+        return ""
+    settings = s.get("settings") or {}
+    if not settings.get("recorded"):
+        return "not recorded"
+    rows = [f"{r.get('name')}={r.get('value')}".lower() for r in settings.get("differs") or []]
+    return "yes" if any(w in r for w in words for r in rows) else "no"
+
+
+def strict(case, s, slowdown, line):
+    """Issue #33's verdict on a case: "ok", "ok (quiet)", "too small: ..." or "FAIL: <what is missing>"."""
+    spec, findings = CASES[case], s.get("findings", [])
+    if not spec.kinds:  # quiet: nothing to find, the setting (if any) in the header
+        big = [f"{f['kind']} {f['ms_per_step']:.1f} ms" for f in findings
+               if f["ms_per_step"] >= QUIET_PERCENT / 100 * s["step_ms"]]
+        if slowdown is not None and slowdown >= MIN_PLANT_MS:
+            big.append(f"costs {slowdown:.1f} ms: not quiet (give it kinds)")
+        shown = listed(case, s)
+        if shown == "no":
+            big.append("the setting is not in the settings list")
+        elif shown == "not recorded":
+            big.append("settings not recorded")
+        return "FAIL: " + "; ".join(big) if big else "ok (quiet)"
+    if slowdown is None:
+        return "no slowdown (no reference run)"
+    if slowdown < MIN_PLANT_MS:
+        return f"too small: {slowdown:.1f} ms < {MIN_PLANT_MS:g}"
+    if not findings:
+        return "FAIL: no finding"
+    top, problems = findings[0], []
+    text = f"{top.get('evidence', '')} {top.get('fix', '')}".lower()
+    if not any(w.lower() in text for w in spec.words):
+        problems.append("names no " + " / ".join(spec.words))
+    number = str(line or "").rstrip("?")
+    if spec.line and not number:
+        problems.append("the planted line's number unknown")
+    elif spec.line and not re.search(rf"train\.py:{number}(?!\d)", top.get("evidence", "")):
+        guessed = " (today's train.py: no plant record)" if str(line).endswith("?") else ""
+        problems.append(f"no train.py:{number}{guessed}")
+    gain = (top["ms_per_step"] - slowdown) / slowdown
+    if abs(gain) > GAIN_TOLERANCE:
+        problems.append(f"gain {top['ms_per_step']:.1f} ms ({gain:+.0%})")
+    return "FAIL: " + "; ".join(problems) if problems else "ok"
+
+
+def evaluate(case, s, reference_ms, line=None):
+    """One result row from a case's summary: issue #16's columns and verdict, then issue #33's."""
     findings = s.get("findings", [])
     unprofiled = s.get("unprofiled_step_ms")
-    slowdown = unprofiled - baseline_ms if unprofiled is not None and baseline_ms is not None else None
-    expected = CASES[case][1] if case in CASES else ()
+    slowdown = _slowdown(unprofiled, reference_ms)
+    expected = CASES[case].kinds if case in CASES else ()
     top = findings[0] if findings else None
     naming = [f for f in findings if f["kind"] in expected]
-    named = bool(naming) and (naming[0] is top or slowdown is not None and naming[0]["ms_per_step"] >= slowdown / 2)
-    close = [f for f in naming if slowdown and abs(f["ms_per_step"] - slowdown) <= 0.3 * slowdown]
-    big = [f for f in findings if f["ms_per_step"] >= 0.05 * s["step_ms"]]
+    named = bool(naming) and (naming[0] is top
+                              or slowdown is not None and naming[0]["ms_per_step"] >= slowdown / 2)
+    close = [f for f in naming if slowdown and abs(f["ms_per_step"] - slowdown) <= GAIN_TOLERANCE * slowdown]
+    big = [f for f in findings if f["ms_per_step"] >= EARLIER_QUIET_PERCENT / 100 * s["step_ms"]]
     return {
-        "case": case, "planted": CASES[case][0] if case in CASES else "?",
+        "case": case, "planted": CASES[case].planted if case in CASES else "?",
         "unprofiled_ms": round(unprofiled, 2) if unprofiled is not None else None,
-        "profiled_ms": round(s["step_ms"], 2), "slowdown_ms": round(slowdown, 2) if slowdown is not None else None,
+        "profiled_ms": round(s["step_ms"], 2),
+        "slowdown_ms": round(slowdown, 2) if slowdown is not None else None,
         "top_finding": f"{top['kind']} ({top['ms_per_step']:.1f} ms)" if top else "none",
         "naming_finding": f"{naming[0]['kind']} ({naming[0]['ms_per_step']:.1f} ms)" if naming else "none",
         "within_30pct": (f"{close[0]['kind']} ({close[0]['ms_per_step']:.1f} ms)" if close else "no")
         if expected else "",
         "result": ("ok" if not big else "FAIL: " + ", ".join(f["kind"] for f in big)) if not expected
         else ("ok" if named else "FAIL"),
+        "listed": listed(case, s) if case in CASES else "",
+        "issue33": strict(case, s, slowdown, line) if case in CASES else "",
     }
+
+
+def planted_line(out, case):
+    """The number of the case's planted line as capture recorded it, else ("N?") as in today's train.py (a
+    capture older than the record: its train.py may have had other line numbers)."""
+    path = os.path.join(out, f"{case}.plant.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f).get("line")
+    if not CASES[case].line:
+        return None
+    with open(os.path.join(ROOT, "train.py"), encoding="utf-8") as f:
+        return f"{line_number(case, apply_plant(case, f.read()))}?"
+
+
+def report_folder(out, against_baseline):
+    """Rows and summaries of one capture folder (one device call: its own baseline)."""
+    from profiling.profile import regression, summary
+    cases = [c for c in CASES if os.path.exists(os.path.join(out, f"{c}.trace.json.gz"))]
+    summaries = {c: summary.summarize(summary.load_trace(os.path.join(out, f"{c}.trace.json.gz")))
+                 for c in cases}
+    if against_baseline and "baseline" in summaries:  # as a live run does with a kept run in the memory
+        for c in cases:
+            if c != "baseline":
+                regression.add(summaries[c], summaries["baseline"], "the baseline")
+    rows, call = [], os.path.basename(os.path.normpath(out))
+    for c in cases:
+        ref = CASES[c].against or "baseline"
+        row = evaluate(c, summaries[c], summaries.get(ref, {}).get("unprofiled_step_ms"),
+                       planted_line(out, c))
+        rows.append(dict(row, reference=ref, call=call))
+    rows += [{"case": c, "planted": CASES[c].planted, "result": "FAIL: no trace (see its log)",
+              "issue33": "FAIL: no trace", "call": call}
+             for c in CASES if c not in cases and os.path.exists(os.path.join(out, f"{c}.log"))]
+    return rows, summaries
 
 
 def report(args):
     from tabulate import tabulate
 
-    from profiling.profile import regression, summary
-    cases = [c for c in CASES if os.path.exists(os.path.join(args.out, f"{c}.trace.json.gz"))]
-    summaries = {c: summary.summarize(summary.load_trace(os.path.join(args.out, f"{c}.trace.json.gz")))
-                 for c in cases}
-    if args.against_baseline and "baseline" in summaries:  # as a live run does with a kept run in the memory
-        for c in cases:
-            if c != "baseline":
-                regression.add(summaries[c], summaries["baseline"], "the baseline")
-    base = summaries.get("baseline", {}).get("unprofiled_step_ms")
-    rows = [evaluate(c, summaries[c], base) for c in cases]
-    rows += [{"case": c, "planted": CASES[c][0], "result": "FAIL: no trace (see its log)"} for c in CASES
-             if c not in cases and os.path.exists(os.path.join(args.out, f"{c}.log"))]
-    keys = ["case", "unprofiled_ms", "profiled_ms", "slowdown_ms", "top_finding", "naming_finding", "within_30pct",
-            "result"]
-    table = tabulate([[r.get(k, "") for k in keys] for r in rows], headers=keys, tablefmt="github")
+    rows, found = [], {}
+    for out in args.out:
+        more, summaries = report_folder(out, args.against_baseline)
+        rows += more
+        found.update({(f"{out}/{c}" if len(args.out) > 1 else c): s.get("findings", [])
+                      for c, s in summaries.items()})
+    keys = (["call"] if len(args.out) > 1 else []) + [
+        "case", "unprofiled_ms", "profiled_ms", "slowdown_ms", "top_finding", "naming_finding",
+        "within_30pct", "result", "listed", "issue33"]
+
+    def cell(r, k):
+        if k == "case" and r.get("reference", "baseline") != "baseline":
+            return f"{r['case']} (vs {r['reference']})"
+        return r.get(k, "")
+    table = tabulate([[cell(r, k) for k in keys] for r in rows], headers=keys, tablefmt="github")
     print(table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "findings": {c: s.get("findings", []) for c, s in summaries.items()}},
-                      f, indent=2)
+            json.dump({"rows": rows, "findings": found}, f, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(table + "\n\n" + "\n".join(f"- `{r['case']}`: {r['planted']}" for r in rows) + "\n")
+            f.write(table + "\n\n" + "\n".join(_described(r["case"]) for r in rows) + "\n")
 
 
-def main():
+def _described(case):
+    """One line on a case for the Markdown: what is planted, what issue #33's check looks for."""
+    spec = CASES[case]
+    if not spec.kinds:
+        must = f" Quiet; listed as {' / '.join(spec.listed)}." if spec.listed else ""
+    else:
+        must = f" The top finding names {' / '.join(f'`{w}`' for w in spec.words)}"
+        must += f" and the line of `{spec.line}`." if spec.line else "."
+    return f"- `{case}`: {spec.planted}.{must}"
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    k = sub.add_parser("check", help="every case's edits applied to train.py and compiled (nothing runs)")
+    k.add_argument("--cases", help="comma-separated case or group names (default: all)")
     c = sub.add_parser("capture", help="on the GPU: plant each case, profile it, keep the traces")
     c.add_argument("out")
-    c.add_argument("--cases", help="comma-separated case names (default: all)")
+    c.add_argument("--cases", help=f"comma-separated case or group names ({', '.join(GROUPS)}; "
+                                   "default: all)")
     c.add_argument("--timeout", type=int, default=240, help="seconds per case (default 240)")
+    c.add_argument("--skip-existing", action="store_true",
+                   help="skip the cases whose trace is already in OUT")
+    c.add_argument("--budget", type=float,
+                   help="seconds for the whole call: start no case that would not end within it (the "
+                        "longest case so far, at least --case-estimate)")
+    c.add_argument("--case-estimate", type=float, default=90.0,
+                   help="seconds a case is assumed to take before one has run (default 90)")
     r = sub.add_parser("report", help="findings per case from the kept traces")
-    r.add_argument("out")
+    r.add_argument("out", nargs="+", help="capture folders, each with its own baseline")
     r.add_argument("--json")
     r.add_argument("--markdown")
     r.add_argument("--against-baseline", action="store_true",
-                   help="profile each case against the baseline's, as a run whose memory holds the baseline as "
-                        "its best kept run (adds the regression finding)")
-    args = p.parse_args()
-    capture(args) if args.command == "capture" else report(args)
+                   help="profile each case against the baseline's, as a run whose memory holds the "
+                        "baseline as its best kept run (adds the regression finding)")
+    args = p.parse_args(argv)
+    return {"check": check, "capture": capture, "report": report}[args.command](args) or 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
+
