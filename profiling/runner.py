@@ -28,9 +28,15 @@ import torch.distributed as dist
 
 import prepare
 from profiling import runfile
-from profiling.profile import hardware, provenance
+from profiling.profile import hardware, provenance, settings
 from profiling.errors import UserError
 from profiling.research import experiments, gate, history
+
+
+# What train.py sets on purpose (train_and_evaluate, train): TF32 GEMMs on CUDA, and the gc collected, frozen
+# and disabled after step 0 (its stalls). The report labels a setting equal to one of these "train.py", not
+# the user's; changed to anything else, it is the user's (profiling/profile/settings.py).
+TRAIN_PY_SETTINGS = {"float32_matmul_precision": "high", "gc.enabled": False, "gc.frozen": True}
 
 
 class ConfigError(ValueError):
@@ -401,6 +407,10 @@ class Run:
             return None
         return path, f"the best kept run, experiment {best['id']} ({best.get('commit')})"
 
+    def train_py_settings(self):
+        """TRAIN_PY_SETTINGS as train.py makes them on this device (matmul precision on CUDA only)."""
+        return {k: v for k, v in TRAIN_PY_SETTINGS.items() if self.cuda or k != "float32_matmul_precision"}
+
     def profile(self, train_step, first_step, step_times):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, and
         print the report. Returns W + A: the steps it ran (they train the model like any other)."""
@@ -413,6 +423,7 @@ class Run:
         meta = dict(device=self.device, torch=torch.__version__, commit=self.record["commit"],
                     peak_flops=self.device_peak, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
+                    settings=settings.snapshot(self.train_py_settings()),  # before the profiler's own
                     **model)  # tokens_per_step, micro_batches, flops_per_step, parameters
         report, self.record["profile"], seconds = capture.profile_training(
             lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta,

@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling.errors import UserError
 from profiling.files import atomic_write
-from profiling.profile import device_state, provenance, regression, render, summary
+from profiling.profile import device_state, provenance, regression, render, settings, summary
 from profiling.profile.sampler import StackSampler, frame_label
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
@@ -56,11 +56,14 @@ def capture(step_fn, warmup, active, metadata):
     every few ms (profiling/profile/sampler.py), the Python lines of the host syncs (CUDA's sync debug mode), the
     graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
     profiling.profile.provenance.start() ran before compilation (profiling/profile/lines.py reads them).
+    Before anything else it records the process's settings (profiling/profile/settings.py), unless
+    metadata["settings"] holds a record already, and adds what the profiler itself changes.
     """
     if active < 1 or warmup < 0:
         raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
                         "use at least 1 active step and 0 or more warm-up steps")
     cuda = torch.cuda.is_available()
+    before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sampler, syncs = StackSampler(), SyncRecorder(cuda)
@@ -91,8 +94,20 @@ def capture(step_fn, warmup, active, metadata):
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
     trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
-                                 dynamo=dynamo_record(), provenance=provenance.result(), device_state=state)
+                                 dynamo=dynamo_record(), provenance=provenance.result(), device_state=state,
+                                 settings=dict(before, profiler=own_settings(before, cuda)))
     return trace, t_end
+
+
+def own_settings(record, cuda):
+    """The settings the profiler itself changes (profiling/profile/settings.py's `profiler` entries):
+    provenance.start()'s compiler settings, and CUDA's sync debug mode, "warn" during the profiled steps
+    (SyncRecorder)."""
+    changed = provenance.changes()
+    if cuda:
+        changed["sync_debug_mode"] = {"value": "warn", "during": "profiled steps",
+                                      "before": settings.value(record, "sync_debug_mode", "default")}
+    return changed
 
 
 def _uuid():
@@ -143,11 +158,12 @@ class SyncRecorder:
             return
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            mode = torch.cuda.get_sync_debug_mode()  # the user's, put back after the step
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 yield
             finally:
-                torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.set_sync_debug_mode(mode)
         for w in caught:
             if "synchronizing" in str(w.message):
                 key = (w.filename, w.lineno)

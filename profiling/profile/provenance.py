@@ -54,6 +54,7 @@ MAX_TEXT = 100   # characters of a source line kept
 UNSEEN = object()  # no stack-trace artifact yet for the graph being compiled
 
 _collector = None
+_changes = {}   # the settings `start` changed, for the trace's settings record (profiling/profile/settings.py)
 
 
 def enabled():
@@ -68,15 +69,29 @@ def start(root=None):
         return
     import torch  # only here: the rest of the module is plain data
 
-    torch._inductor.config.trace.provenance_tracking_level = 1
+    config = torch._inductor.config
+    _change("inductor.trace.provenance_tracking_level", config.trace, "provenance_tracking_level", 1)
     if not torch.cuda.is_available():  # the CPU's compiled C++ kernels appear in the trace only with this
-        torch._inductor.config.cpp.enable_kernel_profile = True
-    torch.compiler.config.cache_key_tag = (torch.compiler.config.cache_key_tag + "-" + TAG).lstrip("-")
+        _change("inductor.cpp.enable_kernel_profile", config.cpp, "enable_kernel_profile", True)
+    tag = torch.compiler.config.cache_key_tag
+    _change("compiler.cache_key_tag", torch.compiler.config, "cache_key_tag", (tag + "-" + TAG).lstrip("-"))
     _collector = Collector(root or os.getcwd())
     log = logging.getLogger("torch.__trace")
     log.addHandler(_collector)
     if log.level == logging.NOTSET or log.level > logging.DEBUG:
         log.setLevel(logging.DEBUG)
+
+
+def _change(name, obj, attr, value):
+    """Set obj.attr and remember it under its settings name, with the value it had."""
+    _changes[name] = {"value": value, "before": getattr(obj, attr), "during": "compile"}
+    setattr(obj, attr, value)
+
+
+def changes():
+    """The settings `start` changed: {settings name: {"value", "before", "during": "compile"}}; {} if it did
+    not run (settings.py's `profiler` entries)."""
+    return {name: dict(change) for name, change in _changes.items()}
 
 
 def result():

@@ -1,7 +1,8 @@
 """Pure: a profile summary (profiling.profile.summary) -> the Markdown report the agent reads, or JSON.
 
 The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
-header line (device, torch, steps profiled, tokens/step), then 0. the findings (the few causes that cost
+header line (device, torch, steps profiled, tokens/step), the GPU's state and the settings that differ from
+torch's defaults (profiling/profile/settings.py: who set each), then 0. the findings (the few causes that cost
 the most, each with its evidence and fix: profiling/profile/findings/), 1. the step budget (parts that add up to
 the step; MFU; peak memory), where the step goes in the model (regions, forward and backward; see
 profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the top kernels, 3. the checks, 4. what
@@ -13,7 +14,7 @@ import json
 
 from tabulate import tabulate
 
-from profiling.profile import device_state
+from profiling.profile import device_state, settings
 from profiling.profile.summary import diff
 
 PART_LABELS = {
@@ -67,7 +68,8 @@ def to_markdown(summary, previous=None, top=10):
     if view is not summary:
         title += f" (unprofiled; profiled {_ms(summary['step_ms'])}: see the note under the step budget)"
     state = device_state.text(summary.get("device_state"))
-    lines += [title, _header(summary)] + ([state] if state else []) + [""]
+    known = settings.text(summary.get("settings"))
+    lines += [title, _header(summary)] + [x for x in (state, known) if x] + [""]
     if (not cpu or "ranks" in summary) and "findings" in summary:
         lines += _findings(view) + [""]
     lines += _ranks(view)

@@ -26,6 +26,9 @@ How the numbers are made (so they add up and can be trusted):
 The summary (plain JSON data; `render.to_json` writes it as is):
     version, kind ("cuda" or "cpu"), device, torch, commit, tokens_per_step, tokens_per_second,
     mfu_percent, peak_memory_mb, unprofiled_step_ms   header; None where unknown
+    settings                                          the process's settings (profiling/profile/settings.py):
+                                                      {recorded: false}, or {recorded: true, differs: [{name,
+                                                      value, default, by, source, during}], all: the record}
     steps, step_ms, step_ms_each                      profiled steps; mean and per-step ms
     idle_ms, idle_percent, device_ms                  per step (device_ms: None for a CPU profile)
     categories                                        part -> ms/step: GEMM, attention, other compute,
@@ -80,10 +83,12 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8},
         "provenance": {"frames", "stacks", "graphs": [...]}  # source lines of the compiled kernels
                                          # (profiling/profile/provenance.py), None when not recorded
+        "settings": {"values", "defaults", ...},  # torch's modes, flags, compiler settings, environment
+                                         # and gc before the profiled steps (profiling/profile/settings.py)
     }
 """
 from profiling.errors import UserError
-from profiling.profile import bound, findings, hardware, kernel_match, lines, regions, roofline
+from profiling.profile import bound, findings, hardware, kernel_match, lines, regions, roofline, settings
 from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.timeline import Timeline
 from profiling.profile.traceio import (
@@ -309,6 +314,7 @@ def _header(kind, meta, n, step_ms, each):
         "tokens_per_second": _r(tokens / (step_ms / 1e3)) if num(tokens) and step_ms > 0 else None,
         "mfu_percent": _r(mfu) if num(mfu) else None, "peak_memory_mb": meta.get("peak_memory_mb"),
         "unprofiled_step_ms": meta.get("unprofiled_step_ms"), "device_state": meta.get("device_state"),
+        "settings": settings.summary(meta.get("settings")),
         "steps": n, "step_ms": _r(step_ms), "step_ms_each": [_r(x) for x in each],
     }
 

@@ -28,6 +28,7 @@ CAPTURE = textwrap.dedent("""
 
     trace, _ = capture.capture(step, warmup=1, active=2, metadata={})
     assert any(e.get("name") == "ProfilerStep#1" for e in trace["traceEvents"])
+    assert trace["autoresearch"]["settings"]["values"]["grad_mode"] is True  # recorded before the steps
     print("captured")
 """)
 

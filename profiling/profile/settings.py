@@ -1,0 +1,429 @@
+"""The process's settings: what changes which kernels run or what the host does, recorded by the live
+capture before the profiled steps (issue #33). No torch at import: `snapshot` imports it; the rest is pure.
+
+    record = snapshot(train_py={...})   # plain JSON data for the trace's metadata ("settings")
+    rows = differing(record)            # the settings that differ from torch's defaults, and who set them
+    value(record, "deterministic_algorithms")    # one setting's value, as the process had it
+    summary(record)                     # the summary's `settings` (`--json`)
+    text(summary(record))               # one line for the report's header
+
+Canonical names (the keys of `record["values"]`; torch's default after the `=`, as of torch 2.11):
+
+    global modes        deterministic_algorithms=False, deterministic_algorithms.warn_only=False,
+                        deterministic.fill_uninitialized_memory=True, anomaly_mode=False,
+                        anomaly_mode.check_nan=True, grad_mode=True, inference_mode=False,
+                        float32_matmul_precision="highest", default_dtype="torch.float32",
+                        autograd.multithreading=True, modes.dispatch=[], modes.torch_function=[]
+    CUDA, once it is    sync_debug_mode="default" ("warn", "error"), cuda.memory_history=False
+    initialised         (torch.cuda.memory._record_memory_history), cuda.allocator_backend="native"
+    torch.backends      cudnn.enabled=True, cudnn.benchmark=False, cudnn.deterministic=False,
+                        cudnn.allow_tf32=True, cuda.matmul.allow_tf32=False, cuda.matmul.fp32_precision="none",
+                        cuda.matmul.allow_fp16_reduced_precision_reduction=True,
+                        cuda.matmul.allow_bf16_reduced_precision_reduction=True,
+                        cuda.matmul.allow_fp16_accumulation=False, sdp.flash=True, sdp.mem_efficient=True,
+                        sdp.math=True, sdp.cudnn=True, sdp.math_fp16_bf16_reduction=False,
+                        cuda.preferred_blas_library="cublas", cuda.preferred_linalg_library="default",
+                        mkldnn.enabled=True
+    compiler            dynamo.<key>, inductor.<key> (e.g. inductor.trace.provenance_tracking_level),
+                        functorch.<key> (e.g. functorch.activation_memory_budget), compiler.<key>
+                        (torch.compiler.config): only entries that differ from their config module's default,
+                        and only of modules already imported (recording never imports the compiler)
+    environment         env.<NAME> for every variable set whose name starts with TORCH_, PYTORCH_,
+                        TORCHINDUCTOR_, TORCHDYNAMO_, CUDA_, CUBLAS_, CUBLASLT_, CUDNN_, NCCL_ or TRITON_, and
+                        NVIDIA_TF32_OVERRIDE, OMP_NUM_THREADS, MKL_NUM_THREADS, INDUCTOR_PROVENANCE,
+                        DISABLE_ADDMM_CUDA_LT (default: unset)
+    garbage collector   gc.enabled=True, gc.threshold=[700, 10, 10] (Python 3.10-3.12), gc.frozen=False
+                        (gc.freeze() ran), gc.frozen_objects (a count; never "differs")
+
+The record (`snapshot`'s keys, then what the capture and the runner add):
+
+    {"version": 1,
+     "values": {name: value},            # every setting read (compiler entries and variables: only those set)
+     "defaults": {name: torch's default},  # where one is known
+     "sources": {name: "environment" | "process"},  # how a variable or compiler entry got its value, where known
+     "launcher": "torchrun" | None,
+     "notes": ["what could not be read, and why"],
+     "train.py": {name: value},          # train.py's own deliberate choices (profiling/runner.py)
+     "profiler": {name: {"value", "before", "during"}}}  # what the profiler itself sets: "compile" or
+                                                         # "profiled steps" (profiling/profile/capture.py)
+Every read is guarded: another torch version loses that part with a note instead of failing the capture.
+"""
+import os
+import sys
+
+VERSION = 1
+ENV_PREFIXES = ("TORCH_", "PYTORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "CUDA_", "CUBLAS_", "CUBLASLT_",
+                "CUDNN_", "NCCL_", "TRITON_")
+ENV_NAMES = ("NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "INDUCTOR_PROVENANCE",
+             "DISABLE_ADDMM_CUDA_LT")
+# Variables that say where things are or which device is used, not how the work is done: recorded, never
+# listed as differing (CUDA_VISIBLE_DEVICES is how one agent gets its GPU; NVIDIA's images set the versions).
+ENV_NEUTRAL = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TORCH_CUDA_ARCH_LIST", "TORCH_WARM_POOL")
+ENV_NEUTRAL_SUFFIXES = ("_VERSION", "_HOME", "_PATH", "_DIR", "_ROOT")
+# What torchrun sets in its workers unless the user did (torch/distributed/run.py, local_elastic_agent.py)
+TORCHRUN_ENV = {"env.OMP_NUM_THREADS": "1", "env.TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+MAX_TEXT = 200   # characters kept of a value
+# gc.get_threshold() of a fresh interpreter, by version (others: unknown, so never "differs")
+GC_THRESHOLDS = {(3, 10): [700, 10, 10], (3, 11): [700, 10, 10], (3, 12): [700, 10, 10]}
+CONFIGS = (("dynamo", "torch._dynamo.config"), ("inductor", "torch._inductor.config"),
+           ("functorch", "torch._functorch.config"), ("compiler", "torch.compiler.config"))
+SYNC_MODES = {0: "default", 1: "warn", 2: "error"}
+BY_ORDER = ("user", "torchrun", "train.py", "profiler")
+MAX_SHOWN = 16   # settings on the header line; the rest are in summary.json `settings`
+
+# (name, torch's default, reader of torch): the global modes and torch.backends flags
+MODES = (
+    ("deterministic_algorithms", False, lambda t: t.are_deterministic_algorithms_enabled()),
+    ("deterministic_algorithms.warn_only", False, lambda t: t.is_deterministic_algorithms_warn_only_enabled()),
+    ("deterministic.fill_uninitialized_memory", True, lambda t: t.utils.deterministic.fill_uninitialized_memory),
+    ("anomaly_mode", False, lambda t: t.is_anomaly_enabled()),
+    ("anomaly_mode.check_nan", True, lambda t: t.is_anomaly_check_nan_enabled()),
+    ("grad_mode", True, lambda t: t.is_grad_enabled()),
+    ("inference_mode", False, lambda t: t.is_inference_mode_enabled()),
+    ("float32_matmul_precision", "highest", lambda t: t.get_float32_matmul_precision()),
+    ("default_dtype", "torch.float32", lambda t: str(t.get_default_dtype())),
+    ("autograd.multithreading", True, lambda t: t.autograd.is_multithreading_enabled()),
+    ("modes.dispatch", [], lambda t: _types(t.utils._python_dispatch._get_current_dispatch_mode_stack())),
+    ("modes.torch_function", [], lambda t: _types(t.overrides._get_current_function_mode_stack())),
+    ("cudnn.enabled", True, lambda t: t.backends.cudnn.enabled),
+    ("cudnn.benchmark", False, lambda t: t.backends.cudnn.benchmark),
+    ("cudnn.deterministic", False, lambda t: t.backends.cudnn.deterministic),
+    ("cudnn.allow_tf32", True, lambda t: t.backends.cudnn.allow_tf32),
+    ("cuda.matmul.allow_tf32", False, lambda t: t.backends.cuda.matmul.allow_tf32),
+    ("cuda.matmul.fp32_precision", "none", lambda t: t.backends.cuda.matmul.fp32_precision),
+    ("cuda.matmul.allow_fp16_reduced_precision_reduction", True,
+     lambda t: t.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
+    ("cuda.matmul.allow_bf16_reduced_precision_reduction", True,
+     lambda t: t.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+    ("cuda.matmul.allow_fp16_accumulation", False, lambda t: t.backends.cuda.matmul.allow_fp16_accumulation),
+    ("sdp.flash", True, lambda t: t.backends.cuda.flash_sdp_enabled()),
+    ("sdp.mem_efficient", True, lambda t: t.backends.cuda.mem_efficient_sdp_enabled()),
+    ("sdp.math", True, lambda t: t.backends.cuda.math_sdp_enabled()),
+    ("sdp.cudnn", True, lambda t: t.backends.cuda.cudnn_sdp_enabled()),
+    ("sdp.math_fp16_bf16_reduction", False, lambda t: t.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()),
+    ("cuda.preferred_blas_library", "cublas", lambda t: _enum(t.backends.cuda.preferred_blas_library())),
+    ("cuda.preferred_linalg_library", "default", lambda t: _enum(t.backends.cuda.preferred_linalg_library())),
+    ("mkldnn.enabled", True, lambda t: t.backends.mkldnn.enabled),
+)
+# Read only once CUDA is initialised: asking earlier would initialise it (or fail without a driver)
+CUDA_MODES = (
+    ("sync_debug_mode", "default", lambda t: SYNC_MODES.get(t.cuda.get_sync_debug_mode(), "?")),
+    ("cuda.memory_history", False, lambda t: bool(t._C._cuda_isHistoryEnabled())),
+    ("cuda.allocator_backend", "native", lambda t: t.cuda.get_allocator_backend()),
+)
+# Views of another setting: listed only where they disagree with it (set_float32_matmul_precision("high")
+# also turns cuBLAS TF32 on; the warn-only and NaN-check flags mean nothing while their mode is off).
+IMPLIED = {
+    "cuda.matmul.allow_tf32": lambda v: v.get("float32_matmul_precision", "highest") != "highest",
+    "cuda.matmul.fp32_precision": lambda v: "tf32" if v.get("float32_matmul_precision") == "high" else
+    "bf16" if v.get("float32_matmul_precision") == "medium" else "none",
+    "deterministic_algorithms.warn_only": lambda v: False if not v.get("deterministic_algorithms") else None,
+    "anomaly_mode.check_nan": lambda v: True if not v.get("anomaly_mode") else None,
+    "inductor.deterministic": lambda v: True if v.get("deterministic_algorithms") else None,  # set with it
+}
+INFORMATIONAL = ("gc.frozen_objects",)
+# How a setting reads on the header line; a name not here reads `name=value`
+LABELS = {
+    "deterministic_algorithms": "deterministic algorithms", "deterministic_algorithms.warn_only":
+    "deterministic algorithms warn-only", "deterministic.fill_uninitialized_memory":
+    "deterministic fill of uninitialized memory", "anomaly_mode": "autograd anomaly mode",
+    "anomaly_mode.check_nan": "anomaly mode NaN check", "grad_mode": "grad mode", "inference_mode":
+    "inference mode", "float32_matmul_precision": "float32 matmul precision", "default_dtype": "default dtype",
+    "autograd.multithreading": "autograd multithreading", "modes.dispatch": "dispatch modes",
+    "modes.torch_function": "torch function modes", "sync_debug_mode": "sync debug mode",
+    "cuda.memory_history": "CUDA memory history recording", "cuda.allocator_backend": "CUDA allocator",
+    "cudnn.enabled": "cuDNN", "cudnn.benchmark": "cuDNN benchmark", "cudnn.deterministic": "cuDNN deterministic",
+    "cudnn.allow_tf32": "cuDNN TF32", "cuda.matmul.allow_tf32": "cuBLAS TF32", "cuda.matmul.fp32_precision":
+    "matmul fp32 precision", "cuda.matmul.allow_fp16_reduced_precision_reduction":
+    "fp16 GEMM reduced-precision reduction", "cuda.matmul.allow_bf16_reduced_precision_reduction":
+    "bf16 GEMM reduced-precision reduction", "cuda.matmul.allow_fp16_accumulation": "fp16 GEMM accumulation",
+    "sdp.flash": "flash SDPA", "sdp.mem_efficient": "memory-efficient SDPA", "sdp.math": "math SDPA",
+    "sdp.cudnn": "cuDNN SDPA", "sdp.math_fp16_bf16_reduction": "math SDPA fp16/bf16 reduction",
+    "cuda.preferred_blas_library": "preferred BLAS", "cuda.preferred_linalg_library": "preferred linalg",
+    "mkldnn.enabled": "oneDNN", "inductor.trace.provenance_tracking_level": "inductor provenance tracking",
+    "inductor.cpp.enable_kernel_profile": "inductor C++ kernel profiling", "compiler.cache_key_tag":
+    "compile cache tag",
+}
+GC_WORDS = {("gc.enabled", False): "disabled", ("gc.enabled", True): "enabled", ("gc.frozen", True): "frozen",
+            ("gc.frozen", False): "not frozen"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Recording (the live capture; imports torch)
+# ---------------------------------------------------------------------------------------------------------
+
+def snapshot(train_py=None, environ=None):
+    """The process's settings now, as plain JSON data (the module docstring has the keys). `train_py`: the
+    settings train.py chooses on purpose ({name: value}), so the view can say who set them. `environ`: the
+    environment to read (tests); default os.environ. Never raises."""
+    import torch  # only here: the view below is plain data
+
+    values, defaults, sources, notes = {}, {}, {}, []
+    cuda = _safe(lambda: torch.cuda.is_initialized(), False)
+    for name, default, read in MODES + (CUDA_MODES if cuda else ()):
+        try:
+            values[name] = _plain(read(torch))
+            defaults[name] = default
+        except Exception as e:  # another torch version, or a mode torch refuses to report
+            notes.append(f"{name} not read: {_why(e)}")
+    env = os.environ if environ is None else environ
+    _compiler(values, defaults, sources, notes)
+    _environment(env, values, sources)
+    _gc(values, defaults)
+    record = {"version": VERSION, "values": values, "defaults": defaults, "sources": sources,
+              "launcher": "torchrun" if "TORCHELASTIC_RUN_ID" in env else None, "notes": notes}
+    if train_py:
+        record["train.py"] = dict(train_py)
+    return record
+
+
+def _compiler(values, defaults, sources, notes):
+    """The compiler's config entries that differ from their defaults, of config modules already imported
+    (importing them would import the compiler); torch/utils/_config_module.py keeps each entry's default."""
+    for prefix, module_name in CONFIGS:
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        try:
+            unset = sys.modules["torch.utils._config_module"]._UNSET_SENTINEL
+            entries = list(module._config.items())
+        except Exception as e:  # another torch's config modules
+            notes.append(f"{prefix} config not read: {_why(e)}")
+            continue
+        failed = 0
+        for key, entry in entries:
+            try:
+                _entry(f"{prefix}.{key}", module, key, entry, unset, (values, defaults, sources))
+            except Exception:
+                failed += 1
+        if failed:
+            notes.append(f"{prefix} config: {failed} entries not read")
+
+
+def _entry(name, module, key, entry, unset, out):
+    """One config entry into (values, defaults, sources), if it differs from its default."""
+    if entry.alias is not None or module._is_default(key):
+        return  # an alias reads another module's entry (and could import it)
+    value = getattr(module, key)
+    if _same(value, entry.default):
+        return
+    values, defaults, sources = out
+    values[name], defaults[name] = _plain(value), _plain(entry.default)
+    sources[name] = "process" if entry.user_override is not unset else "environment"
+
+
+def _environment(environ, values, sources):
+    """The variables torch, CUDA, its libraries and the allocator read, where set; their source where the
+    process's starting environment (/proc/self/environ) can tell: "environment" if set before it started,
+    "process" if code in it set or changed one."""
+    start = _starting_environment() if environ is os.environ else None
+    for key in sorted(environ):
+        if key.startswith(ENV_PREFIXES) or key in ENV_NAMES:
+            name = f"env.{key}"
+            values[name] = str(environ[key])[:MAX_TEXT]
+            if start is not None:
+                sources[name] = "environment" if start.get(key) == environ[key] else "process"
+
+
+def _starting_environment():
+    """The environment the process was started with (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            pairs = [item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item]
+        return {os.fsdecode(k): os.fsdecode(v) for k, v in pairs}
+    except OSError:
+        return None
+
+
+def _gc(values, defaults):
+    import gc
+
+    values["gc.enabled"], defaults["gc.enabled"] = gc.isenabled(), True
+    values["gc.threshold"] = list(gc.get_threshold())
+    if sys.version_info[:2] in GC_THRESHOLDS:
+        defaults["gc.threshold"] = GC_THRESHOLDS[sys.version_info[:2]]
+    frozen = gc.get_freeze_count()
+    values["gc.frozen"], defaults["gc.frozen"] = frozen > 0, False
+    values["gc.frozen_objects"] = frozen
+
+
+def _safe(fn, fallback):
+    try:
+        return fn()
+    except Exception:
+        return fallback
+
+
+def _same(a, b):
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _why(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}".rstrip(": ")
+
+
+def _types(stack):
+    return [type(m).__name__ for m in stack]
+
+
+def _enum(x):
+    """`_BlasBackend.Cublas` -> "cublas"."""
+    return str(x).rsplit(".", 1)[-1].lower()
+
+
+def _plain(v):
+    """A JSON-able copy of a setting's value: numbers, strings, lists and dicts as they are, others by repr."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v if not isinstance(v, str) else v[:MAX_TEXT]
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, (set, frozenset)):
+        return sorted(str(_plain(x)) for x in v)
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return repr(v)[:MAX_TEXT]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The view (pure)
+# ---------------------------------------------------------------------------------------------------------
+
+def value(record, name, missing=None):
+    """The process's own value of setting `name` (a canonical name, see the module docstring), before the
+    profiler changed it: `value(record, "deterministic_algorithms")` -> True or False; `missing` when the
+    record has none (not recorded, not read, or an unset variable: `value(r, "env.CUDA_LAUNCH_BLOCKING")`)."""
+    if not _recorded(record):
+        return missing
+    change = _part(record, "profiler").get(name)
+    if isinstance(change, dict):
+        return missing if change.get("before") is None else change["before"]
+    return record["values"].get(name, missing)
+
+
+def _recorded(record):
+    return isinstance(record, dict) and isinstance(record.get("values"), dict)
+
+
+def _part(record, key):
+    """record[key] where it is a dict (a foreign or damaged record may hold anything), else {}."""
+    part = record.get(key)
+    return part if isinstance(part, dict) else {}
+
+
+def differing(record):
+    """The settings that differ from torch's defaults, in the order recorded, the profiler's last: rows
+    {"name": canonical name, "value": its value, "default": torch's default (None: an unset variable),
+     "by": "user" | "torchrun" | "train.py" | "profiler",
+     "source": "environment" (a variable set before the process started, or a compiler entry read from
+               one) | "process" (set by code in the process) | None (unknown: global modes and flags),
+     "during": "compile" | "profiled steps" for the profiler's, else None}.
+    "train.py": equal to a choice train.py makes on purpose (record["train.py"]); "torchrun": a variable
+    torchrun sets in its workers; "profiler": what the capture itself turns on; "user": anything else (the
+    user's code or environment). [] for no record."""
+    if not _recorded(record):
+        return []
+    values = record["values"]
+    profiler = {name: change for name, change in _part(record, "profiler").items()
+                if isinstance(change, dict) and change.get("value") != change.get("before")}
+    own = {name: value(record, name) for name in values}  # the process's own, under the profiler's changes
+    rows = [_row(record, name, v) for name, v in own.items() if _differs(record, name, v)]
+    for name, change in profiler.items():
+        rows.append({"name": name, "value": change.get("value"), "default": _part(record, "defaults").get(
+            name, change.get("before")), "by": "profiler", "source": "process", "during": change.get("during")})
+    return rows
+
+
+def _differs(record, name, v):
+    values, defaults = record["values"], _part(record, "defaults")
+    if v is None and name in _part(record, "profiler"):
+        return False  # only the profiler's value is known
+    if name in INFORMATIONAL:
+        return False
+    if name.startswith("env."):
+        key = name[4:]
+        return key not in ENV_NEUTRAL and not key.endswith(ENV_NEUTRAL_SUFFIXES)
+    if name in IMPLIED:
+        implied = IMPLIED[name](values)
+        if implied is not None:
+            return v != implied
+    return name in defaults and v != defaults[name]
+
+
+def _row(record, name, v):
+    chosen = _part(record, "train.py")
+    if name in chosen and chosen[name] == v:
+        by = "train.py"
+    elif record.get("launcher") == "torchrun" and TORCHRUN_ENV.get(name) == v:
+        by = "torchrun"
+    else:
+        by = "user"
+    return {"name": name, "value": v, "default": _part(record, "defaults").get(name), "by": by,
+            "source": _part(record, "sources").get(name), "during": None}
+
+
+def summary(record):
+    """The summary's `settings`: {"recorded": False} for a trace without a record; else {"recorded": True,
+    "differs": differing(record), "all": record}."""
+    if not _recorded(record):
+        return {"recorded": False}
+    return {"recorded": True, "differs": differing(record), "all": record}
+
+
+def text(s):
+    """The report header's line on the settings, from the summary's `settings`; None for no summary."""
+    if not isinstance(s, dict):
+        return None
+    if not s.get("recorded"):
+        return "Process settings: not recorded in this trace (an older or foreign capture): torch's modes, " \
+               "flags and environment unknown"
+    rows = sorted(s.get("differs") or [], key=lambda r: BY_ORDER.index(r["by"]) if r["by"] in BY_ORDER else 0)
+    if not rows:
+        return "Process settings: all at torch's defaults (modes, backends flags, compiler, environment, gc)"
+    groups = {}
+    for r in rows[:MAX_SHOWN]:
+        groups.setdefault(_who(r), []).append(_phrase(r))
+    more = [f"+{len(rows) - MAX_SHOWN} more in summary.json `settings`"] if len(rows) > MAX_SHOWN else []
+    return "Process settings that differ from torch's defaults (before the profiled steps; who set each): " + \
+        " · ".join([f"{_join(phrases)} ({who})" for who, phrases in groups.items()] + more)
+
+
+def _who(r):
+    if r["by"] == "profiler":
+        return "profiler, " + ("during the profiled steps only" if r["during"] == "profiled steps" else
+                               f"at {r['during'] or 'capture'}")
+    if r["name"].startswith("env."):
+        return r["by"] + (", set in the process" if r["source"] == "process" else ", environment")
+    return r["by"]
+
+
+def _phrase(r):
+    name, v = r["name"], r["value"]
+    if name.startswith("gc."):
+        return "gc " + GC_WORDS.get((name, v), f"{name[3:]} {_show(v)}")
+    if name.startswith("env."):
+        return f"{name[4:]}={v}"
+    if name not in LABELS:
+        return f"{name}={_show(v)}"
+    if isinstance(v, bool):
+        return f"{LABELS[name]} {'on' if v else 'off'}"
+    return f"{LABELS[name]} {_show(v)}"
+
+
+def _join(phrases):
+    """Phrases joined by commas, `gc disabled` and `gc frozen` as `gc disabled and frozen`."""
+    out = []
+    for p in phrases:
+        if p.startswith("gc ") and out and out[-1].startswith("gc "):
+            out[-1] += " and " + p[3:]
+        else:
+            out.append(p)
+    return ", ".join(out)
+
+
+def _show(v):
+    if isinstance(v, list):
+        return ",".join(map(str, v)) if v else "none"
+    return str(v)
