@@ -73,7 +73,7 @@ def to_markdown(summary, previous=None, top=10):
     if (not cpu or "ranks" in summary) and "findings" in summary:
         lines += _findings(view) + [""]
     lines += _ranks(view)
-    lines += _budget(view) + _regions(view) + _lines(view) + [""] + _kernels(view, top) + [""] \
+    lines += _budget(view) + _regions(view) + _lines(view) + _cuda_calls(view) + [""] + _kernels(view, top) + [""] \
         + _checks(summary)
     if previous is not None:
         lines += [""] + _changes(diff(previous, summary))
@@ -293,6 +293,31 @@ def _lines(s, shown=MAX_LINES):
     if len(table.get("files") or {}) > 1:
         out.append("by file: " + ", ".join(f"{f} {_ms(ms)} ms" for f, ms in table["files"].items()))
     return out + _unplaced_lines(table)
+
+
+def _cuda_calls(s):
+    """Section 1c: the host's time inside CUDA runtime/driver calls per step, by kind (profiling/profile/cuda_calls.py)."""
+    table = s.get("cuda_calls")
+    if not table:
+        return []
+    rows = [[r["kind"], _calls(round(r["calls_per_step"], 1)), _ms(r["ms_per_step"]), _ms(r["gpu_idle_ms"]),
+             _ms(r["longest_ms"]), _call_names(r)] for r in table["kinds"]]
+    head = ["kind", "calls/step", "host ms/step", "of it, GPU idle ms", "longest ms", "top calls (calls/step)"]
+    excluded = "".join(f"; left out: `{x['name']}` {_ms(x['ms'])} ms, {x['reason']}" for x in table["excluded"])
+    return ["", "### Host time inside CUDA calls", _table(head, rows), "",
+            (f"note: the host's time inside CUDA runtime/driver calls per step ({_ms(table['ms_per_step'])} of a "
+             f"{_ms(table['host_step_ms'])} ms host step); `GPU idle`: the part of it while the GPU had nothing to "
+             "run. Long launch calls with a busy GPU are back-pressure (the host waits for room in a full queue), "
+             f"not a defect; the findings price only the idle (rules: profiling/profile/cuda_findings.py){excluded}")]
+
+
+def _call_names(row):
+    """`cuLaunchKernel` x500, `cuLaunchKernelEx` x477; for copies also the host memory (pageable, pinned)."""
+    text = ", ".join(f"`{_code(x['name'])}` x{_calls(round(x['calls_per_step'], 1))}" for x in row["names"])
+    memory = row.get("host_memory") or {}
+    if memory:
+        text += "; " + ", ".join(f"{m} x{_calls(round(c, 1))}" for m, c in memory.items())
+    return text
 
 
 def _unplaced_lines(table):

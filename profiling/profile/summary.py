@@ -60,6 +60,9 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       top_kernel}], rows_total, placed_percent, placed_ms,
                                                       unplaced_ms, unplaced [{reason, name, ms_per_step}],
                                                       files, graphs; or `missing` (why there is no table)
+    cuda_calls                                        the host's time inside CUDA runtime/driver calls per step,
+                                                      by kind (profiling/profile/cuda_calls.py `table`); device
+                                                      profiles only, None when the steps made no call
 
 The capture adds its measurements to the trace as a top-level key (`prof.add_metadata_json(META_KEY,
 json.dumps(meta))`); every field is optional and None means unknown:
@@ -88,7 +91,17 @@ json.dumps(meta))`); every field is optional and None means unknown:
     }
 """
 from profiling.errors import UserError
-from profiling.profile import bound, findings, hardware, kernel_match, lines, regions, roofline, settings
+from profiling.profile import (
+    bound,
+    cuda_calls,
+    findings,
+    hardware,
+    kernel_match,
+    lines,
+    regions,
+    roofline,
+    settings,
+)
 from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.timeline import Timeline
 from profiling.profile.traceio import (
@@ -217,6 +230,7 @@ def _summarize_device(ix, meta):
                                           moved, bounds),
              lines=lines.device_table(tl, ix.graph_calls, meta, step_ms, moved))
     s["bound"] = _step_bound(tl, bounds, rate, s)
+    s["cuda_calls"] = cuda_calls.table(tl)
     tl.bounds = bounds
     s.update(findings.diagnose(tl, s))
     s["checks"] = [

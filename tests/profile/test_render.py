@@ -56,10 +56,10 @@ def test_report_layout(h100):
     heads = [line for line in lines if line.startswith("## ")]
     assert heads == ["## 0. Findings (start here: the tables below are their evidence)", "## 1. Step budget",
                      "## 2. Top 10 kernels per step (of 45)", "## 3. Checks"]
-    assert "### Where the step goes in the model" in lines
+    assert "### Where the step goes in the model" in lines and "### Host time inside CUDA calls" in lines
     assert "CHECK FAILED" not in md
     assert re.search(r"^MFU \d+\.\d% · peak memory 45,060 MB · \d\.\d+M tokens/s$", md, re.MULTILINE)
-    assert len(tables(md)) == 4  # budget, regions, kernels, checks
+    assert len(tables(md)) == 5  # budget, regions, CUDA calls, kernels, checks
 
 
 def test_budget_parts_add_up_to_the_step(h100):
@@ -73,7 +73,7 @@ def test_budget_parts_add_up_to_the_step(h100):
 
 
 def test_kernel_table(h100):
-    kernels = tables(to_markdown(h100, top=5))[2]
+    kernels = tables(to_markdown(h100, top=5))[3]
     assert kernels[0] == ["#", "kernel", "category", "ms/step", "% of step", "calls/step", "achieved (% of peak)"]
     assert len(kernels) == 6
     assert kernels[1][:6] == ["1", "`nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT`", "GEMM", "11.41", "12.9", "49"]
@@ -90,7 +90,7 @@ def test_failed_check_is_at_the_very_top(h100):
     md = to_markdown(s)
     assert md.splitlines()[0] == ("CHECK FAILED: profiled vs unprofiled step time: 95.00 ms profiled vs "
                                   "88.50 ms unprofiled (+7.3%, limit ±3%)")
-    assert ["profiled vs unprofiled step time", "FAILED"] == tables(md)[3][2][:2]
+    assert ["profiled vs unprofiled step time", "FAILED"] == tables(md)[4][2][:2]
 
 
 def test_other_kernels_shown_by_name_and_pipes_escaped(h100):
@@ -100,7 +100,7 @@ def test_other_kernels_shown_by_name_and_pipes_escaped(h100):
     s["other_kernels"] = ["weird|kernel", "my_kernel"]
     s["kernels"][0]["name"] = "a|b`c"
     md = to_markdown(s)
-    budget, _, kernels = tables(md)[:3]
+    budget, _, _, kernels = tables(md)[:4]
     assert ["other: `weird\\|kernel`, `my_kernel`", "1.00", "1.1"] in budget
     assert kernels[1][1] == "`a\\|b'c`"
 
@@ -124,7 +124,7 @@ def test_changes_since_previous(h100):
     md = to_markdown(h100, previous=previous)
     assert "## 4. Changes since the previous profile (0000000 -> abc1234)" in md
     assert "step: 90.46 -> 88.46 ms/step (-2.00 ms, -2.2%)" in md
-    changes = tables(md)[4]
+    changes = tables(md)[5]
     assert changes[0] == ["what", "before ms/step", "now ms/step", "change ms/step"]
     assert changes[1] == ["category: GEMM", "35.44", "33.44", "-2.00"]
     # flex attention's two backward kernels share an op list: compared as one group (kernel_match.py)

@@ -1,0 +1,212 @@
+"""Pure: the findings read from the host's CUDA calls, each only where the GPU idles because of them. Stdlib only.
+
+    found, skipped = contract.run(RULES, tl, ctx)   # ctx: findings.context(tl, summary)
+
+- blocking_launch: launches that wait for their kernel (a blocking launch mode), the GPU idle between kernels;
+- alloc_churn: allocations and frees every step (a free waits for the device), the GPU idle in and after them;
+- cuda_sync: synchronizing calls and pageable copies no earlier rule tied to a line, the idle after them, and
+  the pageable copies' own slowness.
+The evidence comes from profiling/profile/cuda_calls.py; a trace whose capture recorded no settings (an older
+one, a foreign one) is read the same way: the calls are the evidence. A long call with a busy GPU (the host
+waiting for room in a full queue) is back-pressure, never a finding (DESIGN.md pitfall 11).
+
+Each rule claims only GPU idle gaps no earlier rule claimed (`g.cause is None`) and marks those it prices
+(g.cause = its kind): run them after host_sync and graph_break (the syncs they tie to a line are theirs) and
+before launch_bound and gpu_waits_on_host (which take whatever idle is left), in RULES' order. Each is declared
+with the findings contract's `rule(kind, needs)` (profiling/profile/findings/contract.py; NEEDS below).
+"""
+from bisect import bisect_left, bisect_right
+from collections import Counter
+
+from profiling.profile import cuda_calls, settings
+from profiling.profile.findings.contract import finding, rule, top
+
+FIRE_SHARE = 0.01   # a rule fires when the idle it prices is 1% of the step or more: the report shows no finding
+                    # under 1% (render.SHOW_PERCENT), and the clean H100 traces' stray held launches and one-off
+                    # allocations stay far under it (tests/profile/test_cuda_calls.py)
+HELD_SHARE = 0.5    # launches are blocking when this share of them return after their kernel ends: 79% with
+                    # CUDA_LAUNCH_BLOCKING=1 (every launch; memsets return first), at most 3% in the other H100
+                    # traces (tiny kernels that outran a slow call on an idle GPU: h100-cudacalls-pageable)
+PINNED_GB_S = 25.0  # host<->device rate from pinned memory when the trace has no pinned copy of 1 MB or more to
+                    # measure: PCIe 4 x16 (an H100 on PCIe 5 measured 54 GB/s: h100-cudacalls-base); low is modest
+MIN_RATE_BYTES = 1 << 20  # pinned copies this large measure the link's rate (small ones are latency)
+BLOCKING_SETTINGS = ("env.CUDA_LAUNCH_BLOCKING",)   # settings.py's names of what makes launches synchronous
+ALLOC_SETTINGS = ("env.PYTORCH_NO_CUDA_MEMORY_CACHING", "env.PYTORCH_CUDA_ALLOC_CONF", "cuda.allocator_backend")
+
+NEEDS = {   # evidence each rule cannot do without (contract.EVIDENCE's names); host samples only add a line
+    "blocking_launch": ("device",),   # device events with their launch calls (correlation ids)
+    "alloc_churn": ("device",),       # the allocation/free calls and the GPU idle gaps
+    "cuda_sync": ("device",),         # the sync/copy calls, the copies' device events (`Pageable` in their name)
+}
+
+
+def _idle(gaps, ctx):
+    """ms/step of GPU idle in these gaps, scaled to the unprofiled run when the profiler inflated it."""
+    return sum(g.us for g in gaps) / ctx["n"] / 1e3 * ctx["scale"]
+
+
+def _open(gaps):
+    """The gaps no earlier rule claimed, each once."""
+    return list({id(g): g for g in gaps if g.cause is None}.values())
+
+
+def _claim(gaps, kind):
+    for g in gaps:
+        g.cause = kind
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The rules
+# ---------------------------------------------------------------------------------------------------------
+
+@rule("blocking_launch", needs=NEEDS["blocking_launch"])
+def blocking_launch(tl, ctx, found):
+    """Launches that return only after their kernel has run, so the host queues nothing ahead and the GPU idles
+    between kernels while the host does its Python: priced by that idle (a queue would hide it)."""
+    b = cuda_calls.blocking_launches(tl)
+    if not b["queued_per_step"] or b["held_per_step"] < HELD_SHARE * b["queued_per_step"]:
+        return None
+    gaps = _open(b["gaps"])
+    ms = _idle(gaps, ctx)
+    if ms < FIRE_SHARE * ctx["step"]:
+        return None
+    _claim(gaps, "blocking_launch")
+    names = ", ".join(f"{name} x{count:g}" for name, count in top(b["names"]))
+    evidence = (f"{b['held_per_step']:g} of {b['queued_per_step']:g} calls/step that queue GPU work (launches, sets, "
+                f"async copies) returned only after their kernel had finished ({names}): the host spent "
+                f"{b['ms_per_step']:.1f} ms/step in launch calls, the GPU "
+                f"idle between those kernels {ms:.1f} ms/step{_scaled(ctx)}; a launch into a busy GPU's queue "
+                "returns before its kernel runs" + _settings(tl, BLOCKING_SETTINGS))
+    return finding("blocking_launch", ms, ctx, evidence,
+                   "make launches asynchronous again: unset CUDA_LAUNCH_BLOCKING (a debugging setting: "
+                   "`unset CUDA_LAUNCH_BLOCKING`, or drop it from os.environ before CUDA starts) and run without a "
+                   "tool that serializes launches (compute-sanitizer, cuda-gdb)")
+
+
+@rule("alloc_churn", needs=NEEDS["alloc_churn"])
+def alloc_churn(tl, ctx, found):
+    """Allocation and free calls in every profiled step: the caching allocator gives memory back and asks again
+    (torch.cuda.empty_cache(), caching off); a free waits for the device, so the GPU idles in and after it."""
+    a = cuda_calls.alloc_churn(tl)
+    if not a["calls"] or a["steps_with"] < ctx["n"]:
+        return None  # a one-off allocation (a first batch, a pinned buffer) is no churn
+    gaps = _open(a["gaps"])
+    ms = _idle(gaps, ctx)
+    if ms < FIRE_SHARE * ctx["step"]:
+        return None
+    _claim(gaps, "alloc_churn")
+    names = ", ".join(f"{name} x{count:g}" for name, count in top(a["names"]))
+    made = ", ".join(f"{_made_by(chain)} x{count:g}" for chain, count in a["chains"][:2])
+    line = _sampled_line(tl, [(e["ts"], e["ts"] + e["dur"], k) for e, k in a["calls"]])
+    evidence = (f"{a['calls_per_step']:g} allocation/free calls in every profiled step ({names}), "
+                f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle in and after them {ms:.1f} ms/step"
+                f"{_scaled(ctx)}; made by {made}" + (f"; at {line}" if line else "") + _settings(tl, ALLOC_SETTINGS))
+    return finding("alloc_churn", ms, ctx, evidence,
+                   "let the caching allocator keep its memory: no torch.cuda.empty_cache() (or other memory "
+                   "release) inside the training loop, PYTORCH_NO_CUDA_MEMORY_CACHING unset; if memory is short, "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True instead of emptying the cache")
+
+
+@rule("cuda_sync", needs=NEEDS["cuda_sync"])
+def cuda_sync(tl, ctx, found):
+    """Synchronizing calls (torch.cuda.synchronize(), a non-Async copy) and pageable copies that no earlier rule
+    explained: the GPU idle from the call to the end of its step (the queue drained), and for pageable copies
+    their own time over what pinned memory would take. Where host_sync has spoken, the syncs are its (it tied
+    them to a line or an operator and priced what they exposed): only the pageable copies are left here."""
+    synced = any(f["kind"] == "host_sync" for f in found)
+    syncs, copies = [] if synced else cuda_calls.sync_calls(tl), cuda_calls.pageable_copies(tl)
+    gaps = _open(g for c in syncs + copies for g in c["gaps"])
+    slow = _pageable_excess(tl, copies) / ctx["n"] / 1e3
+    ms = _idle(gaps, ctx) + slow
+    if not gaps and not slow or ms < FIRE_SHARE * ctx["step"]:
+        return None
+    _claim(gaps, "cuda_sync")
+    parts = [_calls_text(tl, calls, ctx) for calls in (syncs, copies) if calls]
+    evidence = ("; ".join(parts) + f"; GPU idle after them to the end of their step {_idle(gaps, ctx):.1f} ms/step"
+                f"{_scaled(ctx)} (the queue drained)"
+                + (f"; the pageable copies take {slow:.1f} ms/step more than pinned memory would" if slow else ""))
+    fixes = []
+    if copies:
+        fixes.append("copy from pinned host memory (pin_memory=True on the host tensor or the DataLoader, then "
+                     ".to(device, non_blocking=True)): a pageable copy blocks the host and runs slower")
+    if syncs:
+        fixes.append("take the synchronizing call out of the step (torch.cuda.synchronize(), .item(), .cpu(), a "
+                     "blocking copy), or make it once per step after the next step is launched")
+    return finding("cuda_sync", ms, ctx, evidence, "; ".join(fixes))
+
+
+RULES = (blocking_launch, alloc_churn, cuda_sync)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Evidence text
+# ---------------------------------------------------------------------------------------------------------
+
+def _scaled(ctx):
+    return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
+
+
+def _made_by(chain):
+    """Who made a call, readably: the outermost aten operator around it, else the innermost one, else none (a
+    direct call such as torch.cuda.synchronize() or torch.cuda.empty_cache())."""
+    aten = [c for c in chain if c.startswith("aten::")]
+    return aten[-1] if aten else chain[0] if chain else "no operator"
+
+
+def _calls_text(tl, calls, ctx):
+    """`2 synchronizing calls/step (cudaDeviceSynchronize x2) made by no operator at train.py:412 `...``."""
+    pageable = "direction" in calls[0]
+    n = ctx["n"]
+    names = Counter(c["direction"] if pageable else c["name"] for c in calls)
+    made = Counter(_made_by(c["chain"]) for c in calls)
+    sizes = [c["bytes"] for c in calls if pageable and isinstance(c.get("bytes"), (int, float))]
+    line = _sampled_line(tl, [(c["call"]["ts"], c["call"]["ts"] + c["call"]["dur"], c["step"]) for c in calls])
+    return (f"{len(calls) / n:g} {'pageable copies' if pageable else 'synchronizing calls'}/step ("
+            + ", ".join(f"{name} x{count / n:g}" for name, count in top(names)) + ")"
+            + (f" of {sum(sizes) / len(sizes) / 2**20:.1f} MB on average" if sizes else "")
+            + ", made by " + ", ".join(f"{m} x{count / n:g}" for m, count in top(made, 2))
+            + (f" at {line}" if line else ""))
+
+
+def _sampled_line(tl, spans):
+    """The project's own line most sampled while the host was inside these calls ((start, end, step) each):
+    `train.py:412 `torch.cuda.synchronize()``, or None without host samples."""
+    host = tl.meta.get("host_samples") or {}
+    stacks, samples = host.get("stacks") or [], host.get("samples") or ()
+    if not stacks or not samples:
+        return None
+    own = set(host.get("own") or ())
+    times = sorted((tl.ix.steps[k][0] + us, sid) for k, us, sid in samples if 0 <= k < len(tl.ix.steps))
+    at = [t for t, _ in times]
+    counts = Counter()
+    for start, end, _ in spans:
+        for _, sid in times[bisect_left(at, start):bisect_right(at, end)]:
+            frames = stacks[sid] if 0 <= sid < len(stacks) else ()
+            label = next((f for f in frames if f in own and not f.startswith("profiling/")), None)
+            if label:
+                counts[label] += 1
+    if not counts:
+        return None
+    label = counts.most_common(1)[0][0]
+    text = (host.get("lines") or {}).get(label)
+    return f"{label} `{text}`" if text else label
+
+
+def _settings(tl, names):
+    """`; set in this run: CUDA_LAUNCH_BLOCKING=1` for those of `names` (canonical names, profiling/profile/
+    settings.py) the capture recorded, else "": the setting named beside the cost the calls show."""
+    record = tl.meta.get("settings")
+    found = [(name, settings.value(record, name)) for name in names]
+    shown = [f"{name.removeprefix('env.')}={v}" for name, v in found if v is not None]
+    return "; set in this run: " + ", ".join(shown) if shown else ""
+
+
+def _pageable_excess(tl, copies):
+    """us of device time the pageable copies take over what pinned memory would: their bytes at the rate of
+    this trace's pinned copies of MIN_RATE_BYTES or more, else at PINNED_GB_S."""
+    pinned = [e for e in cuda_calls.facts(tl).device.values() if "Pinned" in str(e.get("name", ""))
+              and isinstance((e.get("args") or {}).get("bytes"), (int, float)) and e["args"]["bytes"] >= MIN_RATE_BYTES]
+    rate = (sum(e["args"]["bytes"] for e in pinned) / sum(e["dur"] for e in pinned) if pinned
+            else PINNED_GB_S * 1e3)  # bytes per us
+    return sum(max(0.0, c["device_us"] - c["bytes"] / rate) for c in copies
+               if isinstance(c.get("bytes"), (int, float)))
