@@ -56,7 +56,9 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       backward_ms, ms_per_step, pct_of_step, kernels,
                                                       top_kernel}], rows_total, placed_percent, placed_ms,
                                                       unplaced_ms, unplaced [{reason, name, ms_per_step}],
-                                                      files, graphs; or `missing` (why there is no table)
+                                                      files, graphs, notes (lines a cached compile recorded
+                                                      that the running code lacks); or `missing` (why there
+                                                      is no table)
 
 The capture adds its measurements to the trace as a top-level key (`prof.add_metadata_json(META_KEY,
 json.dumps(meta))`); every field is optional and None means unknown:
