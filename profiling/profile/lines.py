@@ -23,6 +23,7 @@ Forward and backward: by where the call ran (inside the autograd engine: backwar
 import bisect
 import re
 
+from profiling.profile.provenance import notes
 from profiling.profile.traceio import backward_windows, by_thread, is_backward, parents
 
 GRAPH_CALL = re.compile(r"^## Call CompiledFxGraph (\S+) ##$")
@@ -263,6 +264,7 @@ def _table(totals, n, step_ms, total_us, prov, record):
                      for (reason, name), us in unplaced[:MAX_UNPLACED]],
         "files": {f: _r(us / n / 1e3) for f, us in sorted(by_file.items(), key=lambda kv: -kv[1])},
         "graphs": len(record.get("graphs") or []), "missing": None,
+        "notes": notes(record),  # lines a cached compile recorded that the running code lacks
     }
 
 

@@ -23,8 +23,10 @@ comments say which entries are this graph's.
 
 The FX graph cache leaves trace.* settings out of its key, so a graph cached by a run without provenance
 would come back without it: `start` sets `torch.compiler.config.cache_key_tag`, which gives these compiles
-cache entries of their own. AUTORESEARCH_PROVENANCE=0 turns the whole thing off (to measure its cost:
-benchmarks/provenance_cost.py).
+cache entries of their own. Neither is a source path or line number in the key: a graph from the cache
+brings the stacks of the run that compiled it (another checkout, the file before a line was added), which
+`result` maps to the running code (profiling/profile/relocate.py). AUTORESEARCH_PROVENANCE=0 turns the whole
+thing off (to measure its cost: benchmarks/provenance_cost.py).
 
 Cost, measured on a 2-core CPU compiling train.py's GPT (cpu preset), forward and backward: cold cache 52.8 s
 vs 51.8 s without (+2%; the handler's share, torch's own `structured_logging_overhead`, is 0.15 s), warm
@@ -39,7 +41,9 @@ import json
 import logging
 import os
 import re
+from collections import Counter
 
+from profiling.profile.relocate import relocate
 from profiling.profile.sampler import frame_label, is_own
 
 VERSION = 1
@@ -107,21 +111,30 @@ def result():
                                           # extern_kernels.mm, torch.ops.ns.op.default
          "without": n,                                         # graphs compiled with no record (a cache entry
                                                                # made without provenance)
-         "breaks": [[stack index, count], ...]}                # Dynamo's graph breaks by the user code's stack
+         "breaks": [[stack index, count], ...],                # Dynamo's graph breaks by the user's stack
+         "relocated": n,                                       # frames moved to the running file or line
+         "unmapped": [[frame index, recorded "path:line"], ...]}  # frames not in the running code, kept as
+                                                               # recorded (profiling/profile/relocate.py)
+
+    A graph loaded from Inductor's on-disk cache carries the stacks of the run that compiled it, maybe in
+    another folder or an older version of the file: each frame is mapped to the running code by its source
+    text (profiling/profile/relocate.py) when the record is read.
     """
     return None if _collector is None else _collector.result()
 
 
 class Collector(logging.Handler):
-    """Reads the provenance artifacts of each compiled graph off the structured-trace logger."""
+    """Reads the provenance artifacts of each compiled graph off the structured-trace logger. running=False
+    for records read away from the run they came from (a replayed TORCH_TRACE log): their frames are kept as
+    recorded, not checked against this process's code."""
 
-    def __init__(self, root):
+    def __init__(self, root, running=True):
         super().__init__(logging.DEBUG)
-        self.root = os.path.abspath(root)
+        self.root, self.running = os.path.abspath(root), running
         self.handles = None   # the NAME:N of the graph being compiled, from its wrapper code
         self.entries = UNSEEN  # its [(N, name, [stack trace])] from the stack-trace artifact; None: empty
         self.graphs, self.without, self.breaks = [], 0, {}
-        self.frames, self.frame_ids, self.stacks, self.stack_ids = [], {}, [], {}
+        self.frames, self.frame_ids, self.stacks, self.stack_ids = [], {}, [], {}  # frames as recorded
 
     def emit(self, record):
         try:
@@ -192,13 +205,66 @@ class Collector(logging.Handler):
         return self.stack_ids[key]
 
     def _frame(self, path, line, function, text):
-        key = (path, line, function)
+        key = (path, line, function, text)  # a cached graph's line N may hold other text than today's line N
         if key not in self.frame_ids:
-            name = frame_label(path, line, "", self.root).rsplit(":", 1)[0]
             self.frame_ids[key] = len(self.frames)
-            self.frames.append([name, line, function, text[:MAX_TEXT], is_own(path, self.root)])
+            self.frames.append(key)
         return self.frame_ids[key]
 
     def result(self):
-        return {"version": VERSION, "frames": self.frames, "stacks": self.stacks, "graphs": self.graphs,
-                "without": self.without, "breaks": [[stack, n] for stack, n in self.breaks.items()]}
+        """The record (see `result` above): frames mapped to the running code, the same frame or stack
+        reached from two records (a cached graph's and a fresh one's) kept once."""
+        frames, frame_of, unmapped, moved = self._placed()
+        stacks, stack_ids, stack_of = [], {}, []
+        for stack in self.stacks:
+            key = tuple(frame_of[i] for i in stack)
+            if key not in stack_ids:
+                stack_ids[key] = len(stacks)
+                stacks.append(list(key))
+            stack_of.append(stack_ids[key])
+        graphs = [{"key": g["key"], "kernels": [[name, sorted({stack_of[i] for i in ids})]
+                                                for name, ids in g["kernels"]]} for g in self.graphs]
+        breaks = Counter()
+        for stack, n in self.breaks.items():
+            breaks[stack_of[stack]] += n
+        return {"version": VERSION, "frames": frames, "stacks": stacks, "graphs": graphs,
+                "without": self.without, "breaks": [[stack, n] for stack, n in breaks.items()],
+                "relocated": moved, "unmapped": unmapped}
+
+    def _placed(self):
+        """(frames as the record names them, the index of each recorded frame among them, the frames not
+        found in the running code, how many frames moved to another file or line)."""
+        frames, ids, frame_of, unmapped, moved = [], {}, [], [], 0
+        placed = (relocate(self.frames, self.root) if self.running
+                  else [(path, n, True) for path, n, _, _ in self.frames])
+        for (path, line, function, text), (where, n, found) in zip(self.frames, placed):
+            name = frame_label(where, n, "", self.root).rsplit(":", 1)[0]
+            # a frame not found keeps its place as the user's code unless it is an installed package's: it
+            # names the lines of another checkout's compile, which the report must show as such, not skip
+            own = is_own(where, self.root) or not found and "site-packages" not in where.split(os.sep)
+            row = (name, n, function, text[:MAX_TEXT], own)
+            if row not in ids:
+                ids[row] = len(frames)
+                frames.append(list(row))
+                if not found:
+                    unmapped.append([ids[row], f"{path}:{line}"])
+            moved += found and (where, n) != (path, line)
+            frame_of.append(ids[row])
+        return frames, frame_of, unmapped, moved
+
+
+def notes(record):
+    """What the lines table must say about its record: own lines a compile recorded that are not in the
+    running code (a cache entry compiled from another folder or an older version of the file)."""
+    record = record if isinstance(record, dict) else {}
+    frames = record.get("frames") or []
+    own = [was for i, was in record.get("unmapped") or []
+           if 0 <= i < len(frames) and len(frames[i]) > 4 and frames[i][4]]
+    if not own:
+        return []
+    shown = ", ".join(own[:3])  # the recorded path in full: the table shows only its last two parts
+    note = (f"{len(own)} source lines of the compiled graphs are not in the running code and are shown as "
+            f"recorded ({shown}{', ...' if len(own) > 3 else ''}): Inductor's cache returned graphs compiled "
+            "from another folder or another version of the file; for exact lines delete the inductor cache "
+            "(TORCHINDUCTOR_CACHE_DIR) and profile again")
+    return [note]

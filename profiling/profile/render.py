@@ -292,7 +292,7 @@ def _lines(s, shown=MAX_LINES):
            f"ms/step, {table['graphs']} compiled graphs); a fused kernel counts once, against all its lines"]
     if len(table.get("files") or {}) > 1:
         out.append("by file: " + ", ".join(f"{f} {_ms(ms)} ms" for f, ms in table["files"].items()))
-    return out + _unplaced_lines(table)
+    return out + _unplaced_lines(table) + [f"note: {n}" for n in table.get("notes") or []]
 
 
 def _cuda_calls(s):

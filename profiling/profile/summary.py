@@ -59,7 +59,9 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       backward_ms, ms_per_step, pct_of_step, kernels,
                                                       top_kernel}], rows_total, placed_percent, placed_ms,
                                                       unplaced_ms, unplaced [{reason, name, ms_per_step}],
-                                                      files, graphs; or `missing` (why there is no table)
+                                                      files, graphs, notes (lines a cached compile recorded
+                                                      that the running code lacks); or `missing` (why there
+                                                      is no table)
     cuda_calls                                        the host's time inside CUDA runtime/driver calls per step,
                                                       by kind (profiling/profile/cuda_calls.py `table`); device
                                                       profiles only, None when the steps made no call

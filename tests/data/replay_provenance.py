@@ -37,7 +37,7 @@ def main():
     p.add_argument("trace_out")
     p.add_argument("root")
     args = p.parse_args()
-    collector = Collector(args.root)
+    collector = Collector(args.root, running=False)  # the log's files are not this process's code
     for meta, payload in records(args.log):
         collector.emit(types.SimpleNamespace(metadata=meta, payload=payload))
     with gzip.open(args.trace_in, "rt", encoding="utf-8") as f:
