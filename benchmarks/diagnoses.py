@@ -217,6 +217,7 @@ def strict(case, s, slowdown, line):
         return "FAIL: no finding"
     top, problems = findings[0], []
     text = f"{top.get('evidence', '')} {top.get('fix', '')}".lower()
+    text = re.sub(r"\.bench/diagnoses/[^/\s]+/", "", text)  # the case's folder is in every path: not a word
     if not any(w.lower() in text for w in spec.words):
         problems.append("names no " + " / ".join(spec.words))
     number = str(line or "").rstrip("?")

@@ -1,5 +1,5 @@
 """Pure: the host's time inside CUDA runtime and driver calls, per profiled step and by kind, and the evidence the
-CUDA-call findings price (profiling/profile/cuda_findings.py): the GPU idle each kind of call leaves. Stdlib only.
+CUDA-call findings price (profiling/profile/findings/calls.py): the GPU idle each kind of call leaves. Stdlib only.
 
     s["cuda_calls"] = table(tl)      # per kind: calls/step, host ms/step, of it with the GPU idle, longest, names
     blocking_launches(tl), alloc_churn(tl), sync_calls(tl), pageable_copies(tl)    # evidence for the rules

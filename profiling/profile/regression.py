@@ -56,7 +56,10 @@ def regression(previous, current, label=None):
                 + (f"; lines: {', '.join(lines)}" if lines else "")
                 + (f"; kernels: {', '.join(kernels)}" if kernels else "")
                 + (f"; gone: {', '.join(gone)}" if gone else ""))
+    changed = settings_changed(previous, current)
+    evidence += f"; process settings changed since then: {', '.join(changed)}" if changed else ""
     where = f"the change at {lines[0].rsplit(' ', 1)[0]}" if lines else "what changed since then"
+    where = f"the settings that changed ({', '.join(changed)}), then {where}" if changed else where
     return finding("regression", now - before, {"step": current["step_ms"]}, evidence,
                    f"undo or rework {where} (the lines and kernels above are where the time went), unless what "
                    "it buys is worth the time")
@@ -70,3 +73,18 @@ def add(current, previous, label=None):
         rest = [x for x in current.get("findings", []) if x["kind"] == "profiler_overhead"]
         current["findings"] = sorted(found + [f], key=lambda x: -x["ms_per_step"]) + rest
     return current
+
+
+def settings_changed(previous, current):
+    """`name old -> new` for each process setting the user set (profiling/profile/settings.py) whose value
+    differs between the two profiles; [] when either recorded none."""
+    def own(s):
+        record = s.get("settings") or {}
+        if not record.get("recorded"):
+            return None
+        return {r["name"]: r["value"] for r in record.get("differs") or () if r.get("by") == "user"}
+    before, now = own(previous), own(current)
+    if before is None or now is None:
+        return []
+    return [f"{name.removeprefix('env.')} {before.get(name, 'default')} -> {now.get(name, 'default')}"
+            for name in sorted(set(before) | set(now)) if before.get(name) != now.get(name)]

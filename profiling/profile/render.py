@@ -308,7 +308,7 @@ def _cuda_calls(s):
             (f"note: the host's time inside CUDA runtime/driver calls per step ({_ms(table['ms_per_step'])} of a "
              f"{_ms(table['host_step_ms'])} ms host step); `GPU idle`: the part of it while the GPU had nothing to "
              "run. Long launch calls with a busy GPU are back-pressure (the host waits for room in a full queue), "
-             f"not a defect; the findings price only the idle (rules: profiling/profile/cuda_findings.py){excluded}")]
+             f"not a defect; the findings price only the idle (rules: profiling/profile/findings/calls.py){excluded}")]
 
 
 def _call_names(row):

@@ -1,4 +1,4 @@
-"""profiling.profile.cuda_calls and cuda_findings: the host's time inside CUDA calls, and the findings it prices.
+"""profiling.profile.cuda_calls and findings/calls.py: the host's time inside CUDA calls, and the findings it prices.
 
 Real traces: the compiled GPT of DESIGN.md (h100-compiled-gpt-5steps), a clean default train.py run
 (h100-default-nvml), the diagnoses plants, and tests/data/h100-cudacalls-<mode>.trace.json.gz: a small eager
@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from profiling.profile import cuda_calls, cuda_findings, findings, summary
+from profiling.profile import cuda_calls, findings, summary
+from profiling.profile.findings import calls as cuda_findings
 from profiling.profile.findings import contract, idle
 from profiling.profile.render import to_json, to_markdown
 from profiling.profile.summary import load_trace, summarize
@@ -292,10 +293,3 @@ def test_the_sampled_line_of_a_sync(traced):
 def test_rules_declare_what_they_need():
     for rule in cuda_findings.RULES:
         assert rule.kind == rule.__name__ and rule.needs == cuda_findings.NEEDS[rule.kind] == ("device",)
-
-
-def test_a_recorded_setting_is_named_in_the_evidence():
-    record = {"values": {"env.CUDA_LAUNCH_BLOCKING": "1", "env.OTHER": "x"}}
-    tl = type("T", (), {"meta": {"settings": record}})()
-    assert cuda_findings._settings(tl, cuda_findings.BLOCKING_SETTINGS) == "; set in this run: CUDA_LAUNCH_BLOCKING=1"
-    assert cuda_findings._settings(type("T", (), {"meta": {}})(), cuda_findings.BLOCKING_SETTINGS) == ""

@@ -30,15 +30,16 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
 from profiling.profile import hardware
-from profiling.profile.findings import idle, kernels, waste
+from profiling.profile.findings import calls, idle, kernels, waste
 from profiling.profile.findings.contract import run
 
 STEP_TOLERANCE = idle.STEP_TOLERANCE
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
-RULES = (idle.host_sync, idle.graph_break, waste.eager_code, kernels.fp32_matmul, waste.fp32_intermediate,
-         kernels.slow_device, kernels.attention_fallback, waste.recompute, waste.forward_without_backward,
-         waste.misaligned_shapes, idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
+RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
+         waste.eager_code, kernels.math_attention, kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
+         kernels.attention_fallback, waste.recompute, waste.forward_without_backward, waste.misaligned_shapes,
+         idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
 
 
 def diagnose(tl, summary):
@@ -61,4 +62,4 @@ def context(tl, s):
     peak = tl.meta.get("peak_flops") or hardware.peak_flops(s.get("device"))
     return {"step": step, "idle": idle_ms, "busy": busy, "unprofiled": unprofiled, "scale": scale, "peak": peak,
             "n": tl.n, "micro_batches": tl.meta.get("micro_batches"), "peak_memory_mb": s.get("peak_memory_mb"),
-            "regions": (s.get("regions") or {}).get("rows", []), "unknown": []}
+            "regions": (s.get("regions") or {}).get("rows", []), "unknown": [], "claimed": set()}

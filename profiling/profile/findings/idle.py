@@ -7,6 +7,7 @@ from collections import Counter
 
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.settings import attribute
 from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
@@ -16,6 +17,7 @@ FRAGMENT_GAP_US = 2000.0   # idle between fragments is a resume's Python; longer
 LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
 LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
 SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
+ENGINE = "autograd::engine::evaluate_function"  # the backward's functions, run by autograd's engine
 UNFUSED_OPS = ("aten::embedding",)  # lookups and their scatter-add: the same work in one graph (as are GEMMs,
                                    # attention and custom operators such as kernels.py's)
 FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
@@ -63,7 +65,7 @@ def host_sync(tl, ctx, found):
     for e, chain in syncs:
         name = ([c for c in chain if c.startswith("aten::")] or [chain[0]])[-1] if chain else str(e["name"])
         ops[name] = ops.get(name, 0) + 1
-    lines = [s for s in tl.meta.get("syncs") or () if not s["where"].startswith(SYNC_NOISE)]
+    lines = [s for s in tl.meta.get("syncs") or () if not s["where"].startswith(SYNC_NOISE + ("torch/",))]
     texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
     lines += [{"where": line.rsplit(" ", 1)[0], "line": texts.get(line, "?"), "count": count}
               for line, count in Counter(python[id(e)] for e, chain in syncs if not chain).items()]
@@ -71,6 +73,15 @@ def host_sync(tl, ctx, found):
     evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in top(ops))
                 + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"
                 + (f"; at {where}" if where else "") + _exposed(tl, exposed, ctx))
+    engine = sum(1 for _, chain in syncs if any(c.startswith(ENGINE) for c in chain))
+    if engine >= len(syncs) / 2:  # the backward's own syncs: no line of the user's makes them
+        evidence += (f"; {engine / ctx['n']:g}/step made by autograd's engine inside the backward's functions "
+                     "(no Python line of yours)")
+        return attribute(tl, finding("host_sync", _idle(claimed + exposed, ctx), ctx, evidence,
+                                     "find what makes the backward sync: autograd anomaly detection "
+                                     "(torch.autograd.set_detect_anomaly), a backward hook or custom backward "
+                                     "that reads a tensor's value; turn it off or keep the value on the GPU"),
+                         "backward_syncs")
     return finding("host_sync", _idle(claimed + exposed, ctx), ctx, evidence,
                     "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
                     "tensor); read them once per step after the next step is launched, as train.py's loop does")

@@ -3,6 +3,8 @@
 - fp32_matmul: GEMMs on float32 inputs, against this trace's bf16 GEMM rate.
 - slow_device: large bf16 GEMMs far below the device's peak (a braked, throttled or shared GPU).
 - attention_fallback: attention operators far below the fused kernels' rate (a masked fallback, the math path).
+- math_attention: attention as batched matmuls and a softmax over [T, T] score matrices in a graph (no attention
+  operator to judge: a hand-written attention, or a compiled SDPA with its fused backends off).
 
 Each rule takes (timeline, context, findings so far) and returns a finding or None. Rates are per operator
 call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once.
@@ -10,6 +12,7 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 from profiling.profile import device_state
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.settings import attribute
 from profiling.profile.roofline import ATTENTION_OP, attention_flops, gemm_flops
 from profiling.profile.timeline import input_types
 
@@ -20,15 +23,18 @@ EXPECTED_GEMM_FRACTION = 0.60  # what large bf16 GEMMs reach on a healthy device
 ATTENTION_SLOW_FRACTION = 0.30  # attention below this share of peak (causal FLOPs) is a fallback kernel (fused
                                 # cuDNN attention on the H100 here: 0.43-0.55; a dense mask: 0.13-0.18)
 ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate when the trace has none to measure
+HEAD_DIM_MAX = 256     # the largest head size fused attention kernels take: a GEMM's inner dimension this small
+                       # against a longer sequence is q @ k^T (the MLP's [B, T, 4C] are not: their inner C is 512+)
+MATH_MIN_SHARE = 0.01  # of the step (the report's threshold)
 
 
-def _gemms(tl):
+def _gemms(tl, skip=()):
     """[(first kernel, launching op or None, device us, flops or None)] per GEMM operator call of every step: a
     GEMM may run as several kernels (split-K and its reduction), its FLOPs count once."""
     calls = {}
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
-            if cat == "GEMM":
+            if cat == "GEMM" and id(e) not in skip:
                 op = tl.op_of(launch)
                 row = calls.setdefault(id(op) if op is not None else id(e), [e, op, 0.0, gemm_flops(op)])
                 row[2] += e["dur"]
@@ -63,7 +69,7 @@ def _nvml(state):
 @rule("fp32_matmul", needs=("device",))
 def fp32_matmul(tl, ctx, found):
     """GEMMs on float32 inputs (TF32 or full fp32 kernels), against this trace's bf16 GEMM rate."""
-    gemms = _gemms(tl)
+    gemms = _gemms(tl, ctx.get("claimed", ()))
     fp32 = [g for g in gemms if _is_fp32(g[0], g[1])]
     if not fp32:
         return None
@@ -173,3 +179,83 @@ def attention_fallback(tl, ctx, found):
     return finding("attention_fallback", gain, ctx, evidence,
                     "give attention a form the fused kernel takes: is_causal=True, or the sliding window as "
                     "train.py's window attention (a band), not a dense attn_mask")
+
+
+def _square(d):
+    """(X, T) of a batched [.., T, T] tensor shape (a score matrix: rank 3 or more), else None."""
+    if isinstance(d, list) and len(d) >= 3 and all(isinstance(x, int) for x in d) and d[-1] == d[-2]:
+        x = 1
+        for n in d[:-2]:
+            x *= n
+        return x, d[-1]
+    return None
+
+
+def _score_gemm(dims):
+    """(X, T, d) when a batched GEMM's inputs are attention's: q @ k^T ([X, T, d] x [X, d, T], d <= HEAD_DIM_MAX
+    < T) or a product with a [X, T, T] score matrix; else None."""
+    shapes = [d for d in (dims or [])[:2] if isinstance(d, list) and len(d) == 3 and all(isinstance(x, int) for x in d)]
+    if len(shapes) < 2:
+        return None
+    (x, m, k), (_, k2, n) = shapes
+    if m == n and k == k2 and k <= HEAD_DIM_MAX < m:
+        return x, m, k
+    sq = next((_square(d) for d in shapes if _square(d)), None)
+    other = next((d for d in shapes if not _square(d)), None)
+    if sq and other and sq[1] >= 2 * min(other[1:]) and min(other[1:]) <= HEAD_DIM_MAX:
+        return sq[0], sq[1], min(other[1:])
+    return None
+
+
+def _math_attention(tl, ctx):
+    """(events, GEMM FLOPs) of attention computed as matmuls and a softmax in a graph: the batched GEMMs with
+    attention's shapes, and the kernels reading a score matrix of theirs ([X, T, T] or [B, H, T, T], B x H = X),
+    outside the optimizer and outside any attention operator (attention_fallback's)."""
+    ops, scores = {}, set()
+    for k, evs in enumerate(tl.per_step):
+        for (e, launch), cat in zip(evs, tl.labels[k]):
+            op = tl.op_of(launch)
+            if cat not in ("optimizer", "memory") and op is not None and not any(
+                    ATTENTION_OP.search(str(o.get("name", ""))) for o in _ancestors(tl, op)):
+                ops[id(e)] = (e, cat, (op.get("args") or {}).get("Input Dims"))
+    for e, cat, dims in ops.values():
+        g = _score_gemm(dims) if cat == "GEMM" else None
+        if g:
+            scores.add(g[:2])
+    events, flops = [], 0.0
+    for e, cat, dims in ops.values():
+        g = _score_gemm(dims) if cat == "GEMM" else None
+        if g and g[:2] in scores:
+            events.append(e)
+            flops += 2.0 * g[0] * g[1] * g[1] * g[2]
+        elif cat != "GEMM" and any(_square(d) in scores for d in dims or ()):
+            events.append(e)
+    return events, flops
+
+
+@rule("math_attention", needs=("device", "peak", "shapes"))
+def math_attention(tl, ctx, found):
+    """Attention computed as matmuls and a softmax over the whole [T, T] score matrix (a math path, by hand or
+    a compiled SDPA with its fused backends off), against causal attention's FLOPs at the fused kernels' rate."""
+    events, flops = _math_attention(tl, ctx)
+    us = sum(e["dur"] for e in events)
+    if not events or not flops or us / ctx["n"] / 1e3 < MATH_MIN_SHARE * ctx["step"]:
+        return None
+    fast = [(f * n, u) for (name, _), (u, n, f, _) in _attention_calls(tl).items() if f and u and
+            "attention_math" not in name and f * n / (u / 1e6) >= ATTENTION_SLOW_FRACTION * ctx["peak"]]
+    rate = (sum(f for f, _ in fast) / (sum(u for _, u in fast) / 1e6) if fast else
+            ATTENTION_FAST_FRACTION * ctx["peak"])
+    ms, target = us / ctx["n"] / 1e3, flops / 2 / rate / ctx["n"] * 1e3  # causal: half the score matrix
+    ctx.setdefault("claimed", set()).update(id(e) for e in events)
+    names = {}
+    for e in events:
+        names[short_name(str(e.get("name", "")))] = names.get(short_name(str(e.get("name", ""))), 0.0) + e["dur"]
+    evidence = (f"{len(events) / ctx['n']:g} kernels/step do attention as batched matmuls and a softmax over "
+                f"[T, T] score matrices: {ms:.1f} ms/step (" + ", ".join(f"`{k}` {t / ctx['n'] / 1e3:.1f} ms"
+                                                              for k, t in top(names)) +
+                f"); causal attention's FLOPs at the fused kernels' {rate / 1e12:.0f} TFLOP/s"
+                + (" (measured in this trace)" if fast else " (assumed)") + f" take {target:.1f} ms")
+    return attribute(tl, finding("math_attention", max(0.0, ms - target), ctx, evidence,
+                                 "use F.scaled_dot_product_attention(q, k, v, is_causal=True) (or train.py's "
+                                 "window attention) with the fused backends on, not matmul + softmax"),
+                     "math_attention")

@@ -13,8 +13,11 @@
 
 Each rule takes (timeline, context, findings so far) and returns a finding or None (profiling/profile/findings/contract.py).
 """
+import re
+
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.settings import attribute
 from profiling.profile.regions import PAD_ALIGNMENTS
 from profiling.profile.roofline import DTYPE_BYTES
 from profiling.profile.timeline import COMPILED
@@ -33,6 +36,7 @@ OVER_MIN_SHARE = 0.01    # of the step, summed over the flagged kernels
 # recompute: a backward GEMM pass does exactly 2x its forward's FLOPs (the input's gradient and the weight's);
 # every region of every H100/H200 fixture without recomputation: 2.00; activation checkpointing: 3.00
 RECOMPUTE_RATIO = 2.1
+INDEX = re.compile(r"_\d+$")  # a kernel's index within its graph (`_rotary_norm_fwd_0`)
 ALIGN = 8  # a matrix dimension not a multiple of this needs padding (Inductor) or slow unaligned GEMM kernels
 
 
@@ -92,11 +96,11 @@ def _fp32_share(op):
 @rule("fp32_intermediate", needs=("device", "shapes"))
 def fp32_intermediate(tl, ctx, found):
     """Compiled non-GEMM kernels moving large float32 tensors: half of those bytes would do in bf16."""
-    us, gain, kernels, shapes = 0.0, 0.0, {}, {}
+    us, gain, kernels, shapes, claimed = 0.0, 0.0, {}, {}, ctx.get("claimed", ())
     for evs, cats in zip(tl.per_step, tl.labels):
         for (e, launch), cat in zip(evs, cats):
             op = tl.op_of(launch)
-            share = _fp32_share(op) if cat not in ("GEMM", "attention") else None
+            share = _fp32_share(op) if cat not in ("GEMM", "attention") and id(e) not in claimed else None
             if not share or not any(c.startswith(COMPILED) for c in tl.chain(op)):
                 continue  # eager kernels and copies are eager_code's
             fp32, total, shape = share
@@ -145,18 +149,45 @@ def recompute(tl, ctx, found):
     forward; that share of the region's forward time is the gain."""
     ms, parts = _unbalanced(ctx, lambda f, b: min(1.0, (b - 2 * f) / f) if b > RECOMPUTE_RATIO * f else None,
                             "re-run")
+    if parts:
+        evidence = ("the backward's GEMMs do more than twice the forward's FLOPs (2.00x when nothing is recomputed: "
+                    "one GEMM for the input's gradient, one for the weight's): " + ", ".join(parts)
+                    + "; gain: the re-run share of each region's forward time (the norms' and residuals' "
+                    "recomputation not counted)")
+    else:  # the GEMMs are not re-run, other forward work may be: operators of the forward in the backward graph
+        rerun = _forward_in_backward(tl)
+        ms = sum(rerun.values()) / ctx["n"] / 1e3
+        evidence = ("operators of the compiled forward run again inside the compiled backward: "
+                    + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in top(rerun))
+                    + "; gain: their time (re-run elementwise work fused into the backward's kernels not counted)")
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     memory = ctx.get("peak_memory_mb")
-    evidence = ("the backward's GEMMs do more than twice the forward's FLOPs (2.00x when nothing is recomputed: "
-                "one GEMM for the input's gradient, one for the weight's): "
-                + ", ".join(parts)
-                + "; gain: the re-run share of each region's forward time (the norms' and residuals' recomputation "
-                "not counted)" + (f"; peak memory {memory:,.0f} MB" if memory else ""))
-    return finding("recompute", ms, ctx, evidence,
-                   "remove activation checkpointing (torch.utils.checkpoint, checkpoint_sequential) or the "
-                   "manual recomputation in these regions, unless memory requires it (then checkpoint fewer "
-                   "blocks, or lower DEVICE_BATCH_SIZE and raise the gradient accumulation instead)")
+    evidence += f"; peak memory {memory:,.0f} MB" if memory else ""
+    return attribute(tl, finding("recompute", ms, ctx, evidence,
+                                 "remove activation checkpointing (torch.utils.checkpoint, checkpoint_sequential) or "
+                                 "the manual recomputation in these regions, unless memory requires it (then "
+                                 "checkpoint fewer blocks, or lower DEVICE_BATCH_SIZE and raise the gradient "
+                                 "accumulation instead)"), "recompute")
+
+
+def _forward_in_backward(tl):
+    """{operator or kernel: device us} of the non-GEMM work the compiled backward runs that the compiled forward
+    also runs: operators (attention, custom ops) and hand-written kernels by name. Inductor's own fused kernels
+    are named per graph, so a re-run fusion is not seen."""
+    fwd, bwd = set(), {}
+    for evs, cats in zip(tl.per_step, tl.labels):
+        for (e, launch), cat in zip(evs, cats):
+            chain = tl.chain(tl.op_of(launch)) if cat not in ("GEMM", "memory", "optimizer") else ()
+            ops = [c for c in chain if "::" in c and not c.startswith("autograd::")]
+            name = ops[-1] if ops else INDEX.sub("", str(e.get("name", "")))
+            if name.startswith("triton_") or not chain:
+                continue
+            if any(c.startswith("CompiledFunctionBackward") for c in chain):
+                bwd[name] = bwd.get(name, 0.0) + e["dur"]
+            elif any(c.startswith(COMPILED) for c in chain):
+                fwd.add(name)
+    return {name: us for name, us in bwd.items() if name in fwd}
 
 
 def _misaligned(parameters):
@@ -254,7 +285,9 @@ def over_bound(tl, ctx, found):
     evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
                 f"(beyond what their category reaches in a clean run): {shown}; see the lines of train.py and the "
                 "regions below for where they come from")
-    return finding("over_bound", ms, ctx, evidence,
-                   "find the work done in a slow form at those kernels' lines: shapes not multiples of 64 "
-                   "(misaligned GEMMs), float32 where bf16 would do, unfused or eager ops, extra copies; compare "
-                   "with the last good run's profile (--previous)")
+    f = finding("over_bound", ms, ctx, evidence,
+                "find the work done in a slow form at those kernels' lines: shapes not multiples of 64 "
+                "(misaligned GEMMs), float32 where bf16 would do, unfused or eager ops, extra copies; compare "
+                "with the last good run's profile (--previous)")
+    gemm = sum(x for (_, cat), x in excess.items() if cat == "GEMM")
+    return attribute(tl, f, "slow_gemms") if gemm >= ms / 2 else f

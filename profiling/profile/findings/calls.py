@@ -18,8 +18,9 @@ with the findings contract's `rule(kind, needs)` (profiling/profile/findings/con
 from bisect import bisect_left, bisect_right
 from collections import Counter
 
-from profiling.profile import cuda_calls, settings
+from profiling.profile import cuda_calls
 from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.settings import attribute
 
 FIRE_SHARE = 0.01   # a rule fires when the idle it prices is 1% of the step or more: the report shows no finding
                     # under 1% (render.SHOW_PERCENT), and the clean H100 traces' stray held launches and one-off
@@ -30,8 +31,6 @@ HELD_SHARE = 0.5    # launches are blocking when this share of them return after
 PINNED_GB_S = 25.0  # host<->device rate from pinned memory when the trace has no pinned copy of 1 MB or more to
                     # measure: PCIe 4 x16 (an H100 on PCIe 5 measured 54 GB/s: h100-cudacalls-base); low is modest
 MIN_RATE_BYTES = 1 << 20  # pinned copies this large measure the link's rate (small ones are latency)
-BLOCKING_SETTINGS = ("env.CUDA_LAUNCH_BLOCKING",)   # settings.py's names of what makes launches synchronous
-ALLOC_SETTINGS = ("env.PYTORCH_NO_CUDA_MEMORY_CACHING", "env.PYTORCH_CUDA_ALLOC_CONF", "cuda.allocator_backend")
 
 NEEDS = {   # evidence each rule cannot do without (contract.EVIDENCE's names); host samples only add a line
     "blocking_launch": ("device",),   # device events with their launch calls (correlation ids)
@@ -76,11 +75,11 @@ def blocking_launch(tl, ctx, found):
                 f"async copies) returned only after their kernel had finished ({names}): the host spent "
                 f"{b['ms_per_step']:.1f} ms/step in launch calls, the GPU "
                 f"idle between those kernels {ms:.1f} ms/step{_scaled(ctx)}; a launch into a busy GPU's queue "
-                "returns before its kernel runs" + _settings(tl, BLOCKING_SETTINGS))
-    return finding("blocking_launch", ms, ctx, evidence,
+                "returns before its kernel runs")
+    return attribute(tl, finding("blocking_launch", ms, ctx, evidence,
                    "make launches asynchronous again: unset CUDA_LAUNCH_BLOCKING (a debugging setting: "
                    "`unset CUDA_LAUNCH_BLOCKING`, or drop it from os.environ before CUDA starts) and run without a "
-                   "tool that serializes launches (compute-sanitizer, cuda-gdb)")
+                   "tool that serializes launches (compute-sanitizer, cuda-gdb)"), "blocking_launches")
 
 
 @rule("alloc_churn", needs=NEEDS["alloc_churn"])
@@ -100,11 +99,11 @@ def alloc_churn(tl, ctx, found):
     line = _sampled_line(tl, [(e["ts"], e["ts"] + e["dur"], k) for e, k in a["calls"]])
     evidence = (f"{a['calls_per_step']:g} allocation/free calls in every profiled step ({names}), "
                 f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle in and after them {ms:.1f} ms/step"
-                f"{_scaled(ctx)}; made by {made}" + (f"; at {line}" if line else "") + _settings(tl, ALLOC_SETTINGS))
-    return finding("alloc_churn", ms, ctx, evidence,
+                f"{_scaled(ctx)}; made by {made}" + (f"; at {line}" if line else ""))
+    return attribute(tl, finding("alloc_churn", ms, ctx, evidence,
                    "let the caching allocator keep its memory: no torch.cuda.empty_cache() (or other memory "
                    "release) inside the training loop, PYTORCH_NO_CUDA_MEMORY_CACHING unset; if memory is short, "
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True instead of emptying the cache")
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True instead of emptying the cache"), "alloc_churn")
 
 
 @rule("cuda_sync", needs=NEEDS["cuda_sync"])
@@ -190,15 +189,6 @@ def _sampled_line(tl, spans):
     label = counts.most_common(1)[0][0]
     text = (host.get("lines") or {}).get(label)
     return f"{label} `{text}`" if text else label
-
-
-def _settings(tl, names):
-    """`; set in this run: CUDA_LAUNCH_BLOCKING=1` for those of `names` (canonical names, profiling/profile/
-    settings.py) the capture recorded, else "": the setting named beside the cost the calls show."""
-    record = tl.meta.get("settings")
-    found = [(name, settings.value(record, name)) for name in names]
-    shown = [f"{name.removeprefix('env.')}={v}" for name, v in found if v is not None]
-    return "; set in this run: " + ", ".join(shown) if shown else ""
 
 
 def _pageable_excess(tl, copies):

@@ -1,0 +1,104 @@
+"""Pure: the process settings known to cause a mechanism the trace shows, so a finding names the setting and
+how to undo it. Stdlib only.
+
+A setting is never a finding by itself: a rule that measured a mechanism's cost in the trace (syncs in the
+backward, launches that block, allocation churn, attention in its math form, recomputation, slow GEMMs)
+hands it to `attribute()`, which
+
+- names the setting, when the live capture recorded one the user set that is known to cause the mechanism:
+  kind `setting`, the setting and what it does first, the trace's evidence of the cost after it, the fix
+  how to undo it (the setting alone explains the cost, CAUSES says why);
+- or, for a `suspect` mechanism (more than one cause fits the same time, e.g. GEMMs over their bound), keeps
+  the rule's kind and states both explanations and how to tell them apart: undo the setting and compare;
+- or, with no settings record in the trace (an older or foreign one), keeps the rule's finding and adds
+  which settings would also explain it: the trace cannot tell.
+
+Names are profiling/profile/settings.py's canonical names; rows come from its `differing()`.
+"""
+from profiling.profile import settings as recorded
+
+# mechanism -> ((setting, is it the cause for this value, what it does, how to undo it), ...)
+CAUSES = {
+    "backward_syncs": (
+        ("anomaly_mode", lambda v: v is True,
+         "autograd anomaly detection checks every backward function's outputs for NaN, a host sync each",
+         "turn it off: remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() (it is for debugging)"),),
+    "blocking_launches": (
+        ("env.CUDA_LAUNCH_BLOCKING", lambda v: str(v).strip() not in ("", "0"),
+         "every kernel launch waits for its kernel to finish",
+         "unset CUDA_LAUNCH_BLOCKING (remove it from os.environ or the shell; it is for debugging)"),),
+    "alloc_churn": (
+        ("env.PYTORCH_NO_CUDA_MEMORY_CACHING", lambda v: str(v).strip() not in ("", "0"),
+         "the caching allocator is off: every tensor is a cudaMalloc and a cudaFree, which waits for the GPU",
+         "unset PYTORCH_NO_CUDA_MEMORY_CACHING (remove it from os.environ or the shell)"),),
+    "math_attention": tuple(
+        (f"sdp.{b}", lambda v: v is False, "the fused attention backends are off: attention runs as matmuls and "
+         "a softmax over the whole [T, T] score matrix", f"re-enable them: torch.backends.cuda.enable_{b}_sdp(True) "
+         "(or remove the enable_*_sdp(False) calls)") for b in ("flash", "cudnn", "mem_efficient")),
+    "recompute": (
+        ("functorch.activation_memory_budget", lambda v: isinstance(v, (int, float)) and v < 1,
+         "the compiler's partitioner recomputes forward work in the backward to stay under this share of the "
+         "activations' memory",
+         "set torch._functorch.config.activation_memory_budget back to 1.0 (the default); if memory is short, "
+         "lower DEVICE_BATCH_SIZE and raise the gradient accumulation instead"),),
+    "deterministic_kernels": (
+        ("deterministic_algorithms", lambda v: v is True,
+         "torch.use_deterministic_algorithms(True) swaps kernels with atomic adds (scatter, index and embedding "
+         "backwards) for slower sort-based ones, and fills new tensors with NaN",
+         "remove torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG if set for it), or keep it "
+         "only for the runs that need bitwise reproducibility"),),
+    "slow_gemms": (
+        ("env.CUBLAS_WORKSPACE_CONFIG", lambda v: True,
+         "cuBLAS's workspace is fixed by this variable; a small one rules out its faster GEMM kernels",
+         "unset CUBLAS_WORKSPACE_CONFIG (a reproducibility setting) and compare"),
+        ("env.CUBLASLT_WORKSPACE_SIZE", lambda v: True, "cuBLASLt's workspace is fixed by this variable",
+         "unset CUBLASLT_WORKSPACE_SIZE and compare"),
+        ("cuda.preferred_blas_library", lambda v: v not in (None, "cublas", "default"),
+         "GEMMs run through another BLAS library", "torch.backends.cuda.preferred_blas_library('cublas')"),
+        ("cuda.matmul.allow_bf16_reduced_precision_reduction", lambda v: v is False,
+         "bf16 GEMMs may not reduce in bf16 (slower split-K kernels)",
+         "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True (the default)"),
+        ("deterministic_algorithms", lambda v: v is True, "deterministic algorithms restrict cuBLAS's kernels",
+         "remove torch.use_deterministic_algorithms(True) and compare"),),
+}
+SUSPECT = ("slow_gemms",)  # mechanisms with other causes that fit the same time (shapes, a slow device)
+
+
+def causes(tl, mechanism):
+    """[(row, what, undo)] of the settings the user set (settings.differing: by "user") that CAUSES names for
+    `mechanism`; None when the trace has no settings record (the trace cannot tell)."""
+    record = tl.meta.get("settings")
+    if not isinstance(record, dict) or not isinstance(record.get("values"), dict):
+        return None
+    rows = {r["name"]: r for r in recorded.differing(record) if r["by"] == "user"}
+    return [(rows[name], what, undo) for name, bad, what, undo in CAUSES[mechanism]
+            if name in rows and bad(rows[name]["value"])]
+
+
+def attribute(tl, found, mechanism):
+    """The finding `found` (a rule's, for `mechanism`), naming the setting that causes it where one is
+    recorded (module docstring); `found` itself when nothing is to add."""
+    hits = causes(tl, mechanism)
+    if hits is None:
+        names = sorted({name.removeprefix("env.") for name, *_ in CAUSES[mechanism]})
+        return dict(found, evidence=found["evidence"] + f"; a process setting would also explain it ("
+                    + ", ".join(names) + "): this trace has no settings record to tell (a live --profile "
+                    "records them)")
+    if not hits:
+        return found
+    named = "; ".join(f"{_phrase(row)} ({_who(row)}): {what}" for row, what, _ in hits)
+    undo = "; ".join(undo for _, _, undo in hits)
+    if mechanism in SUSPECT:
+        return dict(found, evidence=f"{found['evidence']}; set in this run: {named}; undo it and compare to tell "
+                    "whether it is the cause", fix=f"first {undo}; if the time stays: {found['fix']}")
+    return dict(found, kind="setting", evidence=f"{named}; its cost in this trace: {found['evidence']}", fix=undo)
+
+
+def _phrase(row):
+    name = row["name"]
+    return f"{name[4:]}={row['value']}" if name.startswith("env.") else f"{name}={row['value']}"
+
+
+def _who(row):
+    source = {"environment": ", in the environment", "process": ", set in the process"}.get(row.get("source"), "")
+    return row["by"] + source
