@@ -65,7 +65,7 @@ MIN_PLANT_MS = 10.0     # issue #33: a new plant costs at least this per step; b
 GAIN_TOLERANCE = 0.30   # issue #33 (and #26's within_30pct): the top finding's gain within 30% of the loss
 QUIET_PERCENT = 1.0     # issue #33: a quiet case has no finding of 1% of the step or more (as render shows)
 EARLIER_QUIET_PERCENT = 5.0   # issue #16's rule for the same, kept in the `result` column
-SHARED_INDUCTOR_CACHE = ()    # cases about the compile cache: they keep the machine's default Inductor cache
+SHARED_INDUCTOR_CACHE = ("cache_first", "cache_shifted")  # cases about the compile cache: they keep the machine's default Inductor cache
 CLOSING_S = 20.0        # the matmul timed after the cases, kept inside --budget
 
 

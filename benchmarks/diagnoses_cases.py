@@ -367,6 +367,14 @@ CASES.update({
         ("attention_fallback", "setting"),  # GUESS
         [after_imports(*SDP_FLAGS[:2]), SDPA_DIRECT],
         words=("enable_flash_sdp", "enable_cudnn_sdp", "sdp"), listed=("sdp",)),
+    # the compile cache (issue #33, item 5): run in this order, both with the machine's default Inductor cache
+    # (diagnoses.SHARED_INDUCTOR_CACHE): the second, a line added at the top, gets the first one's graphs
+    "cache_first": Case("nothing: the default train.py, compiled into the shared Inductor cache", (), []),
+    "cache_shifted": Case(
+        "a comment line added at the top of train.py, compiled graphs from the shared cache (cache_first's): "
+        "its lines must name its own folder and the shifted line numbers", (),
+        [('"""\nAutoresearch pretraining script.', '# planted: one line more at the top\n"""\nAutoresearch '
+          'pretraining script.')]),
 })
 
 # two device calls of at most 10 minutes, each with its own baseline: --cases baseline,new1 / baseline,new2
