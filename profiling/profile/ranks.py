@@ -32,7 +32,7 @@ import re
 from profiling.errors import UserError
 from profiling.profile import summary
 from profiling.profile.classify import CATEGORIES, is_communication
-from profiling.profile.findings.contract import finding
+from profiling.profile.findings.contract import finding, rule
 from profiling.profile.traceio import attribute, by_thread, index, merge, num, step_windows, union_length
 
 RANK_FILE = re.compile(r"^rank-(\d+)(\.trace)?\.json(\.gz)?$")
@@ -263,6 +263,7 @@ def skew(sums, rows):
                     if ms > 0]}
 
 
+@rule("exposed_communication", needs=("device", "ranks"))
 def exposed_communication(rows, ctx):
     """The communication no rank hides: the least exposed time over the ranks (the rest, on the others, is
     waiting for a slower rank: the straggler finding's)."""
@@ -294,6 +295,7 @@ def _sizes(row):
     return text
 
 
+@rule("straggler", needs=("device", "ranks"))
 def straggler(rows, sk, ctx):
     """One rank works longer per step than another (step - exposed communication) by STRAGGLER_SHARE of the
     step or more: the others wait for it in every collective. Gain: its excess over the least-working rank."""

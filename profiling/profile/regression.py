@@ -10,7 +10,7 @@ kernels' time alone: host_sync and gpu_waits_on_host name those. The evidence li
 moves lines still matches) and kernels (profiling/profile/kernel_match.py: renumbered kernels match; new and
 gone ones show as such) that grew most.
 """
-from profiling.profile.findings.contract import finding
+from profiling.profile.findings.contract import finding, rule
 from profiling.profile.summary import diff
 
 MIN_GROWTH = 0.015  # of the reference step: two fresh compiles of one commit (h100-compile-a/-b): kernel time
@@ -32,6 +32,7 @@ def _lines(previous, current):
                    for k, r in now.items()), key=lambda x: -x[1])
 
 
+@rule("regression", needs=("device", "reference"))
 def regression(previous, current, label=None):
     """A finding when the step grew by MIN_GROWTH of the reference or more; None otherwise (or when the two
     profiles are of different devices or kinds)."""

@@ -7,6 +7,8 @@ A rule is a function `match(tl, ctx, found) -> finding or None`, declared with `
 - `match`: reads the trace's events through the Timeline (profiling/profile/timeline.py) and what the live run
   recorded (`tl.meta`), never train.py's source. It sees the findings earlier rules returned (`found`) and
   the GPU idle they claimed (`Gap.cause`): no two findings claim the same gap.
+- kernels: a rule that prices device events adds them to `ctx["claimed"]` when later rules must not price
+  them again (attention as matmuls is not also float32 GEMMs).
 - a finding: {kind, ms_per_step, pct_of_step, evidence, fix}; its `ms_per_step` is what applying its fix
   would save, so a rule that cannot name a fix that recovers the time reports under `unknown` instead
   (`ctx["unknown"]`: the rule, the evidence it lacked, the ms/step it leaves unexplained).
@@ -27,6 +29,8 @@ EVIDENCE = {
     "bounds": "each kernel's least time (profiling/profile/bound.py: a known GPU's peaks and shapes)",
     "regions": "the model's parameters (the regions table: forward and backward GEMM FLOPs per region)",
     "parameters": "the model's parameter shapes, recorded by a live capture",
+    "reference": "another profile to compare with (the best kept run's, --previous, --against)",
+    "ranks": "one trace per rank of a several-process run",
 }
 
 
@@ -61,7 +65,7 @@ def evidence(tl, ctx):
         have.add("peak")
     if getattr(tl, "bounds", None):
         have.add("bounds")
-    if ctx.get("regions"):
+    if ctx.get("regions") and meta.get("parameters"):  # GEMMs are placed in regions by the parameters' shapes
         have.add("regions")
     if meta.get("parameters"):
         have.add("parameters")

@@ -1,0 +1,131 @@
+"""The findings contract (profiling/profile/findings/contract.py): every rule says what evidence it needs, is
+skipped when a trace lacks it, and never claims what its evidence does not show. On real H100 traces of
+planted slowdowns (tests/data/h100-plant*, h100-fresh-*, h100-cudacalls-*), each stripped of one kind of
+evidence the way an older or foreign trace lacks it."""
+import copy
+import os
+
+import pytest
+
+from profiling.profile import findings, ranks, regression
+from profiling.profile.findings import contract
+from profiling.profile.summary import load_trace, summarize
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+META = "autoresearch"
+
+# a trace where each rule fires (its kind in the findings)
+FIRES = {
+    "host_sync": "h100-plant-host_sync", "graph_break": "h100-plant-nan_check",
+    "blocking_launch": "h100-cudacalls-blocking", "alloc_churn": "h100-plant33-empty_cache",
+    "cuda_sync": "h100-cudacalls-pageable", "eager_code": "h100-plant26-eager_model",
+    "math_attention": "h100-plant33-sdp_math", "fp32_matmul": "h100-plant-fp32_mlp",
+    "fp32_intermediate": "h100-plant-fp32_mlp", "slow_device": "h100-plant-shared_gpu",
+    "attention_fallback": "h100-plant-dense_mask", "recompute": "h100-fresh-checkpoint_mlp",
+    "forward_without_backward": "h100-fresh-eval_forward", "misaligned_shapes": "h100-fresh-mlp_width_1365",
+    "launch_bound": "h100-plant-small_batch", "gpu_waits_on_host": "h100-plant-slow_input",
+    "over_bound": "h100-plant33-cublas_no_workspace", "profiler_overhead": "h100-plant-nan_check",
+}
+# rules whose finding a recorded setting turns into kind `setting` (findings/settings.py)
+SETTING = {"host_sync": "h100-plant33-anomaly_mode", "blocking_launch": "h100-plant33-launch_blocking",
+           "alloc_churn": "h100-plant33-no_caching_allocator", "math_attention": "h100-plant33-sdp_math",
+           "recompute": "h100-plant33-memory_budget"}
+
+
+def _strip_shapes(trace):
+    for e in trace["traceEvents"]:
+        for key in ("Input Dims", "Input type", "Input Strides", "Concrete Inputs"):
+            (e.get("args") or {}).pop(key, None)
+
+
+def _strip_peak(trace):
+    trace.setdefault(META, {}).update(device="an unknown GPU", peak_flops=None)
+    trace.pop("deviceProperties", None)
+
+
+STRIP = {  # evidence name -> how a trace comes without it
+    "host_samples": lambda t: t.setdefault(META, {}).pop("host_samples", None),
+    "sync_lines": lambda t: t.setdefault(META, {}).pop("syncs", None),
+    "unprofiled": lambda t: t.setdefault(META, {}).pop("unprofiled_step_ms", None),
+    "settings": lambda t: t.setdefault(META, {}).pop("settings", None),
+    "shapes": _strip_shapes,
+    "peak": _strip_peak,
+    "bounds": _strip_peak,       # a bound needs the device's peaks
+    "parameters": lambda t: t.setdefault(META, {}).pop("parameters", None),
+    "regions": lambda t: t.setdefault(META, {}).pop("parameters", None),   # the regions are the parameters' modules
+}
+
+
+@pytest.fixture(scope="module")
+def trace():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = load_trace(os.path.join(DATA, f"{name}.trace.json.gz"))
+        return copy.deepcopy(cache[name])
+    return get
+
+
+def _kinds(s):
+    return [f["kind"] for f in s["findings"]]
+
+
+def test_every_rule_declares_known_evidence():
+    rules = findings.RULES + (findings.idle.profiler_overhead, regression.regression, ranks.exposed_communication,
+                              ranks.straggler)
+    for r in rules:
+        assert r.kind and r.needs and set(r.needs) <= set(contract.EVIDENCE), r
+    assert {r.kind for r in findings.RULES} | {"profiler_overhead"} == set(FIRES)
+
+
+def test_an_undeclared_evidence_name_is_refused():
+    with pytest.raises(ValueError, match="unknown evidence"):
+        contract.rule("x", needs=("telepathy",))
+
+
+@pytest.mark.parametrize("kind", sorted(FIRES))
+def test_each_rule_fires_on_its_trace_and_is_skipped_without_its_evidence(trace, kind):
+    """(With no settings record, so that a rule's finding keeps its own kind: see the test after next.)"""
+    rule = next(r for r in findings.RULES + (findings.idle.profiler_overhead,) if r.kind == kind)
+    t = trace(FIRES[kind])
+    STRIP["settings"](t)
+    assert kind in _kinds(summarize(t))
+    for need in set(rule.needs) - {"device"}:
+        t = trace(FIRES[kind])
+        STRIP["settings"](t)
+        STRIP[need](t)
+        s = summarize(t)
+        assert kind not in _kinds(s), (kind, need)
+        if kind != "profiler_overhead":
+            assert any(x["rule"] == kind and need in x["missing"] for x in s["skipped"]), (kind, need, s["skipped"])
+
+
+@pytest.mark.parametrize("kind", sorted(FIRES))
+def test_without_samples_stacks_settings_or_unprofiled_step_no_rule_claims_a_line_or_a_setting(trace, kind):
+    """A rule that can work from the events alone still fires, but names no line (no stack says it), no
+    setting (none recorded) and scales nothing to an unprofiled run (none measured)."""
+    t = trace(FIRES[kind])
+    for need in ("host_samples", "sync_lines", "settings", "unprofiled"):
+        STRIP[need](t)
+    for f in summarize(t)["findings"]:
+        assert "train.py:" not in f["evidence"], f
+        assert f["kind"] != "setting" and "set in this run" not in f["evidence"], f
+        assert "unprofiled run's share" not in f["evidence"], f
+
+
+@pytest.mark.parametrize("kind", sorted(SETTING))
+def test_a_recorded_setting_names_the_cause_and_without_the_record_both_explanations_are_given(trace, kind):
+    s = summarize(trace(SETTING[kind]))
+    top = s["findings"][0]
+    assert top["kind"] == "setting" and "(user" in top["evidence"] and "its cost in this trace" in top["evidence"]
+    t = trace(SETTING[kind])
+    STRIP["settings"](t)
+    top = summarize(t)["findings"][0]
+    assert top["kind"] == kind and "no settings record to tell" in top["evidence"], top
+
+
+def test_a_setting_that_costs_nothing_is_listed_and_no_finding_names_it(trace):
+    s = summarize(trace("h100-plant33-cudnn_benchmark"))
+    assert [r["name"] for r in s["settings"]["differs"] if r["by"] == "user"] == ["cudnn.benchmark"]
+    assert all(f["ms_per_step"] < 0.01 * s["step_ms"] for f in s["findings"]), s["findings"]
