@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling.errors import UserError
 from profiling.files import atomic_write
-from profiling.profile import device_state, provenance, regression, render, summary
+from profiling.profile import device_state, eager_record, provenance, regression, render, summary
 from profiling.profile.sampler import StackSampler, frame_label
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
@@ -55,7 +55,9 @@ def capture(step_fn, warmup, active, metadata):
     records what the trace cannot show (profiling/profile/findings.py reads it): the main thread's Python stack
     every few ms (profiling/profile/sampler.py), the Python lines of the host syncs (CUDA's sync debug mode), the
     graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
-    profiling.profile.provenance.start() ran before compilation (profiling/profile/lines.py reads them).
+    profiling.profile.provenance.start() ran before compilation (profiling/profile/lines.py reads them). After
+    the window, one more step records the lines of the eager operators (`eager_line_step`): step_fn runs
+    `warmup + active + 1` times.
     """
     if active < 1 or warmup < 0:
         raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
@@ -92,7 +94,16 @@ def capture(step_fn, warmup, active, metadata):
             trace = json.load(f)
     trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
                                  dynamo=dynamo_record(), provenance=provenance.result(), device_state=state)
+    trace["autoresearch"]["eager_lines"] = eager_line_step(step_fn, sync, cuda)
     return trace, t_end
+
+
+def eager_line_step(step_fn, sync, cuda):
+    """One more, untimed call of step_fn after the profiled window, recording the lines of its eager operators
+    (profiling/profile/eager_record.py; None when AUTORESEARCH_EAGER_LINES=0). It trains the model one more
+    step: callers count it (profiling/runner.py)."""
+    with stderr_without(NO_GPU_LINE) if not cuda else contextlib.nullcontext():
+        return eager_record.record(step_fn, sync)
 
 
 def _uuid():
@@ -209,7 +220,7 @@ def profile_training(step_fn, warmup, active, metadata, top=10, reference=None, 
     makes the one report of all ranks (profiling.profile.ranks) once all are written.
 
     Returns (markdown report, or None on ranks other than 0; folder; seconds spent after the last profiled
-    step: export, summary, render and writing the files)."""
+    step: the line-record step, export, summary, render and writing the files)."""
     n = ranks.world_size if ranks else 1
     if n > 1:
         metadata = dict(metadata, rank=ranks.rank, world_size=n)

@@ -277,7 +277,16 @@ def _lines(s, shown=MAX_LINES):
            f"ms/step, {table['graphs']} compiled graphs); a fused kernel counts once, against all its lines"]
     if len(table.get("files") or {}) > 1:
         out.append("by file: " + ", ".join(f"{f} {_ms(ms)} ms" for f, ms in table["files"].items()))
-    return out + _unplaced_lines(table)
+    return out + _eager_note(table.get("eager")) + _unplaced_lines(table)
+
+
+def _eager_note(eager):
+    """How the rows marked `eager` (work outside the compiled graphs) got their lines."""
+    if not eager:
+        return []
+    return [f"eager: {eager['ops_per_step']} eager operators placed through one more recorded step (its lines, "
+            f"after the profiled ones), in {eager['steps_matching']} of {eager['steps']} profiled steps the same "
+            "sequence; a backward one on its forward operator's line"]
 
 
 def _unplaced_lines(table):
@@ -296,7 +305,8 @@ def _where(row, width=LINE_WHERE):
     where = row["where"]
     if len(where) > width:
         where = where[:width].rsplit(",", 1)[0] + f",... ({len(row['lines'])} lines)"
-    return where + (", fused" if row["fused"] else "")
+    eager = row.get("eager_ms") and row["eager_ms"] >= row["ms_per_step"] / 2  # mostly outside compiled graphs
+    return where + (", fused" if row["fused"] else "") + (", eager" if eager else "")
 
 
 def _line_text(row, width=LINE_TEXT):
