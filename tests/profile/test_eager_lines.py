@@ -40,16 +40,17 @@ def make_step():
             return grad * 2
 
     torch.manual_seed(0)
-    fc, proj = torch.nn.Linear(32, 128), torch.nn.Linear(128, 32)
+    fc, proj = torch.nn.Linear(128, 512), torch.nn.Linear(512, 128)
     params = list(fc.parameters()) + list(proj.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
-    x, calls = torch.randn(64, 32), []
+    x, calls = torch.randn(256, 128), []
+    spare = torch.ones(4)  # the odd step's operand: tiny, so that a stall of a busy machine stays small
 
     def step():
         h = fc(x)  # FC
         h = torch.relu(h).square()  # SQUARE
         if len(calls) == ODD_STEP:  # one profiled step calls one more operator, one the TANH line calls too
-            h = torch.tanh(h)  # ODD
+            torch.tanh(spare)  # ODD
         y = Twice.apply(proj(h))  # TWICE
         z = torch.tanh(y @ y.T)  # TANH
         loss = (z @ y).square().mean()  # LOSS
@@ -131,8 +132,8 @@ def test_backward_operators_land_on_their_forward_lines(captured):
 
 
 def test_a_step_that_differs_gets_no_wrong_line(captured):
-    """The odd step calls one more `aten::tanh` (a name the TANH line calls too): neither it nor its backward
-    is placed, and every other operator of that step gets the line its twin in the normal step gets."""
+    """The odd step calls one more `aten::tanh` (a name the TANH line calls too): it is not placed, and every
+    other operator of that step, forward or backward, gets the line its twin in the normal step gets."""
     ix, p = placer(captured)
     placed = []
     for start, end in steps(captured, ix, p):
@@ -146,8 +147,7 @@ def test_a_step_that_differs_gets_no_wrong_line(captured):
     _, (start, end) = steps(captured, ix, p)
     backward = [p.place(op, op)[:2] for op in ix.cpu_ops
                 if op["name"] == "aten::tanh_backward" and start <= op["ts"] <= end]
-    assert sorted(backward, key=str) == [((((HERE, source_line("TANH")),), None)),
-                                         (None, "eager backward, not in the recorded step's sequence of operators")]
+    assert backward == [(((HERE, source_line("TANH")),), None)]
 
 
 def test_the_report_shows_the_lines(captured):
@@ -221,7 +221,7 @@ class MLP(torch.nn.Module):
 mlp = torch.compile(MLP())
 head = torch.nn.Linear(256, 256)
 opt = torch.optim.SGD(list(mlp.parameters()) + list(head.parameters()), lr=1e-3)
-x = torch.randn(512, 256)
+x = torch.randn(2048, 256)  # the compiled wrapper's own CPU time (~2-3 ms a step) stays small
 def step():
     y = mlp(x)
     z = torch.tanh(head(y) @ y.T)
@@ -235,6 +235,9 @@ assert (dict(counters["stats"]), sum(counters["graph_break"].values())) == befor
 table = summarize(trace)["lines"]
 assert table["graphs"] >= 2 and table["placed_percent"] >= 90, table
 assert set(table["files"]) == {{"partly_compiled.py"}}, table["files"]
+mlp = [r for r in table["rows"] if r["lines"][0]["text"].startswith("return self.proj")]
+assert mlp and mlp[0]["eager_ms"] == 0 and mlp[0]["backward_ms"] > 0, mlp  # provenance's, forward and backward
+assert any(r["eager_ms"] and r["lines"][0]["text"].startswith("z = torch.tanh") for r in table["rows"])
 print("ok", table["placed_percent"])
 """)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
@@ -242,4 +245,40 @@ print("ok", table["placed_percent"])
                        timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Dynamo does not know how to trace" not in r.stderr
-    assert r.stdout.startswith("ok")
+    assert r.stdout.startswith("ok"), r.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------
+# H100 traces (recorded without a line record): a record made from the trace's own first step
+# ---------------------------------------------------------------------------------------------------------
+
+def record_from_first_step(trace):
+    """A line record as the capture makes it, from the trace's own first profiled step: every top-level
+    eager operator of the main thread (the thread of the most) on a line of its own, `train.py:<k>`."""
+    ix = index(trace["traceEvents"])
+    threads = by_thread(ix.cpu_ops)
+    parent = parents(threads)
+    calls = lines.Calls(ix.graph_calls, threads, parent, lines.Provenance({}))
+    start, end, _ = ix.steps[0]
+    key = max(threads, key=lambda k: len(eager_lines.tops(threads[k], parent, start, end)))
+    ops = [op for op in eager_lines.tops(threads[key], parent, start, end) if calls.call_of(op) is None]
+    return {"version": 1, "tid": key[1], "lines": [["train.py", k + 1, str(op["name"])] for k, op in enumerate(ops)],
+            "ops": [[str(op["name"]), k] for k, op in enumerate(ops)], "backward": []}
+
+
+@pytest.mark.parametrize("name, least", [("h100-fresh-eager_attention", 98), ("h100-plant26-eager_model", 99.9)])
+def test_h100_eager_kernels_are_placed_through_the_autograd_thread(name, least, monkeypatch):
+    """The backward runs on the autograd engine's own thread there: its kernels reach their forward operators
+    through sequence numbers. Left: the engine's sums around a compiled graph's backward (~4 ms of 368)."""
+    from profiling.profile.summary import load_trace
+    trace = load_trace(os.path.join(ROOT, "tests", "data", f"{name}.trace.json.gz"))
+    trace["autoresearch"]["eager_lines"] = record_from_first_step(trace)
+    monkeypatch.setattr(lines, "TOP", 100000)  # every row
+    s = summarize(trace)
+    table = s["lines"]
+    assert table["placed_percent"] >= least
+    assert table["eager"]["steps_matching"] == table["eager"]["steps"] == 2
+    assert {u["reason"] for u in table["unplaced"]} <= {"the autograd engine's work around a compiled graph's backward",
+                                                        "gradient accumulation (AccumulateGrad): the engine ran "
+                                                        "from several lines or none"}
+    assert sum(r["backward_ms"] for r in table["rows"] if r["eager_ms"]) > 0.3 * s["device_ms"]
