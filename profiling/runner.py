@@ -405,7 +405,8 @@ class Run:
     def profile(self, train_step, first_step, step_times):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, then
         one more that records the lines of the eager operators (profiling/profile/eager_record.py), and print
-        the report. Returns the steps it ran, W + A + 1 (they train the model like any other)."""
+        the report. Returns the steps it ran, W + A + 1 (W + A with AUTORESEARCH_EAGER_LINES=0): they train
+        the model like any other."""
         from profiling.profile import capture  # the only module that drives torch.profiler
         a = self.args
         steps = itertools.count(first_step)
@@ -419,6 +420,6 @@ class Run:
         report, self.record["profile"], seconds = capture.profile_training(
             lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta,
             reference=self.profile_reference() if self.ranks.first else None, ranks=self.ranks)
-        print(f"\n{report}\n(profile files: {self.record['profile']}; the line-record step, export, summary and report took "
-              f"{seconds:.1f} s)")
+        print(f"\n{report}\n(profile files: {self.record['profile']}; the line-record step, export, summary and "
+              f"report took {seconds:.1f} s)")
         return next(steps) - first_step  # the steps taken, whatever the capture ran

@@ -284,9 +284,10 @@ def _eager_note(eager):
     """How the rows marked `eager` (work outside the compiled graphs) got their lines."""
     if not eager:
         return []
-    return [f"eager: {eager['ops_per_step']} eager operators placed through one more recorded step (its lines, "
-            f"after the profiled ones), in {eager['steps_matching']} of {eager['steps']} profiled steps the same "
-            "sequence; a backward one on its forward operator's line"]
+    return [f"eager rows: work outside the compiled graphs, placed by the lines of one more step recorded after "
+            f"the profiled ones ({eager['ops_per_step']} operators a step; {eager['steps_matching']} of "
+            f"{eager['steps']} profiled steps called the same sequence); a backward kernel on its forward "
+            "operator's line"]
 
 
 def _unplaced_lines(table):
