@@ -252,8 +252,9 @@ def _usable(meta):
 def _missing(record):
     note = MISSING
     if isinstance(record, dict) and not record.get("without"):
-        note = ("no compiled graph was recorded: the model ran eager, or was compiled before "
-                "profiling.profile.provenance.start()")
+        note = ("no compiled graph was recorded (the model ran eager, or was compiled before "
+                "profiling.profile.provenance.start()), and no line record of eager operators "
+                "(AUTORESEARCH_EAGER_LINES=0, or a capture older than it)")
     elif isinstance(record, dict):
         note = (f"no source-line record: {record['without']} compiled graphs came from a cache entry made "
                 "without one; delete the inductor cache (TORCHINDUCTOR_CACHE_DIR) and profile again")
