@@ -17,6 +17,7 @@ and writes run.json. Those host-side messages go over a gloo group, never over t
 """
 import argparse
 import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -412,11 +413,13 @@ class Run:
         return {k: v for k, v in TRAIN_PY_SETTINGS.items() if self.cuda or k != "float32_matmul_precision"}
 
     def profile(self, train_step, first_step, step_times):
-        """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, and
-        print the report. Returns W + A: the steps it ran (they train the model like any other)."""
+        """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, then
+        one more that records the lines of the eager operators (profiling/profile/eager_record.py), and print
+        the report. Returns the steps it ran, W + A + 1 (W + A with AUTORESEARCH_EAGER_LINES=0): they train
+        the model like any other."""
         from profiling.profile import capture  # the only module that drives torch.profiler
         a = self.args
-        steps = iter(range(first_step, first_step + a.warmup_steps + a.active_steps))
+        steps = itertools.count(first_step)
         model, n = dict(self.model_meta), self.ranks.world_size
         if n > 1:  # a rank's trace: its own GPU, its share of the step's tokens and FLOPs
             model.update(tokens_per_step=model["tokens_per_step"] // n, flops_per_step=model["flops_per_step"] / n)
@@ -428,6 +431,6 @@ class Run:
         report, self.record["profile"], seconds = capture.profile_training(
             lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta,
             reference=self.profile_reference() if self.ranks.first else None, ranks=self.ranks)
-        print(f"\n{report}\n(profile files: {self.record['profile']}; export, summary and report took "
-              f"{seconds:.1f} s)")
-        return a.warmup_steps + a.active_steps
+        print(f"\n{report}\n(profile files: {self.record['profile']}; the line-record step, export, summary and "
+              f"report took {seconds:.1f} s)")
+        return next(steps) - first_step  # the steps taken, whatever the capture ran

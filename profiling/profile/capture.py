@@ -27,7 +27,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling.errors import UserError
 from profiling.files import atomic_write
-from profiling.profile import device_state, provenance, regression, render, settings, summary
+from profiling.profile import (device_state, eager_record, provenance, regression, render, settings,
+                               summary)
 from profiling.profile.sampler import StackSampler, frame_label
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
@@ -57,7 +58,9 @@ def capture(step_fn, warmup, active, metadata):
     graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
     profiling.profile.provenance.start() ran before compilation (profiling/profile/lines.py reads them).
     Before anything else it records the process's settings (profiling/profile/settings.py), unless
-    metadata["settings"] holds a record already, and adds what the profiler itself changes.
+    metadata["settings"] holds a record already, and adds what the profiler itself changes. After the window,
+    one more step records the lines of the eager operators (`eager_line_step`): step_fn runs
+    `warmup + active + 1` times.
     """
     if active < 1 or warmup < 0:
         raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
@@ -96,6 +99,7 @@ def capture(step_fn, warmup, active, metadata):
     trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
                                  dynamo=dynamo_record(), provenance=provenance.result(), device_state=state,
                                  settings=dict(before, profiler=own_settings(before, cuda)))
+    trace["autoresearch"]["eager_lines"] = eager_line_step(step_fn, sync, cuda)
     return trace, t_end
 
 
@@ -108,6 +112,14 @@ def own_settings(record, cuda):
         changed["sync_debug_mode"] = {"value": "warn", "during": "profiled steps",
                                       "before": settings.value(record, "sync_debug_mode", "default")}
     return changed
+
+
+def eager_line_step(step_fn, sync, cuda):
+    """One more, untimed call of step_fn after the profiled window, recording the lines of its eager operators
+    (profiling/profile/eager_record.py; None when AUTORESEARCH_EAGER_LINES=0). It trains the model one more
+    step: callers count it (profiling/runner.py)."""
+    with stderr_without(NO_GPU_LINE) if not cuda else contextlib.nullcontext():
+        return eager_record.record(step_fn, sync)
 
 
 def _uuid():
@@ -225,7 +237,7 @@ def profile_training(step_fn, warmup, active, metadata, top=10, reference=None, 
     makes the one report of all ranks (profiling.profile.ranks) once all are written.
 
     Returns (markdown report, or None on ranks other than 0; folder; seconds spent after the last profiled
-    step: export, summary, render and writing the files)."""
+    step: the line-record step, export, summary, render and writing the files)."""
     n = ranks.world_size if ranks else 1
     if n > 1:
         metadata = dict(metadata, rank=ranks.rank, world_size=n)

@@ -7,8 +7,8 @@ backward node carries the stack of the forward op it differentiates, so a backwa
 
 Placing one device event (CPU profile: one operator's self time):
 1. The graph call: the profiler's `## Call CompiledFxGraph <key> ##` annotation around the launch on the
-   launching thread names the graph. Outside every call the work is eager (the optimizer's stacks and
-   copies, gradient accumulation, the loader's copies): not placed, listed by its operator.
+   launching thread names the graph. Outside every call the work is eager (below); what no record places
+   is listed by its operator and why.
 2. The call: the launching operator (by the launch's External id), or the one around it, up to the outermost
    operator inside the graph call -- a Triton kernel's own record (`triton_poi_fused_..._3`; on CPU
    `graph_0_cpp_fused_..._1`), `aten::mm` for `extern_kernels.mm`, `ns::op` for a custom op. The k-th call of
@@ -18,11 +18,17 @@ Placing one device event (CPU profile: one operator's self time):
    frame in torch is passed over for the user line that called it). A call whose nodes came from several
    lines (a fused kernel) is one row against all its lines, never counted twice.
 
+Eager work (outside every graph call: an uncompiled model or part of it, the optimizer's eager operators, copies,
+their backward) is placed through the capture's record of one more step's eager lines (the trace metadata's
+`eager_lines`, profiling/profile/eager_lines.py): a forward operator by its place in the step's sequence, a
+backward one through its autograd node's forward operator. Rows with eager time say how much (`eager_ms`).
+
 Forward and backward: by where the call ran (inside the autograd engine: backward), as the region table.
 """
 import bisect
 import re
 
+from profiling.profile import eager_lines
 from profiling.profile.provenance import notes
 from profiling.profile.traceio import backward_windows, by_thread, is_backward, parents
 
@@ -157,79 +163,99 @@ class Totals:
     """Summed microseconds (all steps) by line group and phase, and what could not be placed, by reason."""
 
     def __init__(self):
-        self.us, self.unplaced, self.kernels = {}, {}, {}
+        self.us, self.unplaced, self.kernels, self.eager = {}, {}, {}, {}
 
-    def add(self, us, lines, reason, backward, name):
+    def add(self, us, lines, reason, backward, name, eager=False):
         if lines:
             row = self.us.setdefault(lines, [0.0, 0.0])
             row[1 if backward else 0] += us
             k = self.kernels.setdefault(lines, {})
             k[name] = k.get(name, 0.0) + us
+            if eager:
+                self.eager[lines] = self.eager.get(lines, 0.0) + us
         else:
             key = (reason, CPU_PREFIX.sub("", name))
             self.unplaced[key] = self.unplaced.get(key, 0.0) + us
+
+
+class Placer:
+    """Where one operator's work goes: a compiled graph's call (provenance), else the eager record."""
+
+    def __init__(self, meta, graph_calls, threads, parent, steps):
+        self.prov = Provenance(meta.get("provenance") or {})
+        self.calls = Calls(graph_calls, threads, parent, self.prov)
+        record = meta.get("eager_lines")
+        self.eager = None
+        if eager_lines.usable(record):
+            self.eager = eager_lines.Eager(record, threads, parent, steps, self._in_graph)
+            for key, text in self.eager.text.items():
+                self.prov.text.setdefault(key, text)
+
+    def _in_graph(self, op):
+        return self.calls.call_of(op) is not None
+
+    def place(self, op, anchor):
+        """(lines, reason, eager?) of operator op (None: none recorded) launched at anchor (a launch or op)."""
+        call = self.calls.call_of(anchor)
+        if call is not None:
+            if op is None:
+                return None, "no operator recorded around the launch", False
+            lines, reason = self.calls.place(op, call)
+            return lines, reason or (None if lines else "a compiled call recorded without a source stack"), False
+        if self.eager is None:
+            return None, eager_lines.NO_RECORD, True
+        if op is None:
+            return None, "eager, no operator recorded around the launch", True
+        return (*self.eager.place(op), True)
 
 
 def device_table(tl, graph_calls, meta, step_ms, moved=frozenset()):
     """The lines table of a device profile. tl: the trace's Timeline (profiling/profile/timeline.py); graph_calls:
     the `## Call CompiledFxGraph` annotations (traceio.Index.graph_calls); moved: ids of the device events
     that are backward work run in a compiled forward (profiling/profile/regions.py `moved_to_backward`)."""
-    record = meta.get("provenance")
-    if not _usable(record):
-        return _missing(record)
-    calls = Calls(graph_calls, tl.threads, tl.parent, Provenance(record))
+    if not _usable(meta):
+        return _missing(meta.get("provenance"))
+    placer = Placer(meta, graph_calls, tl.threads, tl.parent, tl.ix.steps)
     windows = backward_windows(tl.threads)
     totals, device_us = Totals(), 0.0
     for evs in tl.per_step:
         for e, launch in evs:
             device_us += e["dur"]
-            lines, reason, name = _place_launch(tl, calls, launch, e)
-            totals.add(e["dur"], lines, reason, is_backward(launch, windows) or id(e) in moved, name)
-    return _table(totals, tl.n, step_ms, device_us, calls.prov, record)
-
-
-def _place_launch(tl, calls, launch, e):
-    call = calls.call_of(launch)
-    op = tl.op_of(launch)
-    if call is None:
-        what = str(op.get("name")) if op else str(e.get("name", ""))
-        return None, "eager (outside the compiled graphs)", what
-    if op is None:
-        return None, "no operator recorded around the launch", str(e.get("name", ""))
-    lines, reason = calls.place(op, call)
-    return lines, reason, str(e.get("name", ""))
+            op = tl.op_of(launch)
+            lines, reason, eager = placer.place(op, launch)
+            # a placed row lists its kernels; eager time left unplaced is listed by its operator
+            name = str(op.get("name")) if eager and not lines and op is not None else str(e.get("name", ""))
+            totals.add(e["dur"], lines, reason, is_backward(launch, windows) or id(e) in moved, name, eager)
+    return _table(totals, tl.n, step_ms, device_us, placer, meta)
 
 
 def cpu_table(ix, placed_ops, meta, step_ms):
     """The lines table of a CPU profile: placed_ops is [(operator, self time in us, category)]."""
-    record = meta.get("provenance")
-    if not _usable(record):
-        return _missing(record)
+    if not _usable(meta):
+        return _missing(meta.get("provenance"))
     threads = by_thread(ix.cpu_ops)
     parent = parents(threads)
-    calls = Calls(ix.graph_calls, threads, parent, Provenance(record))
+    placer = Placer(meta, ix.graph_calls, threads, parent, ix.steps)
     windows = backward_windows(threads)
     totals, total_us = Totals(), 0.0
     for op, self_us, _ in placed_ops:
         total_us += self_us
-        call = calls.call_of(op)
-        if call is None:
-            lines, reason = None, "eager (outside the compiled graphs)"
-        else:
-            lines, reason = calls.place(op, call)
-        totals.add(self_us, lines, reason, is_backward(op, windows), str(op.get("name", "")))
-    return _table(totals, len(ix.steps), step_ms, total_us, calls.prov, record)
+        lines, reason, eager = placer.place(op, op)
+        totals.add(self_us, lines, reason, is_backward(op, windows), str(op.get("name", "")), eager)
+    return _table(totals, len(ix.steps), step_ms, total_us, placer, meta)
 
 
-def _usable(record):
-    return isinstance(record, dict) and bool(record.get("graphs"))
+def _usable(meta):
+    record = meta.get("provenance")
+    return isinstance(record, dict) and bool(record.get("graphs")) or eager_lines.usable(meta.get("eager_lines"))
 
 
 def _missing(record):
     note = MISSING
     if isinstance(record, dict) and not record.get("without"):
-        note = ("no compiled graph was recorded: the model ran eager, or was compiled before "
-                "profiling.profile.provenance.start()")
+        note = ("no compiled graph was recorded (the model ran eager, or was compiled before "
+                "profiling.profile.provenance.start()), and no line record of eager operators "
+                "(AUTORESEARCH_EAGER_LINES=0, or a capture older than it)")
     elif isinstance(record, dict):
         note = (f"no source-line record: {record['without']} compiled graphs came from a cache entry made "
                 "without one; delete the inductor cache (TORCHINDUCTOR_CACHE_DIR) and profile again")
@@ -237,8 +263,8 @@ def _missing(record):
             "graphs": 0, "missing": note}
 
 
-def _table(totals, n, step_ms, total_us, prov, record):
-    rows = []
+def _table(totals, n, step_ms, total_us, placer, meta):
+    prov, rows, record = placer.prov, [], meta.get("provenance") or {}
     for lines, (fwd, bwd) in sorted(totals.us.items(), key=lambda kv: (-sum(kv[1]), kv[0])):
         ms = (fwd + bwd) / n / 1e3
         kernels = sorted(totals.kernels[lines].items(), key=lambda kv: -kv[1])
@@ -248,6 +274,7 @@ def _table(totals, n, step_ms, total_us, prov, record):
             "fused": len(lines) > 1, "forward_ms": _r(fwd / n / 1e3), "backward_ms": _r(bwd / n / 1e3),
             "ms_per_step": _r(ms), "pct_of_step": _r(100 * ms / step_ms if step_ms else 0.0),
             "kernels": len(kernels), "top_kernel": CPU_PREFIX.sub("", kernels[0][0]),
+            "eager_ms": _r(totals.eager.get(lines, 0.0) / n / 1e3),
         })
     placed_us = sum(sum(v) for v in totals.us.values())
     unplaced = sorted(totals.unplaced.items(), key=lambda kv: -kv[1])
@@ -265,7 +292,18 @@ def _table(totals, n, step_ms, total_us, prov, record):
         "files": {f: _r(us / n / 1e3) for f, us in sorted(by_file.items(), key=lambda kv: -kv[1])},
         "graphs": len(record.get("graphs") or []), "missing": None,
         "notes": notes(record),  # lines a cached compile recorded that the running code lacks
+        "eager": _eager_note(placer.eager, meta.get("eager_lines")),
     }
+
+
+def _eager_note(eager, record):
+    """How the eager operators were placed: None without a record, else the record's size and cost and how many
+    profiled steps called exactly its sequence of operators."""
+    if eager is None:
+        return None
+    matching, steps = eager.steps_aligned
+    return {"ops_per_step": len(record["ops"]), "steps_matching": matching, "steps": steps,
+            "seconds": record.get("seconds")}
 
 
 def where(lines):

@@ -292,7 +292,8 @@ def _lines(s, shown=MAX_LINES):
            f"ms/step, {table['graphs']} compiled graphs); a fused kernel counts once, against all its lines"]
     if len(table.get("files") or {}) > 1:
         out.append("by file: " + ", ".join(f"{f} {_ms(ms)} ms" for f, ms in table["files"].items()))
-    return out + _unplaced_lines(table) + [f"note: {n}" for n in table.get("notes") or []]
+    return out + _eager_note(table.get("eager")) + _unplaced_lines(table) + [f"note: {n}" for n in
+                                                                             table.get("notes") or []]
 
 
 def _cuda_calls(s):
@@ -319,6 +320,15 @@ def _call_names(row):
         text += "; " + ", ".join(f"{m} x{_calls(round(c, 1))}" for m, c in memory.items())
     return text
 
+def _eager_note(eager):
+    """How the rows marked `eager` (work outside the compiled graphs) got their lines."""
+    if not eager:
+        return []
+    return [f"eager rows: work outside the compiled graphs, placed by the lines of one more step recorded after "
+            f"the profiled ones ({eager['ops_per_step']} operators a step; {eager['steps_matching']} of "
+            f"{eager['steps']} profiled steps called the same sequence); a backward kernel on its forward "
+            "operator's line"]
+
 
 def _unplaced_lines(table):
     """One line: the time not placed on a line, by reason, the largest operators of each."""
@@ -336,7 +346,8 @@ def _where(row, width=LINE_WHERE):
     where = row["where"]
     if len(where) > width:
         where = where[:width].rsplit(",", 1)[0] + f",... ({len(row['lines'])} lines)"
-    return where + (", fused" if row["fused"] else "")
+    eager = row.get("eager_ms") and row["eager_ms"] >= row["ms_per_step"] / 2  # mostly outside compiled graphs
+    return where + (", fused" if row["fused"] else "") + (", eager" if eager else "")
 
 
 def _line_text(row, width=LINE_TEXT):

@@ -1,0 +1,143 @@
+"""The source lines of the eager operators, recorded in one more, untimed step after the profiled ones (issue #33).
+
+torch.profiler's own stacks (`with_stack=True`) are no use here: they inflate the host in the timed steps
+(DESIGN.md pitfall 12), and a `python_function` event names its function's first line, not the line that
+called the operator. So the capture runs one more step of training with a line tracer (`sys.settrace`, the
+project's own files only) that wraps the operators each Python line calls in a profiler annotation
+(`autoresearch line N`), under a second, short, CPU-only profile; eager_lines.reduce keeps of that trace only
+the step's top-level eager operators and their lines (the trace metadata's `eager_lines`, which
+profiling/profile/lines.py reads). The timed trace is untouched.
+
+Own files: under the run's folder, not an installed package and not this package (profiling/): the line of
+train.py that called the optimizer, not the optimizer's code. The tracer's methods call no other Python code
+(only C methods and attribute reads) and TorchDynamo is told to skip them: a trace function runs inside
+compiled regions too, where Dynamo's eval-frame hook would try to compile any Python frame (seen: a graph
+break and a warning on `_RecordFunctionFast` before the skip).
+
+Cost: once per profile, about one step (the tracer adds a trace call per Python call and an annotation per own
+line) and the reading of its trace: on the 2-core CPU with the cpu preset, 2.0 s for a 1.9-2.0 s step
+(benchmarks/eager_lines_cost_results.md). AUTORESEARCH_EAGER_LINES=0 turns it off (no extra step).
+"""
+import linecache
+import os
+import sys
+import tempfile
+import threading
+import time
+
+from profiling.profile import eager_lines
+from profiling.profile.sampler import frame_label
+from profiling.profile.traceio import read_json
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # profiling/: never the user's line
+MAX_TEXT = 100   # characters of a source line kept
+
+
+def enabled():
+    return os.environ.get("AUTORESEARCH_EAGER_LINES", "1") != "0"
+
+
+def record(step_fn, sync, root=None):
+    """Run step_fn once more under the line tracer and a CPU-only profile; return the `eager_lines` record
+    (profiling/profile/eager_lines.py), or None when turned off. sync: waits for the device (the step's kernels
+    finish before the next timed step)."""
+    if not enabled():
+        return None
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    tracer = LineTracer(root or os.getcwd(), torch._C._profiler._RecordFunctionFast)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "lines.json")
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            tracer.start()
+            try:
+                step_fn()
+            finally:
+                tracer.stop()
+            sync()
+        prof.export_chrome_trace(path)
+        events = read_json(path).get("traceEvents") or []
+    result = eager_lines.reduce(events, tracer.lines(), threading.get_native_id())
+    result["seconds"] = round(time.perf_counter() - t0, 3)
+    return result
+
+
+class LineTracer:
+    """While on (main thread only), the operators called while a line of the project's own files runs lie inside
+    an annotation `autoresearch line <index>`: the innermost own frame's current line, opened at each of its
+    `line` events and, when a frame returns, at its caller's (the innermost own frame further out)."""
+
+    def __init__(self, root, annotation):
+        self.root = os.path.abspath(root) + os.sep
+        self.cwd = os.getcwd() + os.sep
+        self.annotation = annotation
+        self.own = {}      # code object -> whether it is the project's own
+        self.ids = {}      # (file, line) -> index
+        self.open = None   # the annotation of the current line
+        self.previous = None
+
+    def start(self):
+        _skip_in_dynamo(self._call, self._local, self._switch, self._is_own)
+        self.previous = sys.gettrace()  # a debugger's or coverage's: back after the step
+        sys.settrace(self._call)
+
+    def stop(self):
+        sys.settrace(self.previous)
+        self._switch(None)
+
+    def _is_own(self, code):
+        own = self.own.get(code)
+        if own is None:  # string operations only (see the module's docstring)
+            path = code.co_filename  # `<frozen os>`, `<string>`: no file
+            path = path if path.startswith((os.sep, "<")) else self.cwd + path
+            own = self.own[code] = (path.startswith(self.root) and not path.startswith(PACKAGE)
+                                    and "site-packages" not in path and "dist-packages" not in path)
+        return own
+
+    def _call(self, frame, event, arg):
+        if self._is_own(frame.f_code):
+            self._switch(frame)
+            return self._local
+        return None
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self._switch(frame)
+        elif event == "return":
+            self._switch(frame.f_back)
+        return self._local
+
+    def _switch(self, frame):
+        """Close the current line's annotation; open one for the innermost own frame from `frame` out."""
+        if self.open is not None:
+            self.open.__exit__(None, None, None)
+            self.open = None
+        while frame is not None and not self.own.get(frame.f_code, False):
+            frame = frame.f_back
+        if frame is None:
+            return
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        i = self.ids.get(key)
+        if i is None:
+            i = self.ids[key] = len(self.ids)
+        self.open = self.annotation(f"{eager_lines.SPAN}{i}")
+        self.open.__enter__()
+
+    def lines(self):
+        """[[file relative to the root, line, text]] by index."""
+        root = self.root.rstrip(os.sep)
+        out = [None] * len(self.ids)
+        for (path, line), i in self.ids.items():
+            name = frame_label(path, line, "", root).rsplit(":", 1)[0]
+            out[i] = [name, line, linecache.getline(path, line).strip()[:MAX_TEXT]]
+        return out
+
+
+def _skip_in_dynamo(*methods):
+    """Tell TorchDynamo (when loaded) never to compile the tracer's frames: they run inside compiled regions."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None and hasattr(eval_frame, "skip_code"):
+        for m in methods:
+            eval_frame.skip_code(m.__code__)
