@@ -79,6 +79,8 @@ def attention_flops(op, exact=True):
     if not (isinstance(q, list) and isinstance(k, list) and len(q) == 4 and len(k) == 4):
         return None
     (b, h, tq, d), (b2, _, tk, d2) = q, k
+    if name.startswith(("aten::_flash_attention", "aten::_efficient_attention")):  # ATen's kernels: [B, T, H, D]
+        (b, tq, h, d), (b2, tk, _, d2) = q, k
     if (b, d) != (b2, d2) or not all(num(x) and x > 0 for x in (b, h, tq, d, tk)):
         return None
     if exact:

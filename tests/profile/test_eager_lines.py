@@ -284,3 +284,17 @@ def test_h100_eager_kernels_are_placed_through_the_autograd_thread(name, least, 
     compiled = "the autograd engine's work around a compiled graph's backward"
     assert {u["reason"] for u in table["unplaced"]} <= {compiled, accumulate}
     assert sum(r["backward_ms"] for r in table["rows"] if r["eager_ms"]) > 0.3 * s["device_ms"]
+
+
+@pytest.mark.parametrize("name, least", [("h100-plant33-eager_attention", 90), ("h100-plant33-eager_model", 90)])
+def test_a_real_h100_record_places_the_eager_work_and_costs_the_profiled_step_nothing(name, least):
+    """Recorded by train.py --profile on an H100 (benchmarks/diagnoses.py, 2026-11-25): the attention module
+    excluded from torch.compile (98.9% placed), the model uncompiled (100%); the profiled steps within 3% of
+    the unprofiled ones, the record being one more step after them."""
+    from profiling.profile.summary import load_trace
+    s = summarize(load_trace(os.path.join(ROOT, "tests", "data", f"{name}.trace.json.gz")))
+    table = s["lines"]
+    assert table["placed_percent"] >= least
+    assert table["eager"]["steps_matching"] == table["eager"]["steps"] == 2
+    assert abs(s["step_ms"] / s["unprofiled_step_ms"] - 1) <= 0.03
+    assert any(r["where"].endswith("train.py:" + str(r["lines"][0]["line"])) and r["eager_ms"] for r in table["rows"])

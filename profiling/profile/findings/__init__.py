@@ -15,7 +15,9 @@ is missing, a match that returns a finding with evidence, gain and fix):
 - kernels.py: kernels below their rate (float32 GEMMs, a slow device, attention fallbacks)
 - waste.py: work done in a slow form (eager code, float32 intermediates, recomputation, misaligned shapes,
   the bound)
-- settings.py: a process setting whose cost the trace shows
+- unplaced.py: device time no line owns, named by its operator and what the kernel shows (a sorted
+  scatter-add the compiler inserted)
+- settings.py: the process settings known to cause what a rule measured, named beside its cost
 regression.py and ranks.py (beside this package) add the findings that need another profile or other ranks,
 through the same contract.
 
@@ -30,14 +32,14 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
 from profiling.profile import hardware
-from profiling.profile.findings import calls, idle, kernels, waste
+from profiling.profile.findings import calls, idle, kernels, settings, unplaced, waste
 from profiling.profile.findings.contract import run
 
 STEP_TOLERANCE = idle.STEP_TOLERANCE
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
 RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
-         waste.eager_code, kernels.math_attention, kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
+         waste.eager_code, unplaced.sort_scatter, kernels.math_attention, kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
          kernels.attention_fallback, waste.recompute, waste.forward_without_backward, waste.misaligned_shapes,
          idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
 
@@ -46,6 +48,7 @@ def diagnose(tl, summary):
     """The findings of one device profile (module docstring)."""
     ctx = context(tl, summary)
     found, skipped = run(RULES, tl, ctx)
+    found = settings.merge(found)
     found.sort(key=lambda f: -f["ms_per_step"])
     overhead, _ = run((idle.profiler_overhead,), tl, ctx)
     return {"findings": found + overhead, "unknown": ctx.get("unknown", []), "skipped": skipped}

@@ -166,19 +166,27 @@ def attention_fallback(tl, ctx, found):
     if not slow:
         return None
     fast_rate = fast[0] / fast[1] if fast[1] else ATTENTION_FAST_FRACTION * ctx["peak"]
-    gain, parts = 0.0, []
+    gain, parts, masked = 0.0, [], False
     for (name, _), (us, n, flops, rate, dims) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
         ms = us / ctx["n"] / 1e3
         target = flops * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2
         gain += max(0.0, ms - target)
         mask = [d for d in (dims or [])[3:] if isinstance(d, list) and len(d) == 2]
+        masked = masked or bool(mask)
         parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a ' + str(mask[0]) + ' mask' if mask else ''}: "
                      f"{ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
     evidence = ("; ".join(parts[:3]) + f"; the fused kernels run at {fast_rate / 1e12:.0f} TFLOP/s "
                 "(causal-attention FLOPs; a window does less)")
-    return finding("attention_fallback", gain, ctx, evidence,
-                    "give attention a form the fused kernel takes: is_causal=True, or the sliding window as "
-                    "train.py's window attention (a band), not a dense attn_mask")
+    if masked:
+        return finding("attention_fallback", gain, ctx, evidence,
+                       "give attention a form the fused kernel takes: is_causal=True, or the sliding window as "
+                       "train.py's window attention (a band), not a dense attn_mask")
+    math = any("attention_math" in name for name, _ in slow)
+    return attribute(tl, finding("attention_fallback", gain, ctx, evidence + "; no mask: another backend ran",
+                                 "let SDPA pick its fused kernel: all its backends on (torch.backends.cuda."
+                                 "enable_*_sdp), no setting that rules the fused one out (deterministic "
+                                 "algorithms), inputs it takes (bf16, contiguous, head size <= 256)"),
+                     "math_attention" if math else "attention_backend")
 
 
 def _square(d):

@@ -47,6 +47,11 @@ CAUSES = {
          "backwards) for slower sort-based ones, and fills new tensors with NaN",
          "remove torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG if set for it), or keep it "
          "only for the runs that need bitwise reproducibility"),),
+    "attention_backend": (
+        ("deterministic_algorithms", lambda v: v is True, "cuDNN's fused attention has no deterministic backward: "
+         "SDPA runs another, slower backend", "remove torch.use_deterministic_algorithms(True)"),) + tuple(
+        (f"sdp.{b}", lambda v: v is False, f"SDPA's {b} backend is off", f"torch.backends.cuda.enable_{b}_sdp(True)")
+        for b in ("cudnn", "flash")),
     "slow_gemms": (
         ("env.CUBLAS_WORKSPACE_CONFIG", lambda v: True,
          "cuBLAS's workspace is fixed by this variable; a small one rules out its faster GEMM kernels",
@@ -91,7 +96,28 @@ def attribute(tl, found, mechanism):
     if mechanism in SUSPECT:
         return dict(found, evidence=f"{found['evidence']}; set in this run: {named}; undo it and compare to tell "
                     "whether it is the cause", fix=f"first {undo}; if the time stays: {found['fix']}")
-    return dict(found, kind="setting", evidence=f"{named}; its cost in this trace: {found['evidence']}", fix=undo)
+    return dict(found, kind="setting", evidence=f"{named}; its cost in this trace: {found['evidence']}", fix=undo,
+                _names=tuple(row["name"] for row, _, _ in hits))
+
+
+def merge(found):
+    """One `setting` finding per setting: a setting that explains several mechanisms (deterministic algorithms:
+    a sorted scatter-add and a slower attention backend) is one edit with one gain, their sum."""
+    out, by = [], {}
+    for f in found:
+        names = f.pop("_names", None)
+        if names is None:
+            out.append(f)
+        elif names in by:
+            first = by[names]
+            first["evidence"] += " " + f["evidence"].split("; its cost in this trace: ", 1)[-1].join(
+                ("and: ", ""))
+            first["ms_per_step"] = round(first["ms_per_step"] + f["ms_per_step"], 2)
+            first["pct_of_step"] = round(first["pct_of_step"] + f["pct_of_step"], 1)
+        else:
+            by[names] = f
+            out.append(f)
+    return out
 
 
 def _phrase(row):
