@@ -25,6 +25,7 @@ FIRES = {
     "forward_without_backward": "h100-fresh-eval_forward", "misaligned_shapes": "h100-fresh-mlp_width_1365",
     "launch_bound": "h100-plant-small_batch", "gpu_waits_on_host": "h100-plant-slow_input",
     "over_bound": "h100-plant33-cublas_no_workspace", "profiler_overhead": "h100-plant-nan_check",
+    "sort_scatter": "h100-plant33-deterministic",
 }
 # rules whose finding a recorded setting turns into kind `setting` (findings/settings.py)
 SETTING = {"host_sync": "h100-plant33-anomaly_mode", "blocking_launch": "h100-plant33-launch_blocking",

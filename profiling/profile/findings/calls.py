@@ -20,6 +20,7 @@ from collections import Counter
 
 from profiling.profile import cuda_calls
 from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.idle import own_labels
 from profiling.profile.findings.settings import attribute
 
 FIRE_SHARE = 0.01   # a rule fires when the idle it prices is 1% of the step or more: the report shows no finding
@@ -112,7 +113,7 @@ def cuda_sync(tl, ctx, found):
     explained: the GPU idle from the call to the end of its step (the queue drained), and for pageable copies
     their own time over what pinned memory would take. Where host_sync has spoken, the syncs are its (it tied
     them to a line or an operator and priced what they exposed): only the pageable copies are left here."""
-    synced = any(f["kind"] == "host_sync" for f in found)
+    synced = any(g.cause == "host_sync" for g in tl.gaps)  # host_sync's, named as a setting or not
     syncs, copies = [] if synced else cuda_calls.sync_calls(tl), cuda_calls.pageable_copies(tl)
     gaps = _open(g for c in syncs + copies for g in c["gaps"])
     slow = _pageable_excess(tl, copies) / ctx["n"] / 1e3
@@ -174,7 +175,7 @@ def _sampled_line(tl, spans):
     stacks, samples = host.get("stacks") or [], host.get("samples") or ()
     if not stacks or not samples:
         return None
-    own = set(host.get("own") or ())
+    own = own_labels(tl)
     times = sorted((tl.ix.steps[k][0] + us, sid) for k, us, sid in samples if 0 <= k < len(tl.ix.steps))
     at = [t for t, _ in times]
     counts = Counter()

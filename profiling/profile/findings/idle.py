@@ -2,6 +2,7 @@
 host's other work (what its stack samples show it doing). Stdlib only. Rules: profiling/profile/findings/
 contract.py's shape; the GPU idle is split among them once (profiling/profile/findings/__init__.py).
 """
+import re
 import statistics
 from collections import Counter
 
@@ -17,6 +18,8 @@ FRAGMENT_GAP_US = 2000.0   # idle between fragments is a resume's Python; longer
 LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
 LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
 SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
+GENERATED = re.compile(r"(^|/)[a-z0-9]{2}/c[a-z0-9]{40,}\.py:")  # Inductor's output code in its cache (an
+                                                                # Inductor cache inside the project is no own code)
 ENGINE = "autograd::engine::evaluate_function"  # the backward's functions, run by autograd's engine
 UNFUSED_OPS = ("aten::embedding",)  # lookups and their scatter-add: the same work in one graph (as are GEMMs,
                                    # attention and custom operators such as kernels.py's)
@@ -90,7 +93,7 @@ def host_sync(tl, ctx, found):
 def _sync_line(tl, e):
     """The agent's line the host samples show blocked in sync call e, or None (no samples, or the profiler's)."""
     line = _line_between(tl, tl.step_of(e["ts"]), e["ts"], e["ts"] + e["dur"])
-    return line if line and line in _own(tl) and not line.startswith(("profiling/", "prepare.py")) else None
+    return line if line and line in own_labels(tl) and not line.startswith(("profiling/", "prepare.py")) else None
 
 
 def _exposed(tl, gaps, ctx):
@@ -186,7 +189,7 @@ def _host_line(tl, gap):
 
 def _line_between(tl, k, start, end):
     host = tl.meta.get("host_samples") or {}
-    stacks, own = host.get("stacks") or [], _own(tl)
+    stacks, own = host.get("stacks") or [], own_labels(tl)
     counts = {}
     for sid in tl.samples_between(k, start, end):
         if 0 <= sid < len(stacks) and stacks[sid]:
@@ -195,13 +198,13 @@ def _line_between(tl, k, start, end):
     return max(counts, key=counts.get) if counts else None
 
 
-def _own(tl):
+def own_labels(tl):
     """Frame labels of the project's own files (samplers before "own" was kept: top-level files)."""
     host = tl.meta.get("host_samples") or {}
     if "own" in host:
-        return set(host["own"])
+        return {f for f in host["own"] if not GENERATED.search(f)}
     return {f for stack in host.get("stacks") or () for f in stack
-            if "/" not in f.split(":")[0] or f.startswith((".bench/", "profiling/"))}
+            if ("/" not in f.split(":")[0] or f.startswith((".bench/", "profiling/"))) and not GENERATED.search(f)}
 
 
 def _launcher(chain):
@@ -247,7 +250,7 @@ def launch_bound(tl, ctx, found):
 
 def _train_line(tl, label):
     """True for a line of the project's own files other than the fixed ones (FIXED_FILES, profiling/)."""
-    return label in _own(tl) and not label.split(":")[0].endswith(FIXED_FILES) and "profiling/" not in label
+    return label in own_labels(tl) and not label.split(":")[0].endswith(FIXED_FILES) and "profiling/" not in label
 
 
 @rule("gpu_waits_on_host", needs=("device",))
