@@ -48,6 +48,7 @@ class Timeline:
         self.n = len(per_step)
         self.threads = by_thread(ix.cpu_ops)
         self.parent, self.memo, self.starts = parents(self.threads), {}, {}
+        self.launch_ops, self.chains = {}, {}  # op_of and chain, memoized
         self.ops = {}
         for op in ix.cpu_ops:
             self.ops.setdefault((op.get("args") or {}).get("External id"), op)
@@ -63,9 +64,13 @@ class Timeline:
         return find(self.ix.steps, [s[0] for s in self.ix.steps], ts)
 
     def op_of(self, launch):
-        """The operator that made a runtime call (by External id, else the innermost operator around it)."""
-        op = self.ops.get((launch.get("args") or {}).get("External id"))
-        return op if op is not None else self.enclosing(launch)
+        """The operator that made a runtime call (by External id, else the innermost operator around it).
+        Memoized: every rule asks it of the same launches."""
+        key = id(launch)
+        if key not in self.launch_ops:
+            op = self.ops.get((launch.get("args") or {}).get("External id"))
+            self.launch_ops[key] = op if op is not None else self.enclosing(launch)
+        return self.launch_ops[key]
 
     def enclosing(self, e):
         """The innermost operator on e's thread whose span holds e's start."""
@@ -81,8 +86,13 @@ class Timeline:
         return best
 
     def chain(self, op):
-        """Names of an operator and those around it, innermost first."""
-        return (str(op.get("name", "")),) + outer_names(op, self.parent, self.memo) if op else ()
+        """Names of an operator and those around it, innermost first (memoized)."""
+        if not op:
+            return ()
+        key = id(op)
+        if key not in self.chains:
+            self.chains[key] = (str(op.get("name", "")),) + outer_names(op, self.parent, self.memo)
+        return self.chains[key]
 
     # -- gaps ------------------------------------------------------------------------------------------
 

@@ -293,3 +293,15 @@ def test_the_sampled_line_of_a_sync(traced):
 def test_rules_declare_what_they_need():
     for rule in cuda_findings.RULES:
         assert rule.kind == rule.__name__ and rule.needs == cuda_findings.NEEDS[rule.kind] == ("device",)
+
+
+def test_the_cuda_calls_table_of_a_new_capture_with_its_settings():
+    """h100-plant33-baseline: the default config captured with the settings record (2026-11-25): the host is
+    inside launch calls 162 ms of a 313 ms step, 1,143 launches, while the GPU idles 0.6 ms of it
+    (back-pressure); the settings are train.py's and the profiler's only."""
+    s = summary.summarize(summary.load_trace(os.path.join(DATA, "h100-plant33-baseline.trace.json.gz")))
+    kinds = {r["kind"]: r for r in s["cuda_calls"]["kinds"]}
+    assert kinds["launch"]["calls_per_step"] == 1143 and 155 < kinds["launch"]["ms_per_step"] < 170
+    assert kinds["launch"]["gpu_idle_ms"] < 1 and kinds["set"]["calls_per_step"] == 228
+    assert not {f["kind"] for f in s["findings"]} & {"blocking_launch", "alloc_churn", "cuda_sync"}
+    assert {r["by"] for r in s["settings"]["differs"]} == {"train.py", "profiler"}

@@ -6,6 +6,7 @@ import re
 import statistics
 from collections import Counter
 
+from profiling.profile import cuda_calls
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.findings.settings import attribute
@@ -259,11 +260,14 @@ def gpu_waits_on_host(tl, ctx, found):
     gaps = [g for g in _open_gaps(tl) if g.us >= LONG_GAP_US]
     if not gaps:
         return None
-    by_line, places = {}, {}
+    by_line, places, calls = {}, {}, {}
     for g in gaps:
         g.cause = "gpu_waits_on_host"
         line = _host_line(tl, g) or "no host sample"
         by_line[line] = by_line.get(line, 0.0) + g.us
+        if line == "no host sample":  # the CUDA calls the host was in meanwhile explain what no sample did
+            for name, us in cuda_calls.calls_during(tl, g.start, g.end).items():
+                calls[name] = calls.get(name, 0.0) + us
         place = (short_name(str(g.before.get("name", ""))), short_name(str(g.after.get("name", ""))),
                  _launcher(tl.chain(tl.op_of(g.launch))))
         places[place] = places.get(place, 0.0) + g.us
@@ -274,7 +278,9 @@ def gpu_waits_on_host(tl, ctx, found):
     (before, after, op), _ = top(places, 1)[0]
     evidence = (f"{len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU idle "
                 f"{_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}; mostly after `{before}`, before `{after}` "
-                f"(launched by {op}); the host meanwhile: {host}")
+                f"(launched by {op}); the host meanwhile: {host}"
+                + (f"; where no sample shows the host, it was inside CUDA calls: " + ", ".join(
+                    f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2)) if calls else ""))
     main = top(by_line, 1)[0][0]
     synced = any(f["kind"] in ("host_sync", "graph_break") for f in found)
     fix = (("the GPU waits for the next batch: " + ("the host syncs above leave no queued GPU work to hide the "

@@ -222,10 +222,12 @@ def _math_attention(tl, ctx):
     ops, scores = {}, set()
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
-            op = tl.op_of(launch)
-            if cat not in ("optimizer", "memory") and op is not None and not any(
-                    ATTENTION_OP.search(str(o.get("name", ""))) for o in _ancestors(tl, op)):
-                ops[id(e)] = (e, cat, (op.get("args") or {}).get("Input Dims"))
+            op = tl.op_of(launch) if cat not in ("optimizer", "memory") else None
+            dims = (op.get("args") or {}).get("Input Dims") if op is not None else None
+            if not isinstance(dims, list) or not any(isinstance(d, list) and len(d) >= 3 for d in dims):
+                continue  # score matrices and batched GEMMs are 3-D or more
+            if not any(ATTENTION_OP.search(str(o.get("name", ""))) for o in _ancestors(tl, op)):
+                ops[id(e)] = (e, cat, dims)
     for e, cat, dims in ops.values():
         g = _score_gemm(dims) if cat == "GEMM" else None
         if g:

@@ -24,10 +24,11 @@ def sort_scatter(tl, ctx, found):
     events, ops = [], {}
     for evs in tl.per_step:
         for e, launch in evs:
+            if not any(k in str(e.get("name", "")) for k in SORTED_KERNELS):
+                continue
             chain = tl.chain(tl.op_of(launch))
             op = next((c for c in reversed(chain) if c.startswith(SCATTER_OPS)), None)
-            if op and any(c.startswith(COMPILED) for c in chain) and any(
-                    k in str(e.get("name", "")) for k in SORTED_KERNELS):
+            if op and any(c.startswith(COMPILED) for c in chain):
                 events.append(e)
                 ops[op] = ops.get(op, 0.0) + e["dur"]
     ms = sum(e["dur"] for e in events) / ctx["n"] / 1e3

@@ -178,7 +178,9 @@ def _forward_in_backward(tl):
     fwd, bwd = set(), {}
     for evs, cats in zip(tl.per_step, tl.labels):
         for (e, launch), cat in zip(evs, cats):
-            chain = tl.chain(tl.op_of(launch)) if cat not in ("GEMM", "memory", "optimizer") else ()
+            if cat in ("GEMM", "memory", "optimizer") or str(e.get("name", "")).startswith("triton_"):
+                continue  # Inductor's kernels are named per graph: not matched (docstring)
+            chain = tl.chain(tl.op_of(launch))
             ops = [c for c in chain if "::" in c and not c.startswith("autograd::")]
             name = ops[-1] if ops else INDEX.sub("", str(e.get("name", "")))
             if name.startswith("triton_") or not chain:
