@@ -86,3 +86,30 @@ def test_lines_from_the_compile_cache_name_the_running_folder_and_its_shifted_li
     wheres = [r["where"] for r in s["lines"]["rows"]]
     assert wheres[0] == ".bench/diagnoses/cache_shifted/train.py:123"
     assert not any("cache_first" in w for w in wheres)
+
+
+def test_syncs_inside_compiled_graphs_are_the_compilers_and_a_recorded_debug_setting_is_named(monkeypatch):
+    """No H100 trace has them yet (the nan_asserts plant's profile did not finish in 400 s): the host_sync
+    plant's syncs moved, in the timeline, inside a compiled graph's call, as Inductor's NaN asserts make them."""
+    from profiling.profile import findings
+    from profiling.profile.findings import idle
+    seen = {}
+
+    def keep(tl, s):
+        seen.update(tl=tl, s=s)
+        return {"findings": [], "unknown": [], "skipped": []}
+    trace = load_trace(os.path.join(DATA, "h100-plant-host_sync.trace.json.gz"))
+    with monkeypatch.context() as m:
+        m.setattr(findings, "diagnose", keep)
+        summarize(trace)
+    tl, s = seen["tl"], seen["s"]
+    tl.syncs = [(e, chain + ("## Call CompiledFxGraph abc ##", "CompiledFunction")) for e, chain in tl.syncs]
+    f = idle.host_sync(tl, findings.context(tl, s), [])
+    assert f["kind"] == "host_sync" and "made inside compiled graphs" in f["evidence"]
+    assert "nan_asserts" in f["fix"] and "no settings record to tell" in f["evidence"]
+    for g in tl.gaps:
+        g.cause = None
+    tl.meta["settings"] = {"values": {"inductor.nan_asserts": True}, "defaults": {"inductor.nan_asserts": False}}
+    f = idle.host_sync(tl, findings.context(tl, s), [])
+    assert f["kind"] == "setting" and f["evidence"].startswith("inductor.nan_asserts=True (user)")
+    assert f["fix"].startswith("remove torch._inductor.config.nan_asserts = True")

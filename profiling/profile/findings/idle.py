@@ -21,6 +21,8 @@ LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed 
 SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
 GENERATED = re.compile(r"(^|/)[a-z0-9]{2}/c[a-z0-9]{40,}\.py:")  # Inductor's output code in its cache (an
                                                                 # Inductor cache inside the project is no own code)
+GRAPH = ("CompiledFunction", "## Call CompiledFxGraph")  # a compiled graph running (a Torch-Compiled
+                                                      # Region also holds the eager Python between graphs)
 ENGINE = "autograd::engine::evaluate_function"  # the backward's functions, run by autograd's engine
 UNFUSED_OPS = ("aten::embedding",)  # lookups and their scatter-add: the same work in one graph (as are GEMMs,
                                    # attention and custom operators such as kernels.py's)
@@ -77,6 +79,14 @@ def host_sync(tl, ctx, found):
     evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in top(ops))
                 + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"
                 + (f"; at {where}" if where else "") + _exposed(tl, exposed, ctx))
+    compiled = sum(1 for _, chain in syncs if any(c.startswith(GRAPH) for c in chain))
+    if compiled >= len(syncs) / 2:  # syncs inside compiled graphs: the compiler put them there
+        evidence += f"; {compiled / ctx['n']:g}/step made inside compiled graphs (no Python line of yours)"
+        return attribute(tl, finding("host_sync", _idle(claimed + exposed, ctx), ctx, evidence,
+                                     "find what the compiler syncs for: Inductor's debug checks (torch._inductor."
+                                     "config.nan_asserts), a value read inside the compiled code (.item() "
+                                     "captured with capture_scalar_outputs); turn the check off or move the read "
+                                     "out of the model"), "compiled_syncs")
     engine = sum(1 for _, chain in syncs if any(c.startswith(ENGINE) for c in chain))
     if engine >= len(syncs) / 2:  # the backward's own syncs: no line of the user's makes them
         evidence += (f"; {engine / ctx['n']:g}/step made by autograd's engine inside the backward's functions "

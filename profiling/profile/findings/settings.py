@@ -23,6 +23,13 @@ CAUSES = {
         ("anomaly_mode", lambda v: v is True,
          "autograd anomaly detection checks every backward function's outputs for NaN, a host sync each",
          "turn it off: remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() (it is for debugging)"),),
+    "compiled_syncs": (
+        ("inductor.nan_asserts", lambda v: v is True,
+         "Inductor checks every kernel's outputs for NaN inside the compiled graphs, a host sync each",
+         "remove torch._inductor.config.nan_asserts = True (it is for debugging)"),
+        ("dynamo.capture_scalar_outputs", lambda v: v is True,
+         "values read with .item() are captured into the compiled graph, each a host sync",
+         "read the value outside the compiled model, once per step"),),
     "blocking_launches": (
         ("env.CUDA_LAUNCH_BLOCKING", lambda v: str(v).strip() not in ("", "0"),
          "every kernel launch waits for its kernel to finish",
