@@ -19,7 +19,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 
 from profiling.profile import cuda_calls
-from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.contract import finding, idle_ms, rule, scaled, top
 from profiling.profile.findings.idle import own_labels
 from profiling.profile.findings.settings import attribute
 
@@ -38,11 +38,6 @@ NEEDS = {   # evidence each rule cannot do without (contract.EVIDENCE's names); 
     "alloc_churn": ("device",),       # the allocation/free calls and the GPU idle gaps
     "cuda_sync": ("device",),         # the sync/copy calls, the copies' device events (`Pageable` in their name)
 }
-
-
-def _idle(gaps, ctx):
-    """ms/step of GPU idle in these gaps, scaled to the unprofiled run when the profiler inflated it."""
-    return sum(g.us for g in gaps) / ctx["n"] / 1e3 * ctx["scale"]
 
 
 def _open(gaps):
@@ -67,7 +62,7 @@ def blocking_launch(tl, ctx, found):
     if not b["queued_per_step"] or b["held_per_step"] < HELD_SHARE * b["queued_per_step"]:
         return None
     gaps = _open(b["gaps"])
-    ms = _idle(gaps, ctx)
+    ms = idle_ms(gaps, ctx)
     if ms < FIRE_SHARE * ctx["step"]:
         return None
     _claim(gaps, "blocking_launch")
@@ -75,7 +70,7 @@ def blocking_launch(tl, ctx, found):
     evidence = (f"{b['held_per_step']:g} of {b['queued_per_step']:g} calls/step that queue GPU work (launches, sets, "
                 f"async copies) returned only after their kernel had finished ({names}): the host spent "
                 f"{b['ms_per_step']:.1f} ms/step in launch calls, the GPU "
-                f"idle between those kernels {ms:.1f} ms/step{_scaled(ctx)}; a launch into a busy GPU's queue "
+                f"idle between those kernels {ms:.1f} ms/step{scaled(ctx)}; a launch into a busy GPU's queue "
                 "returns before its kernel runs")
     return attribute(tl, finding("blocking_launch", ms, ctx, evidence,
                    "make launches asynchronous again: unset CUDA_LAUNCH_BLOCKING (a debugging setting: "
@@ -91,7 +86,7 @@ def alloc_churn(tl, ctx, found):
     if not a["calls"] or a["steps_with"] < ctx["n"]:
         return None  # a one-off allocation (a first batch, a pinned buffer) is no churn
     gaps = _open(a["gaps"])
-    ms = _idle(gaps, ctx)
+    ms = idle_ms(gaps, ctx)
     if ms < FIRE_SHARE * ctx["step"]:
         return None
     _claim(gaps, "alloc_churn")
@@ -100,7 +95,7 @@ def alloc_churn(tl, ctx, found):
     line = _sampled_line(tl, [(e["ts"], e["ts"] + e["dur"], k) for e, k in a["calls"]])
     evidence = (f"{a['calls_per_step']:g} allocation/free calls in every profiled step ({names}), "
                 f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle in and after them {ms:.1f} ms/step"
-                f"{_scaled(ctx)}; made by {made}" + (f"; at {line}" if line else ""))
+                f"{scaled(ctx)}; made by {made}" + (f"; at {line}" if line else ""))
     return attribute(tl, finding("alloc_churn", ms, ctx, evidence,
                    "let the caching allocator keep its memory: no torch.cuda.empty_cache() (or other memory "
                    "release) inside the training loop, PYTORCH_NO_CUDA_MEMORY_CACHING unset; if memory is short, "
@@ -117,13 +112,13 @@ def cuda_sync(tl, ctx, found):
     syncs, copies = [] if synced else cuda_calls.sync_calls(tl), cuda_calls.pageable_copies(tl)
     gaps = _open(g for c in syncs + copies for g in c["gaps"])
     slow = _pageable_excess(tl, copies) / ctx["n"] / 1e3
-    ms = _idle(gaps, ctx) + slow
+    ms = idle_ms(gaps, ctx) + slow
     if not gaps and not slow or ms < FIRE_SHARE * ctx["step"]:
         return None
     _claim(gaps, "cuda_sync")
     parts = [_calls_text(tl, calls, ctx) for calls in (syncs, copies) if calls]
-    evidence = ("; ".join(parts) + f"; GPU idle after them to the end of their step {_idle(gaps, ctx):.1f} ms/step"
-                f"{_scaled(ctx)} (the queue drained)"
+    evidence = ("; ".join(parts) + f"; GPU idle after them to the end of their step {idle_ms(gaps, ctx):.1f} ms/step"
+                f"{scaled(ctx)} (the queue drained)"
                 + (f"; the pageable copies take {slow:.1f} ms/step more than pinned memory would" if slow else ""))
     fixes = []
     if copies:
@@ -141,10 +136,6 @@ RULES = (blocking_launch, alloc_churn, cuda_sync)
 # ---------------------------------------------------------------------------------------------------------
 # Evidence text
 # ---------------------------------------------------------------------------------------------------------
-
-def _scaled(ctx):
-    return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
-
 
 def _made_by(chain):
     """Who made a call, readably: the outermost aten operator around it, else the innermost one, else none (a

@@ -97,6 +97,16 @@ def unknown(ctx, kind, missing, ms, what):
                                           "what": what})
 
 
+def idle_ms(gaps, ctx):
+    """ms/step of GPU idle in these gaps, scaled to the unprofiled run when the profiler inflated it."""
+    return sum(g.us for g in gaps) / ctx["n"] / 1e3 * ctx["scale"]
+
+
+def scaled(ctx):
+    """The evidence's note on that scale, or ""."""
+    return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
+
+
 def top(counts, k=3):
     """The k largest (key, value) pairs of a dict."""
     return sorted(counts.items(), key=lambda kv: -kv[1])[:k]

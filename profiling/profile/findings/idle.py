@@ -8,7 +8,7 @@ from collections import Counter
 
 from profiling.profile import cuda_calls
 from profiling.profile.classify import short_name
-from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.contract import finding, idle_ms, rule, scaled, top
 from profiling.profile.findings.settings import attribute
 from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
 
@@ -27,15 +27,6 @@ ENGINE = "autograd::engine::evaluate_function"  # the backward's functions, run 
 UNFUSED_OPS = ("aten::embedding",)  # lookups and their scatter-add: the same work in one graph (as are GEMMs,
                                    # attention and custom operators such as kernels.py's)
 FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
-
-
-def _idle(gaps, ctx):
-    """ms/step of GPU idle in these gaps, scaled to the unprofiled run when the profiler inflated it."""
-    return sum(g.us for g in gaps) / ctx["n"] / 1e3 * ctx["scale"]
-
-
-def _scaled(ctx):
-    return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -77,12 +68,12 @@ def host_sync(tl, ctx, found):
               for line, count in Counter(python[id(e)] for e, chain in syncs if not chain).items()]
     where = "; ".join(f"{s['where']} `{s['line']}` ({s['count'] / ctx['n']:g}/step)" for s in lines[:3])
     evidence = (f"{len(syncs) / ctx['n']:g} syncs/step: " + ", ".join(f"{op} x{c / ctx['n']:g}" for op, c in top(ops))
-                + f"; GPU idle after them {_idle(claimed, ctx):.1f} ms/step{_scaled(ctx)}"
+                + f"; GPU idle after them {idle_ms(claimed, ctx):.1f} ms/step{scaled(ctx)}"
                 + (f"; at {where}" if where else "") + _exposed(tl, exposed, ctx))
     compiled = sum(1 for _, chain in syncs if any(c.startswith(GRAPH) for c in chain))
     if compiled >= len(syncs) / 2:  # syncs inside compiled graphs: the compiler put them there
         evidence += f"; {compiled / ctx['n']:g}/step made inside compiled graphs (no Python line of yours)"
-        return attribute(tl, finding("host_sync", _idle(claimed + exposed, ctx), ctx, evidence,
+        return attribute(tl, finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
                                      "find what the compiler syncs for: Inductor's debug checks (torch._inductor."
                                      "config.nan_asserts), a value read inside the compiled code (.item() "
                                      "captured with capture_scalar_outputs); turn the check off or move the read "
@@ -91,12 +82,12 @@ def host_sync(tl, ctx, found):
     if engine >= len(syncs) / 2:  # the backward's own syncs: no line of the user's makes them
         evidence += (f"; {engine / ctx['n']:g}/step made by autograd's engine inside the backward's functions "
                      "(no Python line of yours)")
-        return attribute(tl, finding("host_sync", _idle(claimed + exposed, ctx), ctx, evidence,
+        return attribute(tl, finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
                                      "find what makes the backward sync: autograd anomaly detection "
                                      "(torch.autograd.set_detect_anomaly), a backward hook or custom backward "
                                      "that reads a tensor's value; turn it off or keep the value on the GPU"),
                          "backward_syncs")
-    return finding("host_sync", _idle(claimed + exposed, ctx), ctx, evidence,
+    return finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
                     "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
                     "tensor); read them once per step after the next step is launched, as train.py's loop does")
 
@@ -118,7 +109,7 @@ def _exposed(tl, gaps, ctx):
     texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
     host = ", ".join(f"{line}" + (f" `{texts[line]}`" if line in texts else "") for line, _ in top(lines, 2))
     return (f"; with the queue drained, the host's later work in the step showed as GPU idle too: "
-            f"{_idle(gaps, ctx):.1f} ms/step, the host then in {host} (counted here, the root cause)")
+            f"{idle_ms(gaps, ctx):.1f} ms/step, the host then in {host} (counted here, the root cause)")
 
 
 @rule("graph_break", needs=("device",))
@@ -155,12 +146,12 @@ def graph_break(tl, ctx, found):
     lines = _break_lines(tl.meta.get("provenance"))
     evidence = (f"{per_mb:g} compiled regions per micro-batch (1 expected); eager elementwise kernels between them "
                 f"{eager:.1f} ms/step (" + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in top(eager_ops))
-                + f"), GPU idle between them {_idle(idle, ctx):.1f} ms/step"
+                + f"), GPU idle between them {idle_ms(idle, ctx):.1f} ms/step"
                 + (f"; dynamo: {reasons}" if reasons else "")
                 + (f"; breaks at {', '.join(lines[:3])}" if lines else f"; resumes in {resumes}" if resumes else "")
                 + "; gain: those kernels fused away (GEMMs, attention, lookups and custom operators run the same in "
                 "one graph), and the idle")
-    return finding("graph_break", eager + _idle(idle, ctx), ctx, evidence,
+    return finding("graph_break", eager + idle_ms(idle, ctx), ctx, evidence,
                     "keep the model one graph: no data-dependent Python branch, .item(), print, "
                     "torch.compiler.disable or non-torch call inside forward (check such things once per step, "
                     "outside the model)")
@@ -253,8 +244,8 @@ def launch_bound(tl, ctx, found):
     mb = ctx["micro_batches"]
     evidence = (f"{events:.0f} device events/step" + (f" ({mb} micro-batches of {events / mb:.0f})" if mb else "")
                 + f", median {statistics.median(durs):.1f} us; host launch calls {launch_ms / ctx['n'] / 1e3:.1f} "
-                f"ms/step; GPU idle between kernels {_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}")
-    return finding("launch_bound", _idle(gaps, ctx), ctx, evidence,
+                f"ms/step; GPU idle between kernels {idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}")
+    return finding("launch_bound", idle_ms(gaps, ctx), ctx, evidence,
                     "fewer, larger kernels: raise DEVICE_BATCH_SIZE (fewer micro-batches per step), keep the "
                     "model compiled" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
 
@@ -287,7 +278,7 @@ def gpu_waits_on_host(tl, ctx, found):
                      for line, us in top(by_line, 2))
     (before, after, op), _ = top(places, 1)[0]
     evidence = (f"{len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU idle "
-                f"{_idle(gaps, ctx):.1f} ms/step{_scaled(ctx)}; mostly after `{before}`, before `{after}` "
+                f"{idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}; mostly after `{before}`, before `{after}` "
                 f"(launched by {op}); the host meanwhile: {host}"
                 + (f"; where no sample shows the host, it was inside CUDA calls: " + ", ".join(
                     f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2)) if calls else ""))
@@ -299,7 +290,7 @@ def gpu_waits_on_host(tl, ctx, found):
            f"make the host work at {main} cheaper or move it out of the step" if main != "no host sample" else
            "find what the host does between these kernels (no stack samples in this trace) and move it out of "
            "the step")
-    return finding("gpu_waits_on_host", _idle(gaps, ctx), ctx, evidence, fix)
+    return finding("gpu_waits_on_host", idle_ms(gaps, ctx), ctx, evidence, fix)
 
 
 @rule("profiler_overhead", needs=("device", "unprofiled"))

@@ -9,6 +9,8 @@
 Each rule takes (timeline, context, findings so far) and returns a finding or None. Rates are per operator
 call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once.
 """
+from collections import Counter
+
 from profiling.profile import device_state
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
@@ -257,9 +259,9 @@ def math_attention(tl, ctx, found):
             ATTENTION_FAST_FRACTION * ctx["peak"])
     ms, target = us / ctx["n"] / 1e3, flops / 2 / rate / ctx["n"] * 1e3  # causal: half the score matrix
     ctx.setdefault("claimed", set()).update(id(e) for e in events)
-    names = {}
+    names = Counter()
     for e in events:
-        names[short_name(str(e.get("name", "")))] = names.get(short_name(str(e.get("name", ""))), 0.0) + e["dur"]
+        names[short_name(str(e.get("name", "")))] += e["dur"]
     evidence = (f"{len(events) / ctx['n']:g} kernels/step do attention as batched matmuls and a softmax over "
                 f"[T, T] score matrices: {ms:.1f} ms/step (" + ", ".join(f"`{k}` {t / ctx['n'] / 1e3:.1f} ms"
                                                               for k, t in top(names)) +

@@ -6,6 +6,8 @@ the kernel itself shows of why it runs. Stdlib only. Rules: profiling/profile/fi
   would emit one atomic scatter-add kernel: Inductor falls back to them under deterministic algorithms.
 What no rule names stays in the lines table's `not placed` list, with the operator that launched it.
 """
+from collections import Counter
+
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.findings.settings import attribute
@@ -35,9 +37,9 @@ def sort_scatter(tl, ctx, found):
     if ms < MIN_SHARE * ctx["step"]:
         return None
     ctx["claimed"].update(id(e) for e in events)
-    kernels = {}
+    kernels = Counter()
     for e in events:
-        kernels[short_name(str(e.get("name", "")))] = kernels.get(short_name(str(e.get("name", ""))), 0.0) + e["dur"]
+        kernels[short_name(str(e.get("name", "")))] += e["dur"]
     evidence = (f"{len(events) / ctx['n']:g} kernels/step of a sorted scatter-add inside the compiled graphs: "
                 f"{ms:.1f} ms/step (" + ", ".join(f"`{k}` {t / ctx['n'] / 1e3:.1f} ms" for k, t in top(kernels))
                 + "), launched by " + ", ".join(f"{op}" for op, _ in top(ops, 2))
