@@ -367,6 +367,24 @@ CASES.update({
         ("attention_fallback", "setting"),  # GUESS
         [after_imports(*SDP_FLAGS[:2]), SDPA_DIRECT],
         words=("enable_flash_sdp", "enable_cudnn_sdp", "sdp"), listed=("sdp",)),
+    # a last device call (issue #33): more settings of other kinds
+    "alloc_gc_threshold": Case(
+        "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.3 (an allocator environment variable): the "
+        "caching allocator gives cached blocks back whenever more than 30% of the GPU is in use",
+        ("setting", "alloc_churn"),
+        env_var("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.3", "to keep memory low"),
+        words=("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold"), listed=("garbage_collection",)),
+    "cudnn_disabled": Case(
+        "torch.backends.cudnn.enabled = False (a backends flag): SDPA's cuDNN attention is off for the "
+        "full-context layers", ("setting", "attention_fallback"),
+        [after_imports("torch.backends.cudnn.enabled = False  # planted: for reproducibility")],
+        words=("cudnn.enabled",), listed=("cudnn.enabled",)),
+    "bf16_full_reduction": Case(
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False (a backends flag): bf16 "
+        "GEMMs reduce in float32", ("over_bound", "setting"),
+        [after_imports("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # planted: "
+                       "accuracy")],
+        words=("allow_bf16_reduced_precision_reduction",), listed=("allow_bf16_reduced_precision_reduction",)),
     # the compile cache (issue #33, item 5): run in this order, both with the machine's default Inductor cache
     # (diagnoses.SHARED_INDUCTOR_CACHE): the second, a line added at the top, gets the first one's graphs
     "cache_first": Case("nothing: the default train.py, compiled into the shared Inductor cache", (), []),

@@ -37,7 +37,12 @@ CAUSES = {
     "alloc_churn": (
         ("env.PYTORCH_NO_CUDA_MEMORY_CACHING", lambda v: str(v).strip() not in ("", "0"),
          "the caching allocator is off: every tensor is a cudaMalloc and a cudaFree, which waits for the GPU",
-         "unset PYTORCH_NO_CUDA_MEMORY_CACHING (remove it from os.environ or the shell)"),),
+         "unset PYTORCH_NO_CUDA_MEMORY_CACHING (remove it from os.environ or the shell)"),
+        ("env.PYTORCH_CUDA_ALLOC_CONF", lambda v: any(k in str(v) for k in ("garbage_collection_threshold",
+                                                                         "max_split_size_mb")),
+         "the caching allocator is told to give cached blocks back (a garbage-collection threshold) or to split "
+         "large ones no more", "remove garbage_collection_threshold / max_split_size_mb from "
+         "PYTORCH_CUDA_ALLOC_CONF (expandable_segments:True is the setting that fights fragmentation)"),),
     "math_attention": tuple(
         (f"sdp.{b}", lambda v: v is False, "the fused attention backends are off: attention runs as matmuls and "
          "a softmax over the whole [T, T] score matrix", f"re-enable them: torch.backends.cuda.enable_{b}_sdp(True) "
@@ -56,7 +61,9 @@ CAUSES = {
          "only for the runs that need bitwise reproducibility"),),
     "attention_backend": (
         ("deterministic_algorithms", lambda v: v is True, "cuDNN's fused attention has no deterministic backward: "
-         "SDPA runs another, slower backend", "remove torch.use_deterministic_algorithms(True)"),) + tuple(
+         "SDPA runs another, slower backend", "remove torch.use_deterministic_algorithms(True)"),
+        ("cudnn.enabled", lambda v: v is False, "cuDNN is off, its fused attention with it: SDPA runs another, "
+         "slower backend", "remove torch.backends.cudnn.enabled = False"),) + tuple(
         (f"sdp.{b}", lambda v: v is False, f"SDPA's {b} backend is off", f"torch.backends.cuda.enable_{b}_sdp(True)")
         for b in ("cudnn", "flash")),
     "slow_gemms": (
