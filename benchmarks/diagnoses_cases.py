@@ -370,18 +370,19 @@ CASES.update({
     # a last device call (issue #33): more settings of other kinds
     "alloc_gc_threshold": Case(
         "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.3 (an allocator environment variable): the "
-        "caching allocator gives cached blocks back whenever more than 30% of the GPU is in use",
-        ("setting", "alloc_churn"),
+        "caching allocator gives cached blocks back whenever more than 30% of the GPU is in use (measured on the "
+        "H100, 2026-11-25: no cost, a quiet case)",
+        (),
         env_var("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.3", "to keep memory low"),
         words=("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold"), listed=("garbage_collection",)),
     "cudnn_disabled": Case(
         "torch.backends.cudnn.enabled = False (a backends flag): SDPA's cuDNN attention is off for the "
-        "full-context layers", ("setting", "attention_fallback"),
+        "full-context layers (measured: no cost, kernels.attention keeps its backends; a quiet case)", (),
         [after_imports("torch.backends.cudnn.enabled = False  # planted: for reproducibility")],
         words=("cudnn.enabled",), listed=("cudnn.enabled",)),
     "bf16_full_reduction": Case(
         "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False (a backends flag): bf16 "
-        "GEMMs reduce in float32", ("over_bound", "setting"),
+        "GEMMs reduce in float32 (measured: no cost; a quiet case)", (),
         [after_imports("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # planted: "
                        "accuracy")],
         words=("allow_bf16_reduced_precision_reduction",), listed=("allow_bf16_reduced_precision_reduction",)),
