@@ -45,8 +45,8 @@ CAUSES = {
          "PYTORCH_CUDA_ALLOC_CONF (expandable_segments:True is the setting that fights fragmentation)"),),
     "math_attention": tuple(
         (f"sdp.{b}", lambda v: v is False, "the fused attention backends are off: attention runs as matmuls and "
-         "a softmax over the whole [T, T] score matrix", f"re-enable them: torch.backends.cuda.enable_{b}_sdp(True) "
-         "(or remove the enable_*_sdp(False) calls)") for b in ("flash", "cudnn", "mem_efficient")),
+         "a softmax over the whole [T, T] score matrix", f"torch.backends.cuda.enable_{b}_sdp(True)")
+        for b in ("flash", "cudnn", "mem_efficient")),
     "recompute": (
         ("functorch.activation_memory_budget", lambda v: isinstance(v, (int, float)) and v < 1,
          "the compiler's partitioner recomputes forward work in the backward to stay under this share of the "
@@ -105,8 +105,9 @@ def attribute(tl, found, mechanism):
                     "records them)")
     if not hits:
         return found
-    named = "; ".join(f"{_phrase(row)} ({_who(row)}): {what}" for row, what, _ in hits)
-    undo = "; ".join(undo for _, _, undo in hits)
+    whats = list(dict.fromkeys(what for _, what, _ in hits))  # several flags of one cause: said once
+    named = ", ".join(f"{_phrase(row)} ({_who(row)})" for row, _, _ in hits) + ": " + "; ".join(whats)
+    undo = "; ".join(dict.fromkeys(undo for _, _, undo in hits))
     if mechanism in SUSPECT:
         return dict(found, evidence=f"{found['evidence']}; set in this run: {named}; undo it and compare to tell "
                     "whether it is the cause", fix=f"first {undo}; if the time stays: {found['fix']}")
