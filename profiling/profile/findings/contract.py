@@ -74,7 +74,9 @@ def evidence(tl, ctx):
 
 def run(rules, tl, ctx):
     """Each rule in order whose evidence the trace has: (findings, skipped [{rule, missing}])."""
-    have, found, skipped = evidence(tl, ctx), [], []
+    if "evidence" not in ctx:  # once per trace, whatever the number of runs
+        ctx["evidence"] = evidence(tl, ctx)
+    have, found, skipped = ctx["evidence"], [], []
     for r in rules:
         missing = [n for n in r.needs if n not in have]
         if missing:

@@ -217,7 +217,7 @@ def _score_gemm(dims):
     return None
 
 
-def _math_attention(tl, ctx):
+def _math_attention(tl):
     """(events, GEMM FLOPs) of attention computed as matmuls and a softmax in a graph: the batched GEMMs with
     attention's shapes, and the kernels reading a score matrix of theirs ([X, T, T] or [B, H, T, T], B x H = X),
     outside the optimizer and outside any attention operator (attention_fallback's)."""
@@ -249,7 +249,7 @@ def _math_attention(tl, ctx):
 def math_attention(tl, ctx, found):
     """Attention computed as matmuls and a softmax over the whole [T, T] score matrix (a math path, by hand or
     a compiled SDPA with its fused backends off), against causal attention's FLOPs at the fused kernels' rate."""
-    events, flops = _math_attention(tl, ctx)
+    events, flops = _math_attention(tl)
     us = sum(e["dur"] for e in events)
     if not events or not flops or us / ctx["n"] / 1e3 < MATH_MIN_SHARE * ctx["step"]:
         return None

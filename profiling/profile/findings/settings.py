@@ -125,8 +125,7 @@ def merge(found):
             out.append(f)
         elif names in by:
             first = by[names]
-            first["evidence"] += " " + f["evidence"].split("; its cost in this trace: ", 1)[-1].join(
-                ("and: ", ""))
+            first["evidence"] += " and: " + f["evidence"].split("; its cost in this trace: ", 1)[-1]
             first["ms_per_step"] = round(first["ms_per_step"] + f["ms_per_step"], 2)
             first["pct_of_step"] = round(first["pct_of_step"] + f["pct_of_step"], 1)
         else:
