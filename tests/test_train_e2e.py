@@ -54,7 +54,9 @@ def test_run_prints_every_summary_field_and_writes_run_json(tiny, capsys):
     assert run["hyperparameters"]["DEPTH"] == train.DEPTH
     curve = run["loss_curve"]
     assert len(curve["fractions"]) >= 15 and curve["fractions"] == runfile.curve_fractions()[:len(curve["fractions"])]
-    assert curve["loss"][-1] < curve["loss"][0]  # it learned
+    # finite points; that it learns is test_loss_falls_on_the_builtin_corpus's, counted in steps: a 2 s budget
+    # on a slow machine may count a single step, and then every point is that step's loss
+    assert all(math.isfinite(x) for x in curve["loss"])
     # the run profiled itself after compilation and points at its profile
     assert os.path.isfile(os.path.join(run["profile"], "report.md"))
     assert "CPU profile" in out
