@@ -50,6 +50,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -125,13 +126,21 @@ def run_case(case, out, timeout):
         env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "inductor-cache")
     hog = CASES[case].load and subprocess.Popen([sys.executable, "-c", CASES[case].load])
     t0 = time.time()
+    env["PYTHONFAULTHANDLER"] = "1"  # a case past its timeout leaves its threads' stacks in its log
     try:
         with open(os.path.join(out, f"{case}.log"), "w") as log:
-            code = subprocess.run([sys.executable, os.path.join(folder, "train.py"), "--profile"], cwd=ROOT,
-                                  env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                  check=False).returncode
-    except subprocess.TimeoutExpired:
-        code = f"timeout after {timeout:.0f} s"
+            proc = subprocess.Popen([sys.executable, os.path.join(folder, "train.py"), "--profile"], cwd=ROOT,
+                                    env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)  # faulthandler prints where every thread is
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                code = f"timeout after {timeout:.0f} s (stacks at the end of its log)"
     finally:
         if hog:
             hog.kill()

@@ -13,7 +13,8 @@ Canonical names (the keys of `record["values"]`; torch's default after the `=`, 
                         deterministic.fill_uninitialized_memory=True, anomaly_mode=False,
                         anomaly_mode.check_nan=True, grad_mode=True, inference_mode=False,
                         float32_matmul_precision="highest", default_dtype="torch.float32",
-                        autograd.multithreading=True, modes.dispatch=[], modes.torch_function=[]
+                        autograd.multithreading=True, modes.dispatch=[], modes.torch_function=[],
+                        autograd.saved_tensors_hooks=None (save_on_cpu's: "pack_to_cpu")
     CUDA, once it is    sync_debug_mode="default" ("warn", "error"), cuda.memory_history=False
     initialised         (torch.cuda.memory._record_memory_history), cuda.allocator_backend="native"
     torch.backends      cudnn.enabled=True, cudnn.benchmark=False, cudnn.deterministic=False,
@@ -85,6 +86,7 @@ MODES = (
     ("autograd.multithreading", True, lambda t: t.autograd.is_multithreading_enabled()),
     ("modes.dispatch", [], lambda t: _types(t.utils._python_dispatch._get_current_dispatch_mode_stack())),
     ("modes.torch_function", [], lambda t: _types(t.overrides._get_current_function_mode_stack())),
+    ("autograd.saved_tensors_hooks", None, lambda t: _saved_hooks(t)),
     ("cudnn.enabled", True, lambda t: t.backends.cudnn.enabled),
     ("cudnn.benchmark", False, lambda t: t.backends.cudnn.benchmark),
     ("cudnn.deterministic", False, lambda t: t.backends.cudnn.deterministic),
@@ -130,7 +132,7 @@ LABELS = {
     "anomaly_mode.check_nan": "anomaly mode NaN check", "grad_mode": "grad mode", "inference_mode":
     "inference mode", "float32_matmul_precision": "float32 matmul precision", "default_dtype": "default dtype",
     "autograd.multithreading": "autograd multithreading", "modes.dispatch": "dispatch modes",
-    "modes.torch_function": "torch function modes", "sync_debug_mode": "sync debug mode",
+    "modes.torch_function": "torch function modes", "autograd.saved_tensors_hooks": "saved-tensors hook", "sync_debug_mode": "sync debug mode",
     "cuda.memory_history": "CUDA memory history recording", "cuda.allocator_backend": "CUDA allocator",
     "cudnn.enabled": "cuDNN", "cudnn.benchmark": "cuDNN benchmark", "cudnn.deterministic": "cuDNN deterministic",
     "cudnn.allow_tf32": "cuDNN TF32", "cuda.matmul.allow_tf32": "cuBLAS TF32", "cuda.matmul.fp32_precision":
@@ -267,6 +269,12 @@ def _why(e):
 
 def _types(stack):
     return [type(m).__name__ for m in stack]
+
+
+def _saved_hooks(t):
+    """The pack hook autograd applies to every tensor it saves (`save_on_cpu`'s `pack_to_cpu`), or None."""
+    hooks = t._C._autograd._top_saved_tensors_default_hooks(False)
+    return getattr(hooks[0], "__qualname__", repr(hooks[0])).rsplit(".", 1)[-1] if hooks else None
 
 
 def _enum(x):
