@@ -202,6 +202,10 @@ def _ranks(s):
 
 def _unexplained(b):
     """What the findings' silence leaves: the step over its bound, which no rule explains."""
+    if b and b.get("ms") is None and b.get("known_percent") is not None:
+        return (f"; the step's bound cannot be judged ({_share(b['known_percent'])}% of device time has a known "
+                "work, FLOPs or bytes from recorded input shapes): compare the regions and lines below with the last good "
+                "run's profile (--previous) to see what grew.")
     if not b or not b.get("ms"):
         return "; see where the step goes below."
     return (f"; the step is {b['measured_ms'] / b['ms']:.2f}x its bound ({_ms(b['ms'])} ms, section 1): compare "
@@ -210,6 +214,9 @@ def _unexplained(b):
 
 def _bound_line(b):
     """The step's bound against its measured time (profiling/profile/bound.py), one line; none without one."""
+    if b and b.get("ms") is None and b.get("known_percent") is not None:
+        return [f"bound: not judged, {_share(b['known_percent'])}% of device time has a known work (FLOPs or bytes "
+                "from recorded input shapes; rules: profiling/profile/bound.py)"]
     if not b or not b.get("ms"):
         return []
     rate = f"{b['gemm_tflops_per_s']:.0f} TFLOP/s" if b.get("gemm_tflops_per_s") else "n/a"

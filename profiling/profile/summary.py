@@ -128,6 +128,7 @@ VERSION = 1
 META_KEY = "autoresearch"
 STEP_TOLERANCE = 0.03   # profiled vs unprofiled step time
 OTHER_LIMIT = 0.01      # at most this share of device time may stay uncategorised
+MIN_KNOWN_PERCENT = 50  # the step's bound is stated only where this share of device time has a known work
 LAUNCH_WORDS = ("launch", "memcpy", "memset")  # runtime calls that must produce a device event
 
 
@@ -251,14 +252,20 @@ def _summarize_device(ix, meta):
 # ---------------------------------------------------------------------------------------------------------
 
 def _step_bound(tl, bounds, rate, s):
-    """The step's bound (profiling/profile/bound.py): the region rows' bounds summed, and what it rests on."""
+    """The step's bound (profiling/profile/bound.py): the region rows' bounds summed, and what it rests on;
+    `ms` None (and no region bounds) where less than MIN_KNOWN_PERCENT of device time has a known work."""
     if bounds is None:
         return None
     known = sum(e["dur"] for evs, row in zip(tl.per_step, bounds) for (e, _), b in zip(evs, row) if b is not None)
     device = sum(e["dur"] for evs in tl.per_step for e, _ in evs)
-    return {"ms": _r(sum(r.get("bound_ms") or 0.0 for r in s["regions"]["rows"])), "measured_ms": s["step_ms"],
-            "gemm_tflops_per_s": _r(rate / 1e12) if rate else None,
-            "known_percent": _r(100 * known / device) if device else None}
+    known_percent = _r(100 * known / device) if device else None
+    rows = s["regions"]["rows"]
+    if not known_percent or known_percent < MIN_KNOWN_PERCENT:  # a bound of mostly "taken as needed" is the
+        for r in rows:                                           # measured time again: not a bound at all
+            r.pop("bound_ms", None)
+        return {"ms": None, "measured_ms": s["step_ms"], "gemm_tflops_per_s": None, "known_percent": known_percent}
+    return {"ms": _r(sum(r.get("bound_ms") or 0.0 for r in rows)), "measured_ms": s["step_ms"],
+            "gemm_tflops_per_s": _r(rate / 1e12) if rate else None, "known_percent": known_percent}
 
 
 def _summarize_cpu(ix, meta):

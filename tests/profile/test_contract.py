@@ -130,3 +130,20 @@ def test_a_setting_that_costs_nothing_is_listed_and_no_finding_names_it(trace):
     s = summarize(trace("h100-plant33-cudnn_benchmark"))
     assert [r["name"] for r in s["settings"]["differs"] if r["by"] == "user"] == ["cudnn.benchmark"]
     assert all(f["ms_per_step"] < 0.01 * s["step_ms"] for f in s["findings"]), s["findings"]
+
+
+def test_idle_no_host_sample_covers_is_unknown_not_a_cause(trace):
+    """h100-plant-shared_gpu: another process on the GPU. Its idle gaps hold no host sample, so no line and no
+    fix can be named for them: they go to `unknown` with the CUDA calls the host was in, and the report says
+    so; without any samples, the whole idle is unknown and says which evidence would tell."""
+    s = summarize(trace("h100-plant-shared_gpu"))
+    waits = [f for f in s["findings"] if f["kind"] == "gpu_waits_on_host"]
+    assert all("no host sample" not in f["evidence"] and "find what the host does" not in f["fix"] for f in waits)
+    u = next(x for x in s["unknown"] if x["rule"] == "gpu_waits_on_host")
+    assert u["ms_per_step"] > 5 and u["missing"] == [] and "inside CUDA calls: cuLaunchKernel" in u["what"]
+    t = trace("h100-plant-shared_gpu")
+    STRIP["host_samples"](t)
+    s = summarize(t)
+    assert "gpu_waits_on_host" not in _kinds(s)
+    u = next(x for x in s["unknown"] if x["rule"] == "gpu_waits_on_host")
+    assert u["missing"] == ["host_samples"] and u["ms_per_step"] > 10

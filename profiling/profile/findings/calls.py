@@ -19,7 +19,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 
 from profiling.profile import cuda_calls
-from profiling.profile.findings.contract import finding, idle_ms, rule, scaled, top
+from profiling.profile.findings.contract import finding, idle_ms, made_by, rule, scaled, top
 from profiling.profile.findings.idle import own_labels
 from profiling.profile.findings.settings import attribute
 
@@ -91,7 +91,7 @@ def alloc_churn(tl, ctx, found):
         return None
     _claim(gaps, "alloc_churn")
     names = ", ".join(f"{name} x{count:g}" for name, count in top(a["names"]))
-    made = ", ".join(f"{_made_by(chain)} x{count:g}" for chain, count in a["chains"][:2])
+    made = ", ".join(f"{made_by(chain, 'no operator')} x{count:g}" for chain, count in a["chains"][:2])
     line = _sampled_line(tl, [(e["ts"], e["ts"] + e["dur"], k) for e, k in a["calls"]])
     evidence = (f"{a['calls_per_step']:g} allocation/free calls in every profiled step ({names}), "
                 f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle in and after them {ms:.1f} ms/step"
@@ -137,19 +137,12 @@ RULES = (blocking_launch, alloc_churn, cuda_sync)
 # Evidence text
 # ---------------------------------------------------------------------------------------------------------
 
-def _made_by(chain):
-    """Who made a call, readably: the outermost aten operator around it, else the innermost one, else none (a
-    direct call such as torch.cuda.synchronize() or torch.cuda.empty_cache())."""
-    aten = [c for c in chain if c.startswith("aten::")]
-    return aten[-1] if aten else chain[0] if chain else "no operator"
-
-
 def _calls_text(tl, calls, ctx):
     """`2 synchronizing calls/step (cudaDeviceSynchronize x2) made by no operator at train.py:412 `...``."""
     pageable = "direction" in calls[0]
     n = ctx["n"]
     names = Counter(c["direction"] if pageable else c["name"] for c in calls)
-    made = Counter(_made_by(c["chain"]) for c in calls)
+    made = Counter(made_by(c["chain"], "no operator") for c in calls)
     sizes = [c["bytes"] for c in calls if pageable and isinstance(c.get("bytes"), (int, float))]
     line = _sampled_line(tl, [(c["call"]["ts"], c["call"]["ts"] + c["call"]["dur"], c["step"]) for c in calls])
     return (f"{len(calls) / n:g} {'pageable copies' if pageable else 'synchronizing calls'}/step ("

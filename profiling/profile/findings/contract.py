@@ -1,4 +1,4 @@
-"""Pure: the one shape every finding rule has, and the evidence it may need. Stdlib only.
+"""Pure: the one shape every finding rule has, and the evidence it may need. No torch.
 
 A rule is a function `match(tl, ctx, found) -> finding or None`, declared with `@rule(kind, needs=...)`:
 
@@ -16,6 +16,8 @@ A rule is a function `match(tl, ctx, found) -> finding or None`, declared with `
 Rules run in the explicit order of profiling/profile/findings/__init__.py (root causes before what they
 expose), and the findings come out costliest first.
 """
+
+from profiling.profile.timeline import COMPILED
 
 # What a rule may need, and how a trace shows it (`evidence()` decides, once per trace).
 EVIDENCE = {
@@ -107,6 +109,20 @@ def idle_ms(gaps, ctx):
 def scaled(ctx):
     """The evidence's note on that scale, or ""."""
     return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
+
+
+def made_by(chain, none="?"):
+    """Who launched a kernel or made a CUDA call, readably: the outermost aten operator around it, else the
+    compiled graph it ran in, else the innermost operator, else `none` (a direct call such as
+    torch.cuda.synchronize())."""
+    aten = [c for c in chain if c.startswith("aten::")]
+    if aten:
+        return aten[-1]
+    if any(c.startswith("CompiledFunctionBackward") for c in chain):
+        return "the compiled backward"
+    if any(c.startswith(COMPILED) for c in chain):
+        return "a compiled graph"
+    return chain[0] if chain else none
 
 
 def top(counts, k=3):

@@ -8,7 +8,7 @@ from collections import Counter
 
 from profiling.profile import cuda_calls
 from profiling.profile.classify import short_name
-from profiling.profile.findings.contract import finding, idle_ms, rule, scaled, top
+from profiling.profile.findings.contract import finding, idle_ms, made_by, rule, scaled, top, unknown
 from profiling.profile.findings.settings import attribute
 from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
 
@@ -130,7 +130,7 @@ def graph_break(tl, ctx, found):
             if cat != "other compute":
                 continue  # GEMMs and attention kernels run as long in one graph: only the fusion is lost
             chain = tl.chain(tl.op_of(launch))
-            op = _launcher(chain) if chain and not any(c.startswith(COMPILED) for c in chain) else None
+            op = made_by(chain) if chain and not any(c.startswith(COMPILED) for c in chain) else None
             if op and op.startswith("aten::") and not op.startswith(UNFUSED_OPS):
                 eager_us += e["dur"]
                 eager_ops[op] = eager_ops.get(op, 0.0) + e["dur"]
@@ -209,18 +209,6 @@ def own_labels(tl):
             if ("/" not in f.split(":")[0] or f.startswith((".bench/", "profiling/"))) and not GENERATED.search(f)}
 
 
-def _launcher(chain):
-    """Who launched a kernel, readably: the outermost aten operator, else the compiled graph."""
-    aten = [c for c in chain if c.startswith("aten::")]
-    if aten:
-        return aten[-1]
-    if any(c.startswith("CompiledFunctionBackward") for c in chain):
-        return "the compiled backward"
-    if any(c.startswith(COMPILED) for c in chain):
-        return "a compiled graph"
-    return chain[0] if chain else "?"
-
-
 def _open_gaps(tl):
     return [g for g in tl.gaps if g.cause is None]
 
@@ -257,40 +245,57 @@ def _train_line(tl, label):
 
 @rule("gpu_waits_on_host", needs=("device",))
 def gpu_waits_on_host(tl, ctx, found):
-    """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing."""
+    """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing. Only the
+    gaps a host sample shows are a finding (its line is the fix); the rest go to `unknown`, with the CUDA calls
+    the host was in, since nothing there says what to change."""
     gaps = [g for g in _open_gaps(tl) if g.us >= LONG_GAP_US]
     if not gaps:
         return None
-    by_line, places, calls = {}, {}, {}
+    by_line, places, unsampled = {}, {}, []
     for g in gaps:
         g.cause = "gpu_waits_on_host"
-        line = _host_line(tl, g) or "no host sample"
+        line = _host_line(tl, g)
+        if line is None:
+            unsampled.append(g)
+            continue
         by_line[line] = by_line.get(line, 0.0) + g.us
-        if line == "no host sample":  # the CUDA calls the host was in meanwhile explain what no sample did
-            for name, us in cuda_calls.calls_during(tl, g.start, g.end).items():
-                calls[name] = calls.get(name, 0.0) + us
         place = (short_name(str(g.before.get("name", ""))), short_name(str(g.after.get("name", ""))),
-                 _launcher(tl.chain(tl.op_of(g.launch))))
+                 made_by(tl.chain(tl.op_of(g.launch))))
         places[place] = places.get(place, 0.0) + g.us
+    if unsampled:
+        _unsampled_idle(tl, ctx, unsampled)
+    if not by_line:
+        return None
+    sampled = [g for g in gaps if g not in unsampled]
     texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
     total = sum(by_line.values())
     host = ", ".join(f"{line} ({100 * us / total:.0f}%)" + (f" `{texts[line]}`" if line in texts else "")
                      for line, us in top(by_line, 2))
     (before, after, op), _ = top(places, 1)[0]
-    evidence = (f"{len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU idle "
-                f"{idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}; mostly after `{before}`, before `{after}` "
-                f"(launched by {op}); the host meanwhile: {host}"
-                + (f"; where no sample shows the host, it was inside CUDA calls: " + ", ".join(
-                    f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2)) if calls else ""))
+    evidence = (f"{len(sampled) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU idle "
+                f"{idle_ms(sampled, ctx):.1f} ms/step{scaled(ctx)}; mostly after `{before}`, before `{after}` "
+                f"(launched by {op}); the host meanwhile: {host}")
     main = top(by_line, 1)[0][0]
     synced = any(f["kind"] in ("host_sync", "graph_break") for f in found)
     fix = (("the GPU waits for the next batch: " + ("the host syncs above leave no queued GPU work to hide the "
             "loader behind; fix them first" if synced else "the loader is slower than the GPU; make it cheaper "
             "or prepare batches ahead")) if main.startswith("prepare.py") else
-           f"make the host work at {main} cheaper or move it out of the step" if main != "no host sample" else
-           "find what the host does between these kernels (no stack samples in this trace) and move it out of "
-           "the step")
-    return finding("gpu_waits_on_host", idle_ms(gaps, ctx), ctx, evidence, fix)
+           f"make the host work at {main} cheaper or move it out of the step")
+    return finding("gpu_waits_on_host", idle_ms(sampled, ctx), ctx, evidence, fix)
+
+
+def _unsampled_idle(tl, ctx, gaps):
+    """GPU idle no host sample covers: `unknown`, naming the CUDA calls the host was in meanwhile."""
+    calls = {}
+    for g in gaps:
+        for name, us in cuda_calls.calls_during(tl, g.start, g.end).items():
+            calls[name] = calls.get(name, 0.0) + us
+    inside = ("; the host was inside CUDA calls: " + ", ".join(
+        f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2))) if calls else ""
+    sampled = bool((tl.meta.get("host_samples") or {}).get("stacks"))
+    unknown(ctx, "gpu_waits_on_host", [] if sampled else ["host_samples"], idle_ms(gaps, ctx),
+            f"{len(gaps) / ctx['n']:g} GPU idle gaps/step of {LONG_GAP_US / 1e3:g} ms or more"
+            f"{scaled(ctx)} with no host sample inside{inside}: what the host did is not in this trace")
 
 
 @rule("profiler_overhead", needs=("device", "unprofiled"))
