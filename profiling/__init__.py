@@ -7,5 +7,17 @@
   plumbing: flags, run.json, the gate and the profile), `runfile` (run.json), `files` (atomic writes) and
   `errors`. The wings never import each other; only `cli` and `runner` import both.
 
-Everything here except `profile.capture` and `runner` is pure Python and never imports torch.
+The public profiling API (profiling/api.py): `Profiler`, `profile_steps`, `ProfileResult`, importable from
+here without importing torch (they load on first use).
+
+Everything here except `api`, `profile.capture` and `runner` is pure Python and never imports torch.
 """
+
+__all__ = ["Profiler", "profile_steps", "ProfileResult"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from profiling import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'profiling' has no attribute {name!r}")

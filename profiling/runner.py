@@ -415,22 +415,23 @@ class Run:
     def profile(self, train_step, first_step, step_times):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, then
         one more that records the lines of the eager operators (profiling/profile/eager_record.py), and print
-        the report. Returns the steps it ran, W + A + 1 (W + A with AUTORESEARCH_EAGER_LINES=0): they train
-        the model like any other."""
-        from profiling.profile import capture  # the only module that drives torch.profiler
+        the report: the public API (profiling.profile_steps), timed by the training steps already run. Returns
+        the steps it ran, W + A + 1 (W + A with AUTORESEARCH_EAGER_LINES=0): they train the model like any
+        other."""
+        from profiling.api import profile_steps
         a = self.args
         steps = itertools.count(first_step)
         model, n = dict(self.model_meta), self.ranks.world_size
         if n > 1:  # a rank's trace: its own GPU, its share of the step's tokens and FLOPs
             model.update(tokens_per_step=model["tokens_per_step"] // n, flops_per_step=model["flops_per_step"] / n)
-        meta = dict(device=self.device, torch=torch.__version__, commit=self.record["commit"],
-                    peak_flops=self.device_peak, unprofiled_step_ms=1000 * sum(step_times) / len(step_times),
-                    peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
-                    settings=settings.snapshot(self.train_py_settings()),  # before the profiler's own
+        meta = dict(commit=self.record["commit"], settings=settings.snapshot(self.train_py_settings()),
                     **model)  # tokens_per_step, micro_batches, flops_per_step, parameters
-        report, self.record["profile"], seconds = capture.profile_training(
-            lambda: train_step(next(steps), 0.0), a.warmup_steps, a.active_steps, meta,
-            reference=self.profile_reference() if self.ranks.first else None, ranks=self.ranks)
-        print(f"\n{report}\n(profile files: {self.record['profile']}; the line-record step, export, summary and "
-              f"report took {seconds:.1f} s)")
+        result = profile_steps(
+            lambda: train_step(next(steps), 0.0), None, warmup_steps=0, timed_steps=0,
+            unprofiled_step_ms=1000 * sum(step_times) / len(step_times), profiler_warmup_steps=a.warmup_steps,
+            active_steps=a.active_steps, metadata=meta, reference=self.profile_reference() if self.ranks.first
+            else None, ranks=self.ranks if n > 1 else None, out_dir=None)
+        self.record["profile"] = result.folder
+        print(f"\n{result.report}\n(profile files: {result.folder}; the line-record step, export, summary and "
+              f"report took {result.seconds_after:.1f} s)")
         return next(steps) - first_step  # the steps taken, whatever the capture ran

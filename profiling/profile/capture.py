@@ -17,6 +17,7 @@ import json
 import linecache
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -47,8 +48,22 @@ def profile_dir():
 
 
 def capture(step_fn, warmup, active, metadata):
-    """Run `warmup + active` calls of step_fn under the profiler; return (the exported trace as a dict,
-    the perf_counter time when the last step was done).
+    """Run `warmup + active` calls of step_fn under the profiler, then one more that records the lines of the
+    eager operators (unless AUTORESEARCH_EAGER_LINES=0); return (the trace as a dict, the perf_counter time
+    when the last profiled step was done). The function form of Window."""
+    window = Window(warmup, active, metadata)
+    trace = None
+    while trace is None:
+        step_fn()
+        trace = window.step()
+    return trace, window.t_end
+
+
+class Window:
+    """The profiled window of a training loop that calls `step()` after each of its steps: `warmup` steps
+    under torch.profiler unrecorded, `active` recorded, then one more that records the lines of the eager
+    operators (`eager_record.Recorder`; none with AUTORESEARCH_EAGER_LINES=0). `step()` returns the exported
+    trace as a dict after the last of them, else None. Created just before the first of these steps.
 
     The device is synchronized at the window's edges only: nothing launched before it runs inside it, and
     everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
@@ -58,49 +73,99 @@ def capture(step_fn, warmup, active, metadata):
     graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
     profiling.profile.provenance.start() ran before compilation (profiling/profile/lines.py reads them).
     Before anything else it records the process's settings (profiling/profile/settings.py), unless
-    metadata["settings"] holds a record already, and adds what the profiler itself changes. After the window,
-    one more step records the lines of the eager operators (`eager_line_step`): step_fn runs
-    `warmup + active + 1` times.
+    metadata["settings"] holds a record already, and adds what the profiler itself changes.
     """
-    if active < 1 or warmup < 0:
-        raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
-                        "use at least 1 active step and 0 or more warm-up steps")
-    cuda = torch.cuda.is_available()
-    before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sampler, syncs = StackSampler(), SyncRecorder(cuda)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        path = os.path.join(tmp, "trace.json")
-        sync()
-        warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
-        with profile(activities=activities, record_shapes=True,
-                     schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
-                     on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
-            for i in range(warmup + active):
-                last = i == warmup + active - 1
-                if i == warmup:
-                    state = {"start": device_state.read(_uuid())} if cuda else None
-                    sampler.start()
-                if i >= warmup:
-                    sampler.step(i - warmup)
-                with syncs.watch(i >= warmup):
-                    step_fn()
-                if last:
-                    sampler.stop()
-                    sync()  # the last step's kernels finish before the profiler stops recording
-                    t_end = time.perf_counter()
-                    if state:
-                        state["end"] = device_state.read(_uuid())
-                with stderr_without(NO_GPU_LINE) if last and not cuda else contextlib.nullcontext():
-                    prof.step()  # after the last active step: stops recording and exports the trace
-        with open(path, encoding="utf-8") as f:
-            trace = json.load(f)
-    trace["autoresearch"] = dict(metadata, host_samples=sampler.result(), syncs=syncs.result(sampler.root),
-                                 dynamo=dynamo_record(), provenance=provenance.result(), device_state=state,
-                                 settings=dict(before, profiler=own_settings(before, cuda)))
-    trace["autoresearch"]["eager_lines"] = eager_line_step(step_fn, sync, cuda)
-    return trace, t_end
+
+    def __init__(self, warmup, active, metadata):
+        if active < 1 or warmup < 0:
+            raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
+                            "use at least 1 active step and 0 or more warm-up steps")
+        self.warmup, self.active, self.metadata = warmup, active, metadata
+        self.cuda = cuda = torch.cuda.is_available()
+        self.before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
+        self.sync = torch.cuda.synchronize if cuda else (lambda: None)
+        self.sampler, self.syncs, self.state = StackSampler(), SyncRecorder(cuda), None
+        self.i, self.t_end, self.trace, self.recorder, self.watch = 0, None, None, None, None
+        self.tmp = tempfile.mkdtemp(prefix="autoresearch-trace-")
+        self.path = os.path.join(self.tmp, "trace.json")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self.prof = profile(activities=activities, record_shapes=True,
+                            schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
+                            on_trace_ready=lambda p: p.export_chrome_trace(self.path))
+        self.sync()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
+            self.prof.start()
+        self._before_step()
+
+    def _before_step(self):
+        """What starts with step i (self.i): the recording of the active steps."""
+        i = self.i
+        if i == self.warmup:
+            self.state = {"start": device_state.read(_uuid())} if self.cuda else None
+            self.sampler.start()
+        if i >= self.warmup:
+            self.sampler.step(i - self.warmup)
+            self.watch = contextlib.ExitStack()
+            self.watch.enter_context(self.syncs.watch(True))
+
+    def step(self):
+        """After each step: the trace once the window is done (then nothing more to call), else None."""
+        if self.recorder is not None:  # the line-record step is done
+            self.trace["autoresearch"]["eager_lines"] = self._quiet(self.recorder.end)
+            self.recorder = None
+            return self.trace
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
+        last = self.i == self.warmup + self.active - 1
+        if last:
+            self.sampler.stop()
+            self.sync()  # the last step's kernels finish before the profiler stops recording
+            self.t_end = time.perf_counter()
+            if self.state:
+                self.state["end"] = device_state.read(_uuid())
+        self.i += 1
+        if not last:
+            self.prof.step()
+            self._before_step()
+            return None
+        self._quiet(self._export)  # after the last active step: stop recording, export the trace
+        self.recorder = eager_record.Recorder(self.sync) if eager_record.enabled() else None
+        if self.recorder is None:
+            return self.trace
+        self.recorder.begin()
+        return None
+
+    def _export(self):
+        self.prof.step()
+        self.prof.stop()
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                trace = json.load(f)
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        trace["autoresearch"] = dict(self.metadata, host_samples=self.sampler.result(),
+                                     syncs=self.syncs.result(self.sampler.root), dynamo=dynamo_record(),
+                                     provenance=provenance.result(), device_state=self.state,
+                                     settings=dict(self.before, profiler=own_settings(self.before, self.cuda)))
+        self.trace = trace
+
+    def _quiet(self, fn):
+        """fn(), with kineto's no-GPU error line dropped on a machine without CUDA (see NO_GPU_LINE)."""
+        with stderr_without(NO_GPU_LINE) if not self.cuda else contextlib.nullcontext():
+            return fn()
+
+    def abandon(self):
+        """Stop a window the loop left before its end: nothing recorded, nothing left running."""
+        if self.watch is not None:
+            self.watch.close()
+        if self.recorder is not None:
+            self.recorder.abandon()
+        elif self.trace is None:
+            self.sampler.stop()
+            self._quiet(self.prof.stop)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def own_settings(record, cuda):
@@ -112,14 +177,6 @@ def own_settings(record, cuda):
         changed["sync_debug_mode"] = {"value": "warn", "during": "profiled steps",
                                       "before": settings.value(record, "sync_debug_mode", "default")}
     return changed
-
-
-def eager_line_step(step_fn, sync, cuda):
-    """One more, untimed call of step_fn after the profiled window, recording the lines of its eager operators
-    (profiling/profile/eager_record.py; None when AUTORESEARCH_EAGER_LINES=0). It trains the model one more
-    step: callers count it (profiling/runner.py)."""
-    with stderr_without(NO_GPU_LINE) if not cuda else contextlib.nullcontext():
-        return eager_record.record(step_fn, sync)
 
 
 def _uuid():
@@ -230,21 +287,17 @@ def new_folder(root, stem):
             name = f"{stem}-{n}"
 
 
-def profile_training(step_fn, warmup, active, metadata, top=10, reference=None, ranks=None):
-    """Capture, summarize, render and save one profile. reference: (summary.json path, label) of the profile
-    to look for a regression against (the best kept run's), or None. ranks: under torchrun, the runner's
-    Ranks: every rank profiles the same steps and writes rank-<k>.trace.json.gz into one folder, and rank 0
-    makes the one report of all ranks (profiling.profile.ranks) once all are written.
-
-    Returns (markdown report, or None on ranks other than 0; folder; seconds spent after the last profiled
-    step: the line-record step, export, summary, render and writing the files)."""
+def save(trace, ranks=None, reference=None, top=10, root=None):
+    """Summarize, render and write one captured trace (the files of the module's docstring); return (the
+    Markdown report, the folder, the summary), the report and summary None on ranks other than 0.
+    reference: (summary.json path, label) of the profile to look for a regression against, or None. ranks:
+    in a several-process run, every rank writes rank-<k>.trace.json.gz into one folder, and rank 0 makes the
+    one report of all ranks (profiling.profile.ranks) once all are written. root: where the folder goes
+    (default: profile_dir())."""
     n = ranks.world_size if ranks else 1
-    if n > 1:
-        metadata = dict(metadata, rank=ranks.rank, world_size=n)
-    trace, t_end = capture(step_fn, warmup, active, metadata)
-    root = profile_dir()
+    root = root or profile_dir()
     previous = previous_summary(root)
-    stem = time.strftime("%Y%m%d-%H%M%S") + "-" + (metadata.get("commit") or "nocommit")
+    stem = time.strftime("%Y%m%d-%H%M%S") + "-" + (trace["autoresearch"].get("commit") or "nocommit")
     name = new_folder(root, stem) if n == 1 or ranks.first else None
     folder = os.path.join(root, ranks.from_first(name) if n > 1 else name)
     trace_gz = gzip.compress(json.dumps(trace).encode(), compresslevel=1, mtime=0)
@@ -253,7 +306,7 @@ def profile_training(step_fn, warmup, active, metadata, top=10, reference=None, 
     if n > 1:
         ranks.barrier()  # every rank's trace is written
         if not ranks.first:
-            return None, folder, time.perf_counter() - t_end
+            return None, folder, None
         from profiling.profile import ranks as multi_rank
         result = multi_rank.summarize_folder(folder)
     else:
@@ -269,4 +322,4 @@ def profile_training(step_fn, warmup, active, metadata, top=10, reference=None, 
     link = os.path.join(root, f".latest-{os.getpid()}")
     os.symlink(os.path.basename(folder), link)  # relative, so the folder can move
     os.replace(link, os.path.join(root, "latest"))
-    return report, folder, time.perf_counter() - t_end
+    return report, folder, result

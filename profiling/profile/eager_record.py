@@ -20,6 +20,7 @@ line) and the reading of its trace: on the 2-core CPU with the cpu preset, 2.0 s
 """
 import linecache
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -34,7 +35,12 @@ MAX_TEXT = 100   # characters of a source line kept
 
 
 def enabled():
-    return os.environ.get("AUTORESEARCH_EAGER_LINES", "1") != "0"
+    """Whether the line-record step runs: not turned off, and this torch has the annotation it needs (a
+    private API: another version loses the eager lines, the report says there is no record)."""
+    if os.environ.get("AUTORESEARCH_EAGER_LINES", "1") == "0":
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or hasattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast")
 
 
 def record(step_fn, sync, root=None):
@@ -43,25 +49,52 @@ def record(step_fn, sync, root=None):
     finish before the next timed step)."""
     if not enabled():
         return None
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    recorder = Recorder(sync, root)
+    recorder.begin()
+    try:
+        step_fn()
+    except BaseException:
+        recorder.abandon()
+        raise
+    return recorder.end()
 
-    t0 = time.perf_counter()
-    tracer = LineTracer(root or os.getcwd(), torch._C._profiler._RecordFunctionFast)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "lines.json")
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            tracer.start()
-            try:
-                step_fn()
-            finally:
-                tracer.stop()
-            sync()
-        prof.export_chrome_trace(path)
-        events = read_json(path).get("traceEvents") or []
-    result = eager_lines.reduce(events, tracer.lines(), threading.get_native_id())
-    result["seconds"] = round(time.perf_counter() - t0, 3)
-    return result
+
+class Recorder:
+    """The line-record step of a loop that runs its own steps: begin() before the step, end() after it (the
+    record), or abandon(). The caller's own frames already running (a training loop's body) are traced too."""
+
+    def __init__(self, sync, root=None):
+        self.sync, self.root = sync, root
+
+    def begin(self):
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        self.t0 = time.perf_counter()
+        self.tracer = LineTracer(self.root or os.getcwd(), torch._C._profiler._RecordFunctionFast)
+        self.tmp = tempfile.mkdtemp(prefix="autoresearch-lines-")
+        self.prof = profile(activities=[ProfilerActivity.CPU])
+        self.prof.__enter__()
+        self.tracer.start(sys._getframe(1))
+
+    def end(self):
+        self.tracer.stop()
+        self.sync()
+        self.prof.__exit__(None, None, None)
+        path = os.path.join(self.tmp, "lines.json")
+        try:
+            self.prof.export_chrome_trace(path)
+            events = read_json(path).get("traceEvents") or []
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        result = eager_lines.reduce(events, self.tracer.lines(), threading.get_native_id())
+        result["seconds"] = round(time.perf_counter() - self.t0, 3)
+        return result
+
+    def abandon(self):
+        self.tracer.stop()
+        self.prof.__exit__(None, None, None)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class LineTracer:
@@ -77,14 +110,26 @@ class LineTracer:
         self.ids = {}      # (file, line) -> index
         self.open = None   # the annotation of the current line
         self.previous = None
+        self.hooked = []   # frames already running when tracing began, traced through their f_trace
 
-    def start(self):
+    def start(self, running=None):
+        """Trace from now on; `running`: the innermost frame already running whose own frames (outward) are
+        traced too (a training loop that called the profiler), else only frames called from now on."""
         _skip_in_dynamo(self._call, self._local, self._switch, self._is_own)
         self.previous = sys.gettrace()  # a debugger's or coverage's: back after the step
+        self.hooked = []
+        while running is not None:
+            if self._is_own(running.f_code) and running.f_trace is None:
+                running.f_trace = self._local
+                self.hooked.append(running)
+            running = running.f_back
         sys.settrace(self._call)
 
     def stop(self):
         sys.settrace(self.previous)
+        for frame in self.hooked:
+            frame.f_trace = None
+        self.hooked = []
         self._switch(None)
 
     def _is_own(self, code):

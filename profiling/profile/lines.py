@@ -214,7 +214,7 @@ def device_table(tl, graph_calls, meta, step_ms, moved=frozenset()):
     the `## Call CompiledFxGraph` annotations (traceio.Index.graph_calls); moved: ids of the device events
     that are backward work run in a compiled forward (profiling/profile/regions.py `moved_to_backward`)."""
     if not _usable(meta):
-        return _missing(meta.get("provenance"))
+        return _compiled_before(_missing(meta.get("provenance")), meta)
     placer = Placer(meta, graph_calls, tl.threads, tl.parent, tl.ix.steps)
     windows = backward_windows(tl.threads)
     totals, device_us = Totals(), 0.0
@@ -226,13 +226,23 @@ def device_table(tl, graph_calls, meta, step_ms, moved=frozenset()):
             # a placed row lists its kernels; eager time left unplaced is listed by its operator
             name = str(op.get("name")) if eager and not lines and op is not None else str(e.get("name", ""))
             totals.add(e["dur"], lines, reason, is_backward(launch, windows) or id(e) in moved, name, eager)
-    return _table(totals, tl.n, step_ms, device_us, placer, meta)
+    return _compiled_before(_table(totals, tl.n, step_ms, device_us, placer, meta), meta)
+
+
+def _compiled_before(table, meta):
+    """The note for graphs compiled before the profiling API was set up (`compiled_before_profiler`)."""
+    n = meta.get("compiled_before_profiler")
+    if isinstance(n, int) and n > 0:
+        table["notes"] = list(table.get("notes") or []) + [
+            f"{n} compiled graphs were made before profiling.Profiler was created: their kernels have no source "
+            "lines; create it before the first call of a torch.compile'd function"]
+    return table
 
 
 def cpu_table(ix, placed_ops, meta, step_ms):
     """The lines table of a CPU profile: placed_ops is [(operator, self time in us, category)]."""
     if not _usable(meta):
-        return _missing(meta.get("provenance"))
+        return _compiled_before(_missing(meta.get("provenance")), meta)
     threads = by_thread(ix.cpu_ops)
     parent = parents(threads)
     placer = Placer(meta, ix.graph_calls, threads, parent, ix.steps)
@@ -252,7 +262,9 @@ def _usable(meta):
 
 def _missing(record):
     note = MISSING
-    if isinstance(record, dict) and not record.get("without"):
+    if isinstance(record, dict) and record.get("unavailable"):
+        note = record["unavailable"]
+    elif isinstance(record, dict) and not record.get("without"):
         note = ("no compiled graph was recorded (the model ran eager, or was compiled before "
                 "profiling.profile.provenance.start()), and no line record of eager operators "
                 "(AUTORESEARCH_EAGER_LINES=0, or a capture older than it)")

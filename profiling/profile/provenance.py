@@ -58,11 +58,17 @@ MAX_TEXT = 100   # characters of a source line kept
 UNSEEN = object()  # no stack-trace artifact yet for the graph being compiled
 
 _collector = None
+_unavailable = None  # why `start` could not run on this torch
 _changes = {}   # the settings `start` changed, for the trace's settings record (profiling/profile/settings.py)
 
 
 def enabled():
     return os.environ.get("AUTORESEARCH_PROVENANCE", "1") != "0"
+
+
+def started():
+    """Whether `start` ran in this process."""
+    return _collector is not None
 
 
 def start(root=None):
@@ -72,13 +78,23 @@ def start(root=None):
     if _collector is not None or not enabled():
         return
     import torch  # only here: the rest of the module is plain data
+    import torch._inductor.config
 
     config = torch._inductor.config
-    _change("inductor.trace.provenance_tracking_level", config.trace, "provenance_tracking_level", 1)
-    if not torch.cuda.is_available():  # the CPU's compiled C++ kernels appear in the trace only with this
-        _change("inductor.cpp.enable_kernel_profile", config.cpp, "enable_kernel_profile", True)
-    tag = torch.compiler.config.cache_key_tag
-    _change("compiler.cache_key_tag", torch.compiler.config, "cache_key_tag", (tag + "-" + TAG).lstrip("-"))
+    try:  # private settings: a torch without them loses the lines of compiled kernels, not the profile
+        settings = [("inductor.trace.provenance_tracking_level", config.trace, "provenance_tracking_level", 1)]
+        if not torch.cuda.is_available():  # the CPU's compiled C++ kernels appear in the trace only with this
+            settings.append(("inductor.cpp.enable_kernel_profile", config.cpp, "enable_kernel_profile", True))
+        settings.append(("compiler.cache_key_tag", torch.compiler.config, "cache_key_tag",
+                         (torch.compiler.config.cache_key_tag + "-" + TAG).lstrip("-")))
+        for _, obj, attr, _ in settings:
+            getattr(obj, attr)
+    except AttributeError as e:
+        global _unavailable
+        _unavailable = f"torch {torch.__version__} lacks {e.name or e}: no source lines of compiled kernels"
+        return
+    for change in settings:
+        _change(*change)
     _collector = Collector(root or os.getcwd())
     log = logging.getLogger("torch.__trace")
     log.addHandler(_collector)
@@ -120,6 +136,8 @@ def result():
     another folder or an older version of the file: each frame is mapped to the running code by its source
     text (profiling/profile/relocate.py) when the record is read.
     """
+    if _unavailable:
+        return {"unavailable": _unavailable, "graphs": []}
     return None if _collector is None else _collector.result()
 
 

@@ -285,9 +285,11 @@ def _lines(s, shown=MAX_LINES):
     table = s.get("lines")
     if not table:
         return []
-    title = "### Lines of train.py"
+    files = list(table.get("files") or {})
+    title = "### Lines of " + ", ".join(files[:3]) + (" and others" if len(files) > 3 else "") if files \
+        else "### Source lines"
     if table.get("missing"):
-        return ["", title, f"not available: {table['missing']}"]
+        return ["", title, f"not available: {table['missing']}"] + [f"note: {n}" for n in table.get("notes") or []]
     step = s["step_ms"]
     rows = [[_cell(_where(r)), f"`{_code(_line_text(r))}`", _ms(r["forward_ms"]), _ms(r["backward_ms"]),
              _ms(r["ms_per_step"]), _pct(r["ms_per_step"], step)] for r in table["rows"][:shown]]

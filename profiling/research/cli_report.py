@@ -48,19 +48,26 @@ def _write(path, data):
 
 def handler(args):
     """Write report.md and progress.png into args.out; print where. Returns 0; bad input raises UserError."""
-    from profiling.research import plot, report
+    from profiling.research import report
+    try:
+        from profiling.research import plot
+    except ImportError:  # matplotlib is the trainer's dependency, not the package's: report.md without a plot
+        plot = None
 
     path = experiments.default_path(getattr(args, "memory", None))
     data = report.summarize(_load(path))
-    text = report.to_markdown(data, path, IMAGE)
-    png = plot.png_bytes(data["series"], report.plot_title(data), report.plot_labels(data))
+    text = report.to_markdown(data, path, IMAGE if plot else None)
+    png = plot.png_bytes(data["series"], report.plot_title(data), report.plot_labels(data)) if plot else None
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out {args.out}: cannot create the directory ({e.strerror or e})") from None
     md_path, png_path = os.path.join(args.out, REPORT), os.path.join(args.out, IMAGE)
     _write(md_path, text)
-    _write(png_path, png)
     print(f"wrote {md_path} ({data['experiments']} experiments)")
+    if plot is None:
+        print(f"no {IMAGE}: matplotlib is not installed (pip install matplotlib)")
+        return 0
+    _write(png_path, png)
     print(f"wrote {png_path} ({plot.WIDTH_IN * plot.DPI}x{plot.HEIGHT_IN * plot.DPI} px)")
     return 0

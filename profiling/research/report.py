@@ -306,19 +306,23 @@ def _groups_table(groups_):
     return table(body, ["group", "experiments", "best val_bpb", "experiment", "commit"])
 
 
+NO_PLOT = "(no progress.png: matplotlib is not installed; `pip install matplotlib` draws it)"
+
+
 def to_markdown(data, path, image="progress.png"):
-    """report.md's text for summarize()'s `data`; `path` names the memory, `image` the plot beside it."""
+    """report.md's text for summarize()'s `data`; `path` names the memory, `image` the plot beside it (None:
+    none drawn)."""
     if not data["group"]:
         return (f"# Research report: nothing yet\n\nmemory: `{path}`: no experiments yet. Run train.py and "
                 "`research log --dimension D --change \"...\"` (or `research import-tsv results.tsv`), then "
-                f"`research report` again.\n\n![progress]({image})\n")
+                f"`research report` again.\n" + (f"\n![progress]({image})\n" if image else ""))
     out = [f"# Research report: {data['experiments']} experiments", "",
            f"memory: `{path}`; group: {data['group']}"]
     if len(data["groups"]) > 1:
         out[-1] += (f": the largest of {len(data['groups'])} groups, {data['outcomes']['experiments']} "
                     "experiments. Results are comparable only within one group (same settings and dataset), "
                     "so every number below is this group's; see `Other groups`.")
-    out += ["", *_summary_lines(data), "", f"![progress]({image})", "",
+    out += ["", *_summary_lines(data), "", f"![progress]({image})" if image else NO_PLOT, "",
             "## Per dimension", "", _dimension_table(data["dimensions"]), "",
             ("delta = baseline_bpb - val_bpb against the best kept run at the time (positive is better); "
              "mean reward: UCB1's (`research next`)"), "", f"## Top {TOP} improvements", ""]

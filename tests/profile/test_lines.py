@@ -178,7 +178,7 @@ def test_gpu_trace_every_kernel_of_a_compiled_graph_is_placed():
 def test_traces_without_a_record_still_work(path):
     s = summarize(load_trace(path))
     assert s["lines"]["rows"] == [] and "train.py --profile" in s["lines"]["missing"]
-    assert "### Lines of train.py\nnot available: no source-line record" in to_markdown(s)
+    assert "### Source lines\nnot available: no source-line record" in to_markdown(s)
 
 
 def test_an_eager_run_says_nothing_was_compiled(trace):
