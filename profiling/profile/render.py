@@ -162,7 +162,8 @@ def _budget(s):
             label = "other: " + _names(s["other_kernels"])
         rows.append([label, _ms(ms), _pct(ms, step)])
     rows.append(["**step**", f"**{_ms(step)}**", "**100.0**"])
-    extras = [f"MFU {_num(s.get('mfu_percent'), '.1f')}%" if s.get("mfu_percent") is not None else "MFU n/a",
+    basis = " (the trace's GEMM and attention FLOPs; no model FLOPs given)" if s.get("mfu_basis") == "trace" else ""
+    extras = [f"MFU {_num(s.get('mfu_percent'), '.1f')}%{basis}" if s.get("mfu_percent") is not None else "MFU n/a",
               f"peak memory {_num(s.get('peak_memory_mb'), ',.0f')} MB"
               if s.get("peak_memory_mb") is not None else "peak memory n/a"]
     if s.get("tokens_per_second"):

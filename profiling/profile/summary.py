@@ -223,6 +223,9 @@ def _summarize_device(ix, meta):
     rate = bound.best_gemm_rate(tl, work, peaks[0])
     bounds = bound.event_bounds(tl, work, rate, peaks[1]) if peaks[1] else None
     s = _header("cuda", meta, n, step_ms, each)
+    counted = sum(f for done in work for f, _ in done if f) / n
+    if s["mfu_percent"] is None and peaks[0] and counted and step_ms > 0:  # no model FLOPs given: the trace's
+        s.update(mfu_percent=_r(100 * counted / (step_ms / 1e3) / peaks[0]), mfu_basis="trace")
     s.update(idle_ms=_r(cats["idle"]), idle_percent=_r(100 * cats["idle"] / step_ms if step_ms else 0.0),
              device_ms=_r(sum(cats[c] for c in CATEGORIES)), categories=_categories(cats),
              other_kernels=[k["name"] for k in kernels if k["category"] == "other"],

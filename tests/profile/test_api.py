@@ -137,3 +137,36 @@ def test_importing_profiling_does_not_import_torch():
     code = "import sys, profiling; profiling.ProfileResult; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_readme_example_runs_as_written(tmp_path):
+    """README's "Add --profile to your own training script": the block, saved as mytrain.py, run with and
+    without --profile."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    section = readme.split("## Add --profile to your own training script")[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("# mytrain.py")
+    (tmp_path / "mytrain.py").write_text(block)
+    env = dict(os.environ, PYTHONPATH=ROOT, AUTORESEARCH_PROFILE_DIR=str(tmp_path / "profiles"))
+    run = subprocess.run([sys.executable, "mytrain.py", "--profile"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "# Profile:" in run.stdout and "### Lines of mytrain.py" in run.stdout
+    assert (tmp_path / "profiles" / "latest" / "report.md").is_file()
+    plain = subprocess.run([sys.executable, "mytrain.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert plain.returncode == 0 and plain.stdout == ""
+
+
+def test_without_model_flops_mfu_comes_from_the_traces_own_flops():
+    """h100-plant26-baseline with its flops_per_step removed (as a Profiler without flops_per_token writes it):
+    MFU from the GEMM and attention FLOPs the trace's shapes give, near the model-FLOPs figure (40.5%), and
+    labelled as such."""
+    from profiling.profile.summary import load_trace, summarize
+    trace = load_trace(os.path.join(ROOT, "tests", "data", "h100-plant26-baseline.trace.json.gz"))
+    model = summarize(trace)["mfu_percent"]
+    trace["autoresearch"].pop("flops_per_step")
+    s = summarize(trace)
+    assert s["mfu_basis"] == "trace" and 0.85 * model < s["mfu_percent"] < model
+    assert f"MFU {s['mfu_percent']:.1f}% (the trace's GEMM and attention FLOPs" in render.to_markdown(s)
