@@ -424,7 +424,8 @@ class Run:
         model, n = dict(self.model_meta), self.ranks.world_size
         if n > 1:  # a rank's trace: its own GPU, its share of the step's tokens and FLOPs
             model.update(tokens_per_step=model["tokens_per_step"] // n, flops_per_step=model["flops_per_step"] / n)
-        meta = dict(commit=self.record["commit"], settings=settings.snapshot(self.train_py_settings()),
+        meta = dict(commit=self.record["commit"], trainer="train.py",  # the findings may name its knobs
+                    settings=settings.snapshot(self.train_py_settings()),
                     **model)  # tokens_per_step, micro_batches, flops_per_step, parameters
         result = profile_steps(
             lambda: train_step(next(steps), 0.0), None, warmup_steps=0, timed_steps=0,

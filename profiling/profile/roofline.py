@@ -98,10 +98,17 @@ def attention_flops(op, exact=True):
 
 
 def _is_causal(concrete):
-    """The is_causal input of an SDPA operator (its position differs by variant); causal when unreadable."""
-    flags = [c for c in concrete if c in ("True", "False")]
+    """The is_causal input of an SDPA operator; causal when unreadable."""
+    flag = causal_flag(concrete)
+    return True if flag is None else flag
+
+
+def causal_flag(concrete):
+    """The is_causal input of an SDPA operator from its Concrete Inputs (its position differs by variant), or
+    None when they hold no flag."""
+    flags = [c for c in concrete or () if c in ("True", "False")]
     if not flags:
-        return True
+        return None
     # forward variants: (..., [compute_log_sumexp,] [dropout_p,] is_causal, ...): the flag after dropout_p;
     # backward variants end in (..., dropout_p, is_causal, [scale]); both: the first flag after a float
     floats = [i for i, c in enumerate(concrete) if re.fullmatch(r"-?\d*\.\d*(e-?\d+)?", c or "")]

@@ -153,7 +153,7 @@ def test_a_step_that_differs_gets_no_wrong_line(captured):
 
 def test_the_report_shows_the_lines(captured):
     md = to_markdown(summarize(captured))
-    section = md.split("### Lines of train.py")[1].split("## 2.")[0]
+    section = md.split("### Lines of ")[1].split("## 2.")[0]
     assert "eager rows: work outside the compiled graphs, placed by the lines of one more step" in section
     assert re.search(r"\(\d+ operators a step; 1 of 2 profiled steps called the same sequence\)", section)
     assert "eager | `loss = (z @ y).square().mean()  # LOSS` |" in section

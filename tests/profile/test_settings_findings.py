@@ -58,7 +58,9 @@ def test_one_setting_behind_two_mechanisms_is_one_finding(summary):
     found = summary("deterministic")["findings"]
     settings = [f for f in found if f["kind"] == "setting"]
     assert len(settings) == 1 and "sorted scatter-add" in settings[0]["evidence"]
-    assert "another backend ran" in settings[0]["evidence"]
+    # the flash calls it chose instead of cuDNN's are causal and fused: they compute no more than needed, so no
+    # attention finding (issue #34), and the setting's own price stays within 30% of the slowdown (CASES)
+    assert all(f["kind"] != "attention_fallback" for f in found)
 
 
 def test_blocking_launches_are_named_and_back_pressure_is_not(summary):

@@ -125,6 +125,13 @@ def made_by(chain, none="?"):
     return chain[0] if chain else none
 
 
+def trainer_is_train_py(meta):
+    """Whether the trace is of this repository's train.py (its runner says so; older traces of it carry
+    `micro_batches`, which the public API never writes): only then may a fix name train.py's own knobs."""
+    trainer = meta.get("trainer")
+    return trainer == "train.py" if trainer is not None else "micro_batches" in meta
+
+
 def top(counts, k=3):
     """The k largest (key, value) pairs of a dict."""
     return sorted(counts.items(), key=lambda kv: -kv[1])[:k]

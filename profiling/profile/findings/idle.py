@@ -8,7 +8,8 @@ from collections import Counter
 
 from profiling.profile import cuda_calls
 from profiling.profile.classify import short_name
-from profiling.profile.findings.contract import finding, idle_ms, made_by, rule, scaled, top, unknown
+from profiling.profile.findings.contract import (finding, idle_ms, made_by, rule, scaled, top,
+                                                  trainer_is_train_py, unknown)
 from profiling.profile.findings.settings import attribute
 from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
 
@@ -233,9 +234,11 @@ def launch_bound(tl, ctx, found):
     evidence = (f"{events:.0f} device events/step" + (f" ({mb} micro-batches of {events / mb:.0f})" if mb else "")
                 + f", median {statistics.median(durs):.1f} us; host launch calls {launch_ms / ctx['n'] / 1e3:.1f} "
                 f"ms/step; GPU idle between kernels {idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}")
+    bigger = ("raise DEVICE_BATCH_SIZE (fewer micro-batches per step)" if trainer_is_train_py(tl.meta) else
+              "a larger micro-batch (fewer, longer kernels per step)")
     return finding("launch_bound", idle_ms(gaps, ctx), ctx, evidence,
-                    "fewer, larger kernels: raise DEVICE_BATCH_SIZE (fewer micro-batches per step), keep the "
-                    "model compiled" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
+                    f"fewer, larger kernels: {bigger}, keep the model compiled (torch.compile fuses the small "
+                    "ones)" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
 
 
 def _train_line(tl, label):
@@ -279,9 +282,22 @@ def gpu_waits_on_host(tl, ctx, found):
     synced = any(f["kind"] in ("host_sync", "graph_break") for f in found)
     fix = (("the GPU waits for the next batch: " + ("the host syncs above leave no queued GPU work to hide the "
             "loader behind; fix them first" if synced else "the loader is slower than the GPU; make it cheaper "
-            "or prepare batches ahead")) if main.startswith("prepare.py") else
+            "or prepare batches ahead")) if _in_loader(tl, sampled) else
            f"make the host work at {main} cheaper or move it out of the step")
     return finding("gpu_waits_on_host", idle_ms(sampled, ctx), ctx, evidence, fix)
+
+
+LOADER_FRAMES = ("torch/utils/data/", "prepare.py")  # torch's DataLoader; this repository's loader
+
+
+def _in_loader(tl, gaps):
+    """Whether most host samples inside these gaps are in a data loader's code (any script's DataLoader,
+    or this repository's prepare.py)."""
+    stacks = (tl.meta.get("host_samples") or {}).get("stacks") or []
+    ids = [sid for g in gaps for sid in tl.samples_between(g.step, g.start, g.end) if 0 <= sid < len(stacks)]
+    loading = sum(any(str(f).startswith(LOADER_FRAMES) or "dataloader" in str(f).lower() for f in stacks[sid])
+                  for sid in ids)
+    return bool(ids) and loading >= len(ids) / 2
 
 
 def _unsampled_idle(tl, ctx, gaps):

@@ -13,18 +13,17 @@ from collections import Counter
 
 from profiling.profile import device_state
 from profiling.profile.classify import short_name
-from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.contract import finding, rule, top, trainer_is_train_py
 from profiling.profile.findings.settings import attribute
-from profiling.profile.roofline import ATTENTION_OP, attention_flops, gemm_flops
+from profiling.profile.roofline import ATTENTION_OP, attention_flops, causal_flag, gemm_flops
 from profiling.profile.timeline import input_types
 
 LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
 SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (a healthy H100 here:
                              # 0.70, benchmarks/diagnoses_results.md; a shared one 0.30; braked: 140 of 989, 0.14)
 EXPECTED_GEMM_FRACTION = 0.60  # what large bf16 GEMMs reach on a healthy device, for the gain estimate
-ATTENTION_SLOW_FRACTION = 0.30  # attention below this share of peak (causal FLOPs) is a fallback kernel (fused
-                                # cuDNN attention on the H100 here: 0.43-0.55; a dense mask: 0.13-0.18)
-ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate when the trace has none to measure
+ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate, of the device's peak, when the trace has none to
+                                # measure (fused cuDNN attention on the H100 here: 0.43-0.55 in causal FLOPs)
 HEAD_DIM_MAX = 256     # the largest head size fused attention kernels take: a GEMM's inner dimension this small
                        # against a longer sequence is q @ k^T (the MLP's [B, T, 4C] are not: their inner C is 512+)
 MATH_MIN_SHARE = 0.01  # of the step (the report's threshold)
@@ -126,7 +125,8 @@ def slow_device(tl, ctx, found):
 
 
 def _attention_calls(tl):
-    """{(op, input dims text): (device us, calls, flops per call or None, input dims)} of the attention
+    """{(op, input dims text): (device us, calls, flops per call or None, input dims, is_causal: True, False or
+    None when unrecorded; a window op counts as causal)} of the attention
     operators that take q, k, v (the math path's kernels count under it). Kernels of compiled attention
     templates (FlexAttention in a Triton kernel) have no such operator: not judged."""
     groups = {}
@@ -138,11 +138,13 @@ def _attention_calls(tl):
                       None)
             if op is None:
                 continue
-            name, dims = str(op["name"]), (op.get("args") or {}).get("Input Dims")
-            row = groups.setdefault((name, str(dims)), [0.0, set(), attention_flops(op, exact=False), dims])
+            args = op.get("args") or {}
+            name, dims = str(op["name"]), args.get("Input Dims")
+            causal = "window" in name or causal_flag(args.get("Concrete Inputs"))
+            row = groups.setdefault((name, str(dims)), [0.0, set(), attention_flops(op, exact=False), dims, causal])
             row[0] += e["dur"]
             row[1].add(id(op))
-    return {key: (us, len(ids), f, dims) for key, (us, ids, f, dims) in groups.items()}
+    return {key: (us, len(ids), f, dims, causal) for key, (us, ids, f, dims, causal) in groups.items()}
 
 
 def _ancestors(tl, op):
@@ -151,44 +153,62 @@ def _ancestors(tl, op):
         op = tl.parent.get(id(op))
 
 
-@rule("attention_fallback", needs=("device", "peak"))
-def attention_fallback(tl, ctx, found):
-    """Attention on a kernel far slower than the fused ones (a masked fallback, the math path, an old kernel)."""
-    if not ctx["peak"] or any(f["kind"] == "slow_device" for f in found):
-        return None  # on a slow device every kernel is slow: attention is not judged
-    calls = _attention_calls(tl)
-    slow, fast = {}, [0.0, 0.0]
-    for (name, key), (us, n, flops, dims) in calls.items():
-        rate = flops * n / (us / 1e6) if flops and us else None
-        if "attention_math" in name or rate is not None and rate < ATTENTION_SLOW_FRACTION * ctx["peak"]:
-            slow[(name, key)] = (us, n, flops, rate, dims)
-        elif rate is not None:
+def _dense_mask(dims):
+    """The [.., T, T] mask inputs among an attention call's inputs (after q, k, v)."""
+    return [d for d in (dims or [])[3:] if _square([1] + d if isinstance(d, list) and len(d) == 2 else d)]
+
+
+def _split_attention(tl):
+    """({call: (us, calls, flops, rate, mask)} computing more than needed (the math path; a dense mask on a
+    call not known causal), (the other calls' rate in causal FLOPs, or None when they have none))."""
+    more, fast = {}, [0.0, 0.0]
+    for (name, key), (us, n, flops, dims, causal) in _attention_calls(tl).items():
+        mask = _dense_mask(dims)
+        if "attention_math" in name or (mask and causal is not True):
+            more[(name, key)] = (us, n, flops, flops * n / (us / 1e6) if flops and us else None, mask)
+        elif flops and us:
             fast[0] += flops * n
             fast[1] += us / 1e6
+    return more, (fast[0] / fast[1] if fast[1] else None)
+
+
+@rule("attention_fallback", needs=("device", "peak", "shapes"))
+def attention_fallback(tl, ctx, found):
+    """Attention that computes more than it needs, whatever the kernel family: the math path (every score of a
+    [T, T] matrix, in memory), or a fused kernel given a dense [T, T] mask (it computes every score; a causal
+    call or a band skips what the mask hides). Never a call that is causal on a fused kernel: a slow fused
+    kernel is the kernel's (over_bound prices it). Priced at the trace's own rate of its other attention calls,
+    else ATTENTION_FAST_FRACTION of the device's peak; both in causal-attention FLOPs."""
+    if not ctx["peak"] or any(f["kind"] == "slow_device" for f in found):
+        return None  # on a slow device every kernel is slow: attention is not judged
+    slow, own = _split_attention(tl)
     if not slow:
         return None
-    fast_rate = fast[0] / fast[1] if fast[1] else ATTENTION_FAST_FRACTION * ctx["peak"]
+    fast_rate = own or ATTENTION_FAST_FRACTION * ctx["peak"]
     gain, parts, masked = 0.0, [], False
-    for (name, _), (us, n, flops, rate, dims) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
+    for (name, _), (us, n, flops, rate, mask) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
         ms = us / ctx["n"] / 1e3
         target = flops * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2
         gain += max(0.0, ms - target)
-        mask = [d for d in (dims or [])[3:] if isinstance(d, list) and len(d) == 2]
         masked = masked or bool(mask)
-        parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a ' + str(mask[0]) + ' mask' if mask else ''}: "
-                     f"{ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
-    evidence = ("; ".join(parts[:3]) + f"; the fused kernels run at {fast_rate / 1e12:.0f} TFLOP/s "
-                "(causal-attention FLOPs; a window does less)")
+        parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a dense ' + str(mask[0]) + ' mask' if mask else ''}"
+                     f": {ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
+    basis = ("this trace's other attention calls run at" if own else
+             f"a fused kernel runs at ~{100 * ATTENTION_FAST_FRACTION:.0f}% of the device's peak,")
+    evidence = "; ".join(parts[:3]) + f"; {basis} {fast_rate / 1e12:.0f} TFLOP/s (causal-attention FLOPs)"
     if masked:
-        return finding("attention_fallback", gain, ctx, evidence,
-                       "give attention a form the fused kernel takes: is_causal=True, or the sliding window as "
-                       "train.py's window attention (a band), not a dense attn_mask")
-    math = any("attention_math" in name for name, _ in slow)
-    return attribute(tl, finding("attention_fallback", gain, ctx, evidence + "; no mask: another backend ran",
+        return finding("attention_fallback", gain, ctx, evidence + "; the gain holds if the mask hides the future "
+                       "(causal) or keeps a band",
+                       "pass is_causal=True instead of a causal mask" + (
+                           ", or the sliding window as train.py's window attention (a band)"
+                           if trainer_is_train_py(tl.meta) else ", or a band/window attention kernel for a "
+                           "sliding window (FlexAttention, flash-attn's window_size)") +
+                       ": a dense attn_mask makes the kernel compute every score")
+    return attribute(tl, finding("attention_fallback", gain, ctx, evidence + "; no mask: the math path ran",
                                  "let SDPA pick its fused kernel: all its backends on (torch.backends.cuda."
                                  "enable_*_sdp), no setting that rules the fused one out (deterministic "
                                  "algorithms), inputs it takes (bf16, contiguous, head size <= 256)"),
-                     "math_attention" if math else "attention_backend")
+                     "math_attention")
 
 
 def _square(d):
@@ -253,10 +273,8 @@ def math_attention(tl, ctx, found):
     us = sum(e["dur"] for e in events)
     if not events or not flops or us / ctx["n"] / 1e3 < MATH_MIN_SHARE * ctx["step"]:
         return None
-    fast = [(f * n, u) for (name, _), (u, n, f, _) in _attention_calls(tl).items() if f and u and
-            "attention_math" not in name and f * n / (u / 1e6) >= ATTENTION_SLOW_FRACTION * ctx["peak"]]
-    rate = (sum(f for f, _ in fast) / (sum(u for _, u in fast) / 1e6) if fast else
-            ATTENTION_FAST_FRACTION * ctx["peak"])
+    fast = _split_attention(tl)[1]
+    rate = fast or ATTENTION_FAST_FRACTION * ctx["peak"]
     ms, target = us / ctx["n"] / 1e3, flops / 2 / rate / ctx["n"] * 1e3  # causal: half the score matrix
     ctx.setdefault("claimed", set()).update(id(e) for e in events)
     names = Counter()
@@ -268,6 +286,7 @@ def math_attention(tl, ctx, found):
                 f"); causal attention's FLOPs at the fused kernels' {rate / 1e12:.0f} TFLOP/s"
                 + (" (measured in this trace)" if fast else " (assumed)") + f" take {target:.1f} ms")
     return attribute(tl, finding("math_attention", max(0.0, ms - target), ctx, evidence,
-                                 "use F.scaled_dot_product_attention(q, k, v, is_causal=True) (or train.py's "
-                                 "window attention) with the fused backends on, not matmul + softmax"),
+                                 "use F.scaled_dot_product_attention(q, k, v, is_causal=True)" + (
+                                     " (or train.py's window attention)" if trainer_is_train_py(tl.meta) else "")
+                                 + " with the fused backends on, not matmul + softmax"),
                      "math_attention")

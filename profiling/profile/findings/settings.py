@@ -52,7 +52,7 @@ CAUSES = {
          "the compiler's partitioner recomputes forward work in the backward to stay under this share of the "
          "activations' memory",
          "set torch._functorch.config.activation_memory_budget back to 1.0 (the default); if memory is short, "
-         "lower DEVICE_BATCH_SIZE and raise the gradient accumulation instead"),),
+         "use a smaller micro-batch with more gradient accumulation steps instead"),),
     "deterministic_kernels": (
         ("deterministic_algorithms", lambda v: v is True,
          "torch.use_deterministic_algorithms(True) swaps kernels with atomic adds (scatter, index and embedding "

@@ -167,8 +167,8 @@ def recompute(tl, ctx, found):
     return attribute(tl, finding("recompute", ms, ctx, evidence,
                                  "remove activation checkpointing (torch.utils.checkpoint, checkpoint_sequential) or "
                                  "the manual recomputation in these regions, unless memory requires it (then "
-                                 "checkpoint fewer blocks, or lower DEVICE_BATCH_SIZE and raise the gradient "
-                                 "accumulation instead)"), "recompute")
+                                 "checkpoint fewer blocks, or a smaller micro-batch with more gradient "
+                                 "accumulation steps instead)"), "recompute")
 
 
 def _forward_in_backward(tl):
