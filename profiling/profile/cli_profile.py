@@ -22,6 +22,16 @@ def _count(text):
     return n
 
 
+def _milliseconds(text):
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = 0.0
+    if not 0 < ms < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected the unprofiled step time in ms, a number above 0, got {text!r}")
+    return ms
+
+
 def add_subparser(subparsers):
     """Register `profile TRACE [--top N] [--json] [--previous TRACE_OR_JSON]` on an argparse subparsers object."""
     p = subparsers.add_parser(
@@ -37,13 +47,17 @@ def add_subparser(subparsers):
     p.add_argument("--previous", "--against", metavar="TRACE_OR_JSON",
                    help="an earlier trace, or a summary saved with --json (e.g. the best run's): what changed "
                         "since, and a `regression` finding when the step grew")
+    p.add_argument("--unprofiled-ms", type=_milliseconds, metavar="MS",
+                   help="your step time without the profiler, in ms (e.g. from your own log): checks the profiled "
+                        "step against it and prices GPU idle at its share of it; needed to price idle in a trace "
+                        "recorded with with_stack=True, whose Python stacks slow the host")
     p.set_defaults(func=handler)
     return p
 
 
 def handler(args):
     """Print the report (or the JSON summary) for args.trace; bad input raises UserError. Returns 0."""
-    result = ranks.summarize_path(args.trace)
+    result = ranks.summarize_path(args.trace, unprofiled_ms=args.unprofiled_ms)
     previous = summary.load_summary(args.previous) if args.previous else None
     if previous is not None:
         regression.add(result, previous, f"the profile {args.previous}")

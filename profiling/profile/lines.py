@@ -36,8 +36,8 @@ GRAPH_CALL = re.compile(r"^## Call CompiledFxGraph (\S+) ##$")
 CPU_PREFIX = re.compile(r"^graph_\d+_")   # inductor.config.cpp.enable_kernel_profile's names on the CPU
 TOP = 30               # rows kept in the summary (the report shows fewer)
 MAX_UNPLACED = 5       # reasons for unplaced time listed
-MISSING = ("no source-line record in this trace; `uv run train.py --profile` records one (other scripts: "
-           "profiling.profile.provenance.start() before the first compiled call)")
+MISSING = ("no source-line record in this trace; profiling.Profiler records one (set it up before the first "
+           "compiled call; `uv run train.py --profile` does)")
 
 
 def canonical(name):

@@ -78,25 +78,26 @@ def rank_files(folder):
     return files
 
 
-def summarize_path(path, top=None):
-    """The summary of a trace file, or of a profile folder (summarize_folder)."""
+def summarize_path(path, top=None, unprofiled_ms=None):
+    """The summary of a trace file, or of a profile folder (summarize_folder). `unprofiled_ms`: the user's
+    own unprofiled ms/step (summary.summarize)."""
     if os.path.isdir(path):
-        return summarize_folder(path, top)
-    return summary.summarize(summary.load_trace(path), top)
+        return summarize_folder(path, top, unprofiled_ms)
+    return summary.summarize(summary.load_trace(path), top, unprofiled_ms)
 
 
-def summarize_folder(folder, top=None):
+def summarize_folder(folder, top=None, unprofiled_ms=None):
     """The one result for all ranks of a profile folder (module docstring); a single-process folder's trace
     summary as is. Traces are read one at a time. `top`: as summary.summarize (rank 0's kernel rows)."""
     files = rank_files(folder)
     if files is None:
         single = next(os.path.join(folder, n) for n in SINGLE if os.path.exists(os.path.join(folder, n)))
-        return summary.summarize(summary.load_trace(single), top)
+        return summary.summarize(summary.load_trace(single), top, unprofiled_ms)
     sums, rows = [], []
     for k, path in sorted(files.items()):
         trace = summary.load_trace(path)
         _check_meta(trace, k, len(files), path)
-        s = summary.summarize(trace)
+        s = summary.summarize(trace, unprofiled_ms=unprofiled_ms)
         sums.append(s)
         rows.append(rank_row(k, trace, s))
         del trace

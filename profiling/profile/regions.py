@@ -68,7 +68,7 @@ import re
 
 from profiling.profile import roofline
 from profiling.profile.classify import classify_cpu_op, short_name
-from profiling.profile.traceio import backward_windows, by_thread, is_backward, outer_names, parents
+from profiling.profile.traceio import MODULE_PREFIX, backward_windows, by_thread, is_backward, outer_names, parents
 
 MODEL_REGIONS = ("embedding", "attention", "MLP", "norms and residuals", "head and loss")
 REGIONS = MODEL_REGIONS + ("optimizer", "data movement", "communication", "unattributed")
@@ -77,6 +77,8 @@ BY_CATEGORY = {"optimizer": "optimizer", "memory": "data movement", "attention":
                "communication": "communication"}
 SOMETIMES = ("communication",)  # regions with a row only where they have time
 NO_PARAMETERS = "no parameter shapes in the trace metadata (autoresearch.parameters): GEMMs are unattributed"
+BY_MODULES = ("no parameter shapes in the trace metadata: what no name places is placed by the nn.Module it ran "
+              "in (the trace's module scopes)")
 MAX_LISTED = 5          # unattributed kernels and parameters listed in the summary
 
 # ---------------------------------------------------------------------------------------------------------
@@ -216,8 +218,9 @@ def _shapes(dims, gemm):
 class Placer:
     """Places events by the rules of the module docstring; results cached by what they depend on."""
 
-    def __init__(self, params):
+    def __init__(self, params, modules=None):
         self.params = params
+        self.modules = modules  # Modules: the last rule, for what nothing else placed
         self.cache = {}
 
     def place(self, kernel, category, op, outer=()):
@@ -232,7 +235,12 @@ class Placer:
         key = (kernel, category, names, str(dims))
         if key not in self.cache:
             self.cache[key] = self._place(kernel, category, names, dims)
-        return self.cache[key]
+        placed = self.cache[key]
+        if self.modules and placed[0] == UNATTRIBUTED and op:
+            region = self.modules.region(op)
+            if region:
+                return ((region, 1.0),), None, None
+        return placed
 
     def _place(self, kernel, category, names, dims):
         if category in BY_CATEGORY:
@@ -257,7 +265,7 @@ class Placer:
         accumulating = any(_GRAD_ACCUMULATION.search(t) for t in texts)  # a parameter's .grad, not a residual
         if not accumulating and any(_RESIDUAL.search(t) for t in texts[:2 if fused else 1]):
             return (("norms and residuals", 1.0),), None, None
-        return (("unattributed", 1.0),), reason or "no rule for its name or shapes", None
+        return UNATTRIBUTED, reason or "no rule for its name or shapes", None
 
     def _by_shape(self, dims, gemm):
         """Placement by parameter shapes: (shares or None, reason, shared-shape record or None)."""
@@ -279,6 +287,72 @@ class Placer:
             shape = next(s for s in shapes if s in self.params.by_shape)
             shared = (shape, tuple(counts.items()))
         return shares, reason, shared
+
+
+UNATTRIBUTED = (("unattributed", 1.0),)
+
+
+class Modules:
+    """The region of the nn.Module an operator ran in, from torch's module scopes (`nn.Module: <Class>_<k>`
+    python_function events, recorded with with_stack=True or with_modules=True): the rule for what nothing
+    else placed, so a plain trace without parameter metadata still has regions. A forward operator's
+    modules are the scopes around it on its thread; a backward one runs on the autograd thread outside every
+    scope, so it takes the modules of the forward operator with its autograd `Sequence number`. Class names
+    read as module paths do (path_region, innermost first): CausalSelfAttention -> attention, MLP -> MLP,
+    RMSNorm -> norms; a Linear or a Block names no region, so the module around it decides."""
+
+    def __init__(self, scopes, cpu_ops, parent):
+        self.parent, self.path, self.forward = parent, {}, {}
+        by_tid = {}
+        for e in scopes:
+            name = str(e.get("name", ""))[len(MODULE_PREFIX):]
+            by_tid.setdefault(e.get("tid"), []).append((e["ts"], 0, e["ts"] + e["dur"], name.rsplit("_", 1)[0]))
+        for op in cpu_ops:
+            if op.get("tid") in by_tid:
+                by_tid[op["tid"]].append((op["ts"], 1, op["ts"], op))
+            seq = (op.get("args") or {}).get("Sequence number")
+            if seq is not None and not _is_backward_op(op) and (seq not in self.forward
+                                                                or op["ts"] < self.forward[seq]["ts"]):
+                self.forward[seq] = op
+        for items in by_tid.values():  # one sweep per thread: the scopes open at each operator, outermost first
+            stack = []
+            for ts, is_op, end, what in sorted(items, key=lambda x: (x[0], x[1])):
+                while stack and stack[-1][0] < ts:
+                    stack.pop()
+                if is_op:
+                    self.path[id(what)] = ".".join(normalize(name) for _, name in stack)
+                else:
+                    stack.append((end, what))
+
+    def __bool__(self):
+        return bool(self.path)
+
+    def region(self, op):
+        """The region of the modules op (or, for backward work, its forward operator) ran in; or None."""
+        path = self.path.get(id(op))
+        if not path:
+            forward = self._forward_of(op)
+            path = self.path.get(id(forward)) if forward else None
+        return path_region(path) if path else None
+
+    def _forward_of(self, op):
+        seen = 0
+        while op is not None and seen < 64:
+            if _is_backward_op(op):
+                seq = (op.get("args") or {}).get("Sequence number")
+                if seq is not None:
+                    return self.forward.get(seq)
+            op, seen = self.parent.get(id(op)), seen + 1
+        return None
+
+
+def _is_backward_op(op):
+    """An autograd node's evaluation (`autograd::engine::evaluate_function: MmBackward0`) or the node itself."""
+    name = str(op.get("name", ""))
+    return name.startswith("autograd::engine::evaluate_function") or _BACKWARD_NODE.search(name) is not None
+
+
+_BACKWARD_NODE = re.compile(r"Backward\d*$")
 
 
 def _fmt(shape):
@@ -329,7 +403,7 @@ def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), mo
     moved: `moved_to_backward`'s result, when the caller has it; bounds: each event's bound in us or None
     (profiling/profile/bound.py), nested as tl.per_step, or None.
     """
-    placer = Placer(Parameters(meta.get("parameters")))
+    placer = Placer(Parameters(meta.get("parameters")), Modules(tl.ix.modules, tl.ix.cpu_ops, tl.parent))
     windows = backward_windows(tl.threads)
     totals = Totals(work=work is not None)
     moved = moved_to_backward(tl, placer.params) if moved is None else moved
@@ -345,7 +419,7 @@ def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), mo
             totals.add(e["dur"], placed, backward, name, flops, nbytes, bounds[k][i] if bounds else None,
                        gemm=cat == "GEMM")
     table = _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params, peaks,
-                   bounds is not None)
+                   bounds is not None, placer.modules)
     table["moved_to_backward_ms"] = _r(moved_us / max(1, len(tl.per_step)) / 1e3)
     return table
 
@@ -422,19 +496,19 @@ def _compiled_call(tl, op):
 
 def cpu_table(ix, placed_ops, meta, budget):
     """The region table of a CPU profile: placed_ops is [(operator, self time in us, budget category)]."""
-    placer, memo = Placer(Parameters(meta.get("parameters"))), {}
     threads = by_thread(ix.cpu_ops)
     parent, windows = parents(threads), backward_windows(threads)
+    placer, memo = Placer(Parameters(meta.get("parameters")), Modules(ix.modules, ix.cpu_ops, parent)), {}
     totals = Totals()
     for op, self_us, cat in placed_ops:
         name = str(op.get("name", ""))
         placed = placer.place(name, cat, op, outer_names(op, parent, memo))
         totals.add(self_us, placed, is_backward(op, windows), name)
     gap = budget["categories"]["outside ops"]
-    return _table(totals, len(ix.steps), budget, "outside ops", gap, placer.params)
+    return _table(totals, len(ix.steps), budget, "outside ops", gap, placer.params, modules=placer.modules)
 
 
-def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None), bounded=False):
+def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None), bounded=False, modules=None):
     step = budget["step_ms"]
     rows = []
     for region in REGIONS:
@@ -473,7 +547,7 @@ def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None), boun
         "shared_shapes": [{"shape": list(shape), "parameters": dict(counts), "ms_per_step": _r(us / n / 1e3)}
                           for (shape, counts), us in sorted(totals.shared.items(), key=lambda kv: -kv[1])],
         "unplaced_parameters": unknown[:MAX_LISTED], "unplaced_parameters_total": len(unknown),
-        "notes": [] if params else [NO_PARAMETERS],
+        "notes": [] if params else [BY_MODULES if modules else NO_PARAMETERS],
     }
 
 

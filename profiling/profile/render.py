@@ -69,7 +69,7 @@ def to_markdown(summary, previous=None, top=10):
         title += f" (unprofiled; profiled {_ms(summary['step_ms'])}: see the note under the step budget)"
     state = device_state.text(summary.get("device_state"))
     known = settings.text(summary.get("settings"))
-    lines += [title, _header(summary)] + [x for x in (state, known) if x] + [""]
+    lines += [title, _header(summary)] + [x for x in (state, known, _recorded(summary)) if x] + [""]
     if (not cpu or "ranks" in summary) and "findings" in summary:
         lines += _findings(view) + [""]
     lines += _ranks(view)
@@ -108,7 +108,7 @@ def _unprofiled_view(s):
 def _header(s):
     tokens = s.get("tokens_per_step")
     parts = [s.get("device") or "unknown device", f"torch {s.get('torch') or 'unknown'}",
-             f"{s['steps']} steps profiled",
+             f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled",
              f"{tokens:,} tokens/step" if isinstance(tokens, int) else "tokens/step unknown"]
     if s.get("commit"):
         parts.append(f"commit {s['commit']}")
@@ -116,6 +116,26 @@ def _header(s):
         parts.append(f"rank {s['report_rank']} of {s['world_size']} (every section but Ranks is rank "
                      f"{s['report_rank']}'s)")
     return " · ".join(parts)
+
+
+RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host stacks sampled every 2 ms"),
+            ("shapes", "shapes"), ("memory", "memory"), ("modules", "modules"), ("flops", "FLOPs"))
+
+
+def _recorded(s):
+    """How the trace was recorded (summary.recorded), and what that means for the step and its idle."""
+    how = s.get("recorded")
+    if not how:
+        return ""
+    on = [text for key, text in RECORDED if how.get(key)]
+    off = [text for key, text in RECORDED if not how.get(key) and key != "host_samples"]
+    line = (f"recorded by {'this profiler (live capture)' if how['by'] == 'live capture' else how['by']}: "
+            + (", ".join(on) or "no options") + ("; without " + ", ".join(off) if off else "") + "; unprofiled step: "
+            + {"trace": "measured before the profiled steps", "given": "given (--unprofiled-ms)"}.get(
+                how.get("unprofiled"), "none, so the profiled step could not be checked (give it: --unprofiled-ms)"))
+    if how.get("stacks") and not how.get("unprofiled"):
+        line += "; Python stacks slow the host, so GPU idle is not priced"
+    return line
 
 
 def _findings(s, shown=MAX_FINDINGS):

@@ -62,6 +62,9 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       files, graphs, notes (lines a cached compile recorded
                                                       that the running code lacks); or `missing` (why there
                                                       is no table)
+    recorded                                          how the trace was recorded (`recorded`): by (live capture
+                                                      or torch.profiler), stacks, host_samples, shapes, memory,
+                                                      modules, flops, unprofiled ("trace", "given" or None)
     cuda_calls                                        the host's time inside CUDA runtime/driver calls per step,
                                                       by kind (profiling/profile/cuda_calls.py `table`); device
                                                       profiles only, None when the steps made no call
@@ -204,7 +207,36 @@ def _kernel_work(kernels, tl, work, n, peaks):
                                 *peaks))
 
 
-def _summarize_device(ix, meta):
+def recorded(trace, ix, unprofiled_given=False):
+    """How the trace was recorded, from torch's own flags at its top level (2.x writes `with_stack`,
+    `record_shapes`, `profile_memory`, `with_modules`, `with_flops` when on) or, for older traces, the events
+    those options leave; by whom (this profiler's live capture leaves its META_KEY); and where the unprofiled
+    step time comes from. Python stacks recorded by torch (with_stack) slow the host several-fold, so GPU
+    idle in such a trace is not the script's own without an unprofiled figure to scale it to."""
+    cats, memory, modules = set(), False, False
+    for e in trace["traceEvents"]:
+        if isinstance(e, dict):
+            cat, name = e.get("cat"), str(e.get("name", ""))
+            cats.add(cat)
+            memory = memory or name == "[memory]"
+            modules = modules or (cat == "python_function" and name.startswith("nn.Module:"))
+    meta = trace.get(META_KEY)
+    live = isinstance(meta, dict) and bool(meta)
+    unprofiled = (meta or {}).get("unprofiled_step_ms") if live else None
+    return {
+        "by": "live capture" if live else "torch.profiler",
+        "stacks": bool(trace.get("with_stack")) or "python_function" in cats,
+        "host_samples": live and bool((meta.get("host_samples") or {}).get("stacks")),
+        "shapes": bool(trace.get("record_shapes")) or any(
+            (op.get("args") or {}).get("Input Dims") for op in ix.cpu_ops[:2000]),
+        "memory": bool(trace.get("profile_memory")) or memory,
+        "modules": bool(trace.get("with_modules")) or modules,
+        "flops": bool(trace.get("with_flops")) or any("flops" in (op.get("args") or {}) for op in ix.cpu_ops[:2000]),
+        "unprofiled": "given" if unprofiled_given else ("trace" if num(unprofiled) and unprofiled > 0 else None),
+    }
+
+
+def _summarize_device(ix, meta, how):
     if not ix.launches:
         raise UserError("trace has device events but no CUDA runtime/driver launch events; record with "
                         "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
@@ -238,7 +270,7 @@ def _summarize_device(ix, meta):
     s["bound"] = _step_bound(tl, bounds, rate, s)
     s["cuda_calls"] = cuda_calls.table(tl)
     tl.bounds = bounds
-    s.update(findings.diagnose(tl, s))
+    s.update(findings.diagnose(tl, s, stacks=how["stacks"]))
     s["checks"] = [
         _check_counts(counts, "device events"),
         _check_step_time(step_ms, meta),
@@ -359,7 +391,8 @@ def _check_step_time(step_ms, meta):
     ref = meta.get("unprofiled_step_ms")
     name = "profiled vs unprofiled step time"
     if not num(ref) or ref <= 0:
-        return _check(name, True, f"not measured (no {META_KEY}.unprofiled_step_ms in the trace)")
+        return _check(name, True, f"not measured (no {META_KEY}.unprofiled_step_ms in the trace; give your own "
+                      "with --unprofiled-ms)")
     change = step_ms / ref - 1
     return _check(name, abs(change) <= STEP_TOLERANCE, f"{step_ms:.2f} ms profiled vs {ref:.2f} ms "
                   f"unprofiled ({100 * change:+.1f}%, limit ±{100 * STEP_TOLERANCE:.0f}%)")
@@ -404,16 +437,22 @@ def _check_coverage(cats, other_names):
     return _check("categories cover device time", share <= OTHER_LIMIT, detail)
 
 
-def summarize(trace, top=None):
+def summarize(trace, top=None, unprofiled_ms=None):
     """The per-step summary of a torch.profiler trace (plain data; see the module docstring).
 
-    `top` keeps only the first `top` kernel rows (`kernels_total` still counts all of them).
+    `top` keeps only the first `top` kernel rows (`kernels_total` still counts all of them). `unprofiled_ms`:
+    the user's own unprofiled ms/step (`research profile --unprofiled-ms`), in place of the trace's.
     """
     check_events(trace)
     ix = index(trace["traceEvents"])
     check_content(bool(ix.steps), bool(ix.device or ix.cpu_ops))
     meta = _metadata(trace)
-    s = _summarize_device(ix, meta) if ix.device else _summarize_cpu(ix, meta)
+    given = unprofiled_ms is not None
+    if given:
+        meta["unprofiled_step_ms"] = unprofiled_ms
+    how = recorded(trace, ix, given)
+    s = _summarize_device(ix, meta, how) if ix.device else _summarize_cpu(ix, meta)
+    s["recorded"] = how
     if top is not None:
         s["kernels"] = s["kernels"][:max(0, top)]
     return s

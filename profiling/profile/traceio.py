@@ -90,6 +90,9 @@ def load_trace(path):
 # One pass over the events
 # ---------------------------------------------------------------------------------------------------------
 
+MODULE_PREFIX = "nn.Module: "
+
+
 class Index:
     """What the summary needs from a trace, found in one pass (see `index`)."""
 
@@ -100,6 +103,7 @@ class Index:
         self.device = []       # device events
         self.cpu_ops = []
         self.graph_calls = []  # `## Call CompiledFxGraph <key> ##` annotations (profiling/profile/lines.py)
+        self.modules = []      # `nn.Module: <Class>_<k>` scopes (with_stack/with_modules; profiling/profile/regions.py)
         self.span = None       # (start, end) of the recorded window
 
 
@@ -145,6 +149,8 @@ def index(events):
             ix.cpu_ops.append(e)
         elif name.startswith(GRAPH_CALL_PREFIX):
             ix.graph_calls.append(e)
+        elif cat == "python_function" and name.startswith(MODULE_PREFIX):
+            ix.modules.append(e)
     ix.steps.sort()
     ix.optimizer = merge(optimizer)
     if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span

@@ -44,10 +44,17 @@ def _strip_peak(trace):
     trace.pop("deviceProperties", None)
 
 
+def _strip_own_idle(t):
+    """Recorded with torch's Python stacks and no unprofiled step to scale the idle to."""
+    t.setdefault(META, {}).pop("unprofiled_step_ms", None)
+    t["with_stack"] = 1
+
+
 STRIP = {  # evidence name -> how a trace comes without it
     "host_samples": lambda t: t.setdefault(META, {}).pop("host_samples", None),
     "sync_lines": lambda t: t.setdefault(META, {}).pop("syncs", None),
     "unprofiled": lambda t: t.setdefault(META, {}).pop("unprofiled_step_ms", None),
+    "own_idle": _strip_own_idle,
     "settings": lambda t: t.setdefault(META, {}).pop("settings", None),
     "shapes": _strip_shapes,
     "peak": _strip_peak,

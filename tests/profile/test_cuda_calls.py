@@ -31,7 +31,7 @@ def _capture(trace, monkeypatch):
     """(timeline, summary) of a device trace, the findings not run, so the rules below see every gap open."""
     seen = {}
 
-    def keep(tl, s):
+    def keep(tl, s, stacks=False):
         seen.update(tl=tl, s=s)
         return {"findings": [], "unknown": [], "skipped": []}
     with monkeypatch.context() as m:

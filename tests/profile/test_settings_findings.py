@@ -97,7 +97,7 @@ def test_syncs_inside_compiled_graphs_are_the_compilers_and_a_recorded_debug_set
     from profiling.profile.findings import idle
     seen = {}
 
-    def keep(tl, s):
+    def keep(tl, s, stacks=False):
         seen.update(tl=tl, s=s)
         return {"findings": [], "unknown": [], "skipped": []}
     trace = load_trace(os.path.join(DATA, "h100-plant-host_sync.trace.json.gz"))

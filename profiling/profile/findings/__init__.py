@@ -33,7 +33,7 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
 """
 from profiling.profile import hardware
 from profiling.profile.findings import calls, idle, kernels, settings, unplaced, waste
-from profiling.profile.findings.contract import run
+from profiling.profile.findings.contract import run, unknown
 
 STEP_TOLERANCE = idle.STEP_TOLERANCE
 
@@ -44,10 +44,17 @@ RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_ch
          idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
 
 
-def diagnose(tl, summary):
-    """The findings of one device profile (module docstring)."""
+def diagnose(tl, summary, stacks=False):
+    """The findings of one device profile (module docstring). `stacks`: the trace was recorded with torch's
+    Python stacks (with_stack), which inflate the host's time and so the GPU idle."""
     ctx = context(tl, summary)
+    ctx["stacks"] = stacks
     found, skipped = run(RULES, tl, ctx)
+    if "own_idle" not in ctx["evidence"] and ctx["idle"] > 0:
+        unknown(ctx, "GPU idle", ["unprofiled"], ctx["idle"],
+                "GPU idle in a trace recorded with Python stacks (with_stack=True), which slow the host several-"
+                "fold: the idle may be the profiler's own cost, so no idle or launch finding is priced; give the "
+                "unprofiled ms/step (--unprofiled-ms, measured without the profiler) to price them")
     found = settings.merge(found)
     found.sort(key=lambda f: -f["ms_per_step"])
     overhead, _ = run((idle.profiler_overhead,), tl, ctx)

@@ -34,9 +34,9 @@ PINNED_GB_S = 25.0  # host<->device rate from pinned memory when the trace has n
 MIN_RATE_BYTES = 1 << 20  # pinned copies this large measure the link's rate (small ones are latency)
 
 NEEDS = {   # evidence each rule cannot do without (contract.EVIDENCE's names); host samples only add a line
-    "blocking_launch": ("device",),   # device events with their launch calls (correlation ids)
-    "alloc_churn": ("device",),       # the allocation/free calls and the GPU idle gaps
-    "cuda_sync": ("device",),         # the sync/copy calls, the copies' device events (`Pageable` in their name)
+    "blocking_launch": ("device", "own_idle"),  # device events with their launch calls (correlation ids)
+    "alloc_churn": ("device", "own_idle"),      # the allocation/free calls and the GPU idle gaps
+    "cuda_sync": ("device", "own_idle"),        # the sync/copy calls, the copies' device events (`Pageable` in their name)
 }
 
 

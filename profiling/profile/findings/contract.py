@@ -25,6 +25,8 @@ EVIDENCE = {
     "host_samples": "the live run's Python stack samples of the main thread (profiling/profile/sampler.py)",
     "sync_lines": "the Python lines of the host syncs, from CUDA's sync debug mode (a live capture's)",
     "unprofiled": "the unprofiled step time, measured before the profiled window",
+    "own_idle": "GPU idle that is the script's own: an unprofiled step time to scale it to, or a trace recorded "
+                "without torch's Python stacks (with_stack slows the host)",
     "shapes": "operator input shapes and dtypes (record_shapes=True)",
     "settings": "the process's settings, recorded by a live capture (profiling/profile/settings.py)",
     "peak": "the device's peak FLOP/s (a known GPU)",
@@ -59,6 +61,8 @@ def evidence(tl, ctx):
         have.add("sync_lines")
     if isinstance(ctx.get("unprofiled"), (int, float)) and ctx["unprofiled"] > 0:
         have.add("unprofiled")
+    if "unprofiled" in have or not ctx.get("stacks"):
+        have.add("own_idle")
     if any((op.get("args") or {}).get("Input Dims") for op in tl.ix.cpu_ops[:2000]):
         have.add("shapes")
     if isinstance(meta.get("settings"), dict) and meta["settings"]:

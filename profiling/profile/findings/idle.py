@@ -34,7 +34,7 @@ FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never ed
 # The rules
 # ---------------------------------------------------------------------------------------------------------
 
-@rule("host_sync", needs=("device",))
+@rule("host_sync", needs=("device", "own_idle"))
 def host_sync(tl, ctx, found):
     """Host syncs made in the step, costed by the GPU idle that begins while the host waits and the idle of the
     host work after them that the drained queue no longer hides."""
@@ -113,7 +113,7 @@ def _exposed(tl, gaps, ctx):
             f"{idle_ms(gaps, ctx):.1f} ms/step, the host then in {host} (counted here, the root cause)")
 
 
-@rule("graph_break", needs=("device",))
+@rule("graph_break", needs=("device", "own_idle"))
 def graph_break(tl, ctx, found):
     """More compiled regions per micro-batch than one: the eager elementwise kernels a single graph would fuse
     away, and the idle between the fragments."""
@@ -219,7 +219,7 @@ def _launch_heavy(tl, ctx):
     return events * LAUNCH_HOST_US / 1e3 >= LAUNCH_SHARE * ctx["busy"], events
 
 
-@rule("launch_bound", needs=("device",))
+@rule("launch_bound", needs=("device", "own_idle"))
 def launch_bound(tl, ctx, found):
     """The host cannot launch kernels as fast as the GPU runs them: many short kernels, idle between them."""
     heavy, events = _launch_heavy(tl, ctx)
@@ -246,7 +246,7 @@ def _train_line(tl, label):
     return label in own_labels(tl) and not label.split(":")[0].endswith(FIXED_FILES) and "profiling/" not in label
 
 
-@rule("gpu_waits_on_host", needs=("device",))
+@rule("gpu_waits_on_host", needs=("device", "own_idle"))
 def gpu_waits_on_host(tl, ctx, found):
     """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing. Only the
     gaps a host sample shows are a finding (its line is the fix); the rest go to `unknown`, with the CUDA calls
