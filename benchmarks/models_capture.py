@@ -103,7 +103,10 @@ def main(argv=None):
             print(f"{model} {variant} {kind}: {' '.join(cmd)} > {log}")
         return
     path = os.path.join(args.out, "timings.json")
-    timings = json.load(open(path)) if os.path.isfile(path) else {}
+    timings = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            timings = json.load(f)
     timings["environment"] = environment(args)
     started = set()
     for model, variant, kind, cmd, log in runs:
