@@ -162,7 +162,10 @@ def parse_args(argv=None):
     out = p.add_mutually_exclusive_group()
     out.add_argument("--profile", metavar="DIR", help="profile through profiling.Profiler into DIR; print the report")
     out.add_argument("--plain-trace", metavar="FILE", help="write a plain torch.profiler Chrome trace to FILE")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps needs 1 or more")
+    return args
 
 
 def plain_profiler(path, device):
