@@ -35,11 +35,14 @@ Each device event (CPU profile: each operator's self time) is placed by the firs
 6. Otherwise unattributed, listed with the reason (no shapes recorded, no parameter with that shape, a
    parameter of no known region, no rule for the name).
 
-Parameters -> regions, by module path (`blocks.3.mlp.c_fc.weight`), innermost name first, each split at
-`_`: embedding (wte, wpe, emb, embed, embeds, embedding...), head and loss (head, unembed, classifier),
-attention (attn, attention, qkv, rotary), MLP (mlp, ffn, ff, fc, experts, moe), norms and residuals (ln,
-*norm, resid, residual, lambda, lambdas). A path naming none of these (a new layer type) places nothing:
-its GEMMs stay unattributed and the parameter is listed.
+Parameters -> regions, by module path (`blocks.3.mlp.c_fc.weight`), innermost name first; each name whole
+with its `_` dropped, then its `_`-separated words from the last (attention_norm is a norm, tok_embeddings an
+embedding): embedding (wte, wpe, emb, embed, embeds, embedding...), head and loss (head, unembed,
+classifier), attention (attn, attention, qkv, rotary), MLP (mlp, ffn, ff, fc, experts, moe, feed_forward),
+norms and residuals (ln, *norm, resid, residual, lambda, lambdas). Failing those, a module named `output` or
+`output_layer` that holds the parameter itself, outside any numbered block, is the model's head (Meta's
+Llama, torchtitan, Megatron; BERT's layer.3.output.dense is not). A path naming none of these (a new layer
+type) places nothing: its GEMMs stay unattributed and the parameter is listed.
 
 Padded shapes: Inductor pads a GEMM dimension that is not a multiple of 8 (bf16; 4 in float32) before
 multiplying (its pad_mm pass: a [262144, 2049] activation becomes [262144, 2056]), so a GEMM also matches a
@@ -89,9 +92,10 @@ _PATH_WORDS = (
     ("embedding", {"wte", "wpe", "emb", "embed", "embeds", "embedding", "embeddings"}),
     ("head and loss", {"head", "unembed", "unembedding", "classifier"}),
     ("attention", {"attn", "attention", "qkv", "rotary"}),
-    ("MLP", {"mlp", "ffn", "ff", "fc", "experts", "moe"}),
+    ("MLP", {"mlp", "ffn", "ff", "fc", "experts", "moe", "feedforward"}),
     ("norms and residuals", {"ln", "norm", "resid", "residual", "lambda", "lambdas"}),
 )
+_OUTPUT = {"output", "outputlayer"}  # the model's own output layer (Llama's `output`, Megatron's `output_layer`)
 
 
 def _words(*words):
@@ -114,13 +118,27 @@ _NON_WORD = re.compile(r"[^a-z0-9]+")
 
 
 def path_region(name):
-    """The region of a parameter from its module path, innermost name first; None when none is named."""
-    for part in reversed(name.lower().split(".")):
-        tokens = set(part.split("_"))
-        for region, words in _PATH_WORDS:
-            if tokens & words or (region == "norms and residuals" and any(t.endswith("norm") for t in tokens)):
+    """The region of a parameter from its module path, innermost name first; None when none is named.
+
+    Within a name, the whole name (`feed_forward` as feedforward) and then its words from the last: the last
+    word says what a compound is (attention_norm and post_attention_layernorm are norms, lm_head a head).
+    """
+    parts = name.lower().split(".")
+    for part in reversed(parts):
+        for word in [part.replace("_", "")] + part.split("_")[::-1]:
+            region = _word_region(word)
+            if region:
                 return region
+    if len(parts) >= 2 and parts[-2].replace("_", "") in _OUTPUT and not any(p.isdigit() for p in parts[:-2]):
+        return "head and loss"
     return None
+
+
+def _word_region(word):
+    for region, words in _PATH_WORDS:
+        if word in words:
+            return region
+    return "norms and residuals" if word.endswith("norm") else None
 
 
 def normalize(name):

@@ -73,6 +73,15 @@ def assert_adds_up(s):
     ("model.layers.0.input_layernorm.weight", "norms and residuals"), ("blocks.0.attn.q_norm.weight",
                                                                        "norms and residuals"),
     ("blocks.0.ffn.w1.weight", "MLP"), ("unembed.weight", "head and loss"),
+    # Meta's Llama (examples/llama_train.py): a compound's last word says what it is; `output` is the head
+    ("tok_embeddings.weight", "embedding"), ("layers.3.attention.wk.weight", "attention"),
+    ("layers.3.attention_norm.weight", "norms and residuals"), ("layers.3.ffn_norm.weight", "norms and residuals"),
+    ("layers.3.feed_forward.w1.weight", "MLP"), ("layers.3.feed_forward.w2.weight", "MLP"),
+    ("norm.weight", "norms and residuals"), ("output.weight", "head and loss"),
+    ("model.layers.0.post_attention_layernorm.weight", "norms and residuals"),
+    ("output_layer.weight", "head and loss"),
+    # `output` inside a block, or holding a submodule, is not the model's head
+    ("encoder.layer.3.output.dense.weight", None), ("layers.3.output.weight", None),
     # a new layer type names no region
     ("blocks.0.mixer.w_in.weight", None), ("blocks.0.conv.weight", None),
 ])
