@@ -133,7 +133,7 @@ def _recorded(s):
             + (", ".join(on) or "no options") + ("; without " + ", ".join(off) if off else "") + "; unprofiled step: "
             + {"trace": "measured before the profiled steps", "given": "given (--unprofiled-ms)"}.get(
                 how.get("unprofiled"), "none, so the profiled step could not be checked (give it: --unprofiled-ms)"))
-    if how.get("stacks") and not how.get("unprofiled"):
+    if how.get("stacks") and not how.get("unprofiled") and s.get("kind") != "cpu":
         line += "; Python stacks slow the host, so GPU idle is not priced"
     return line
 
