@@ -21,6 +21,7 @@ from profiling.profile.findings.settings import attribute
 from profiling.profile.regions import PAD_ALIGNMENTS
 from profiling.profile.roofline import DTYPE_BYTES
 from profiling.profile.timeline import COMPILED
+from profiling.profile.traceio import num
 
 EAGER_CATEGORIES = ("other compute", "optimizer")  # elementwise and reduction work a compiler would fuse
 EAGER_MIN_SHARE = 0.005  # of the step: the clean default's eager kernels (a few add_/stack/_foreach_copy_
@@ -82,14 +83,15 @@ def _fp32_share(op):
     args = (op.get("args") or {}) if op else {}
     total, fp32, largest = 0, 0, (0, None)
     for shape, dtype in zip(args.get("Input Dims") or [], args.get("Input type") or []):
-        if isinstance(shape, list) and shape and dtype in DTYPE_BYTES:
+        if isinstance(shape, list) and shape and all(num(x) for x in shape) and dtype in DTYPE_BYTES:
             n = 1
             for x in shape:
                 n *= x
             total += n * DTYPE_BYTES[dtype]
             if dtype == "float":
                 fp32 += n * 4
-                largest = max(largest, (n * 4, tuple(shape)))
+                if n * 4 > largest[0]:  # not max(): an empty tensor ties with the start, (0, shape) vs (0, None)
+                    largest = (n * 4, tuple(shape))
     return (fp32, total, largest[1]) if largest[0] >= LARGE_FP32_BYTES else None
 
 
