@@ -19,9 +19,8 @@ from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.findings.settings import attribute
 from profiling.profile.regions import PAD_ALIGNMENTS
-from profiling.profile.roofline import DTYPE_BYTES
+from profiling.profile.roofline import DTYPE_BYTES, elements
 from profiling.profile.timeline import COMPILED
-from profiling.profile.traceio import num
 
 EAGER_CATEGORIES = ("other compute", "optimizer")  # elementwise and reduction work a compiler would fuse
 EAGER_MIN_SHARE = 0.005  # of the step: the clean default's eager kernels (a few add_/stack/_foreach_copy_
@@ -83,10 +82,10 @@ def _fp32_share(op):
     args = (op.get("args") or {}) if op else {}
     total, fp32, largest = 0, 0, (0, None)
     for shape, dtype in zip(args.get("Input Dims") or [], args.get("Input type") or []):
-        if isinstance(shape, list) and shape and all(num(x) for x in shape) and dtype in DTYPE_BYTES:
-            n = 1
-            for x in shape:
-                n *= x
+        if isinstance(shape, list) and shape and dtype in DTYPE_BYTES:
+            n = elements(shape)
+            if n is None:
+                return None  # a tensor of unknown size: the float32 share is unknown
             total += n * DTYPE_BYTES[dtype]
             if dtype == "float":
                 fp32 += n * 4
