@@ -253,7 +253,7 @@ def _summarize_device(ix, meta):
         s.update(findings.diagnose(tl, s))
     else:
         s.update(findings=[], unknown=[], skipped=[],
-                 no_findings=f"the step is {step_ms:.3f} ms of device timeline, shorter than {MIN_JUDGED_MS:g} ms: "
+                 no_findings=f"the step is {_ms_text(step_ms)} of device timeline, shorter than {MIN_JUDGED_MS:g} ms: "
                              "too short to judge (launch and profiler costs dominate it)")
     s["checks"] = [
         _check_counts(counts, "device events"),
@@ -328,6 +328,11 @@ def _summarize_cpu(ix, meta):
 
 def _r(x):
     return None if x is None else round(float(x), 4)
+
+
+def _ms_text(ms):
+    """Milliseconds for a note: microseconds where the milliseconds would round to zero."""
+    return f"{ms:,.3f} ms" if ms >= 1e-3 or not ms else f"{ms * 1e3:.3g} us"
 
 
 def _categories(cats):
@@ -431,7 +436,7 @@ def summarize(trace, top=None):
     meta = _metadata(trace)
     s = _summarize_device(ix, meta) if ix.device else _summarize_cpu(ix, meta)
     s["window"] = WHOLE_TRACE if ix.whole else "steps"
-    s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {s['step_ms']:,.3f} ms"
+    s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {_ms_text(s['step_ms'])}"
                   ] if ix.whole else []
     if top is not None:
         s["kernels"] = s["kernels"][:max(0, top)]
