@@ -113,6 +113,7 @@ from profiling.profile import (
 from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.timeline import Timeline
 from profiling.profile.traceio import (
+    WHOLE_TRACE,
     attribute,
     check_content,
     check_events,
@@ -126,7 +127,6 @@ from profiling.profile.traceio import (
     self_times,
     step_windows,
     union_length,
-    WHOLE_TRACE,
 )
 
 __all__ = ["META_KEY", "check_trace", "diff", "load_summary", "load_trace", "summarize"]

@@ -86,6 +86,13 @@ def test_the_corpus_holds_the_cases_it_is_for(corpus):
     assert {"AMD Radeon Graphics", "NVIDIA A100-PG509-200", "Tesla V100-SXM2-16GB"} <= devices
 
 
+def test_an_amd_trace_has_its_gemms_named(corpus):
+    """rocBLAS's Tensile kernels (Cijk_...) are GEMMs, not "other"."""
+    s = read(corpus, os.path.join(DATA, "foreign", "hta-mi250-rocm6.2-train.json.gz"))[1]
+    assert s["device"] == "AMD Radeon Graphics" and s["categories"]["GEMM"] > 0
+    assert not [k for k in s["kernels"] if k["raw_name"].startswith("Cijk_") and k["category"] != "GEMM"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # (b) fields removed or null, through every rule
 # ---------------------------------------------------------------------------------------------------------
