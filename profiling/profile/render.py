@@ -61,6 +61,7 @@ def to_markdown(summary, previous=None, top=10):
     lines = [f"CHECK FAILED: {c['name']}: {c['detail']}" for c in summary.get("checks", []) if not c["ok"]]
     if cpu:
         lines.append(CPU_NOTE)
+    lines += [f"note: {note}" for note in summary.get("notes") or ()]
     if lines:
         lines.append("")
     view = _unprofiled_view(summary)
@@ -108,7 +109,8 @@ def _unprofiled_view(s):
 def _header(s):
     tokens = s.get("tokens_per_step")
     parts = [s.get("device") or "unknown device", f"torch {s.get('torch') or 'unknown'}",
-             f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled",
+             "1 window, no step markers" if s.get("window") == "whole trace"
+             else f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled",
              f"{tokens:,} tokens/step" if isinstance(tokens, int) else "tokens/step unknown"]
     if s.get("commit"):
         parts.append(f"commit {s['commit']}")
@@ -148,7 +150,9 @@ def _findings(s, shown=MAX_FINDINGS):
         lines += [f"{i}. **{f['kind']}**: ~{_ms(f['ms_per_step'])} ms/step to gain "
                   f"({100 * f['ms_per_step'] / step:.1f}% of the step)",
                   f"   evidence: {f['evidence']}", f"   fix: {f['fix']}"]
-    if not big:
+    if s.get("no_findings"):
+        lines.append(f"No findings: {s['no_findings']}")
+    elif not big:
         idle = "outside operators" if s.get("kind") == "cpu" else "GPU idle"
         lines.append(f"No rule found a cause costing {SHOW_PERCENT:g}% of the step or more ({idle} "
                      f"{s['idle_percent']:.1f}%)" + _unexplained(s.get("bound")))
