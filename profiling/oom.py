@@ -13,9 +13,8 @@ least (allocated + reserved-but-unallocated + the failed request - fixed) / micr
 that at once, and the allocator's reserved blocks it could not use for the request (fragmentation) are taken
 to grow with the batch like the rest. So the estimate is below the micro-batch that failed. The per-sequence
 figure is a lower bound (the step's peak may lie later than the failure), so the micro-batch it gives is an
-upper bound: `max_micro_batch` is the most that could fit, `try_micro_batch` that less MARGIN
-(reserved-but-unallocated memory, fragmentation), rounded down to a multiple of 8 when it is 8 or more. A profile of a run that
-fitted gives a better figure (`research profile` of its trace: the GPU memory section).
+upper bound: `max_micro_batch` is the most that could fit, `try_micro_batch` that less MARGIN (for
+fragmentation and the allocator's rounding), rounded down to a multiple of 8 when it is 8 or more.
 """
 import re
 

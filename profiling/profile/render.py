@@ -125,14 +125,16 @@ RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host sta
 
 
 def _recorded(s):
-    """How the trace was recorded (summary.recorded), and what that means for the step and its idle."""
+    """How the trace was recorded (summary.recorded), and what that means for the step and its idle. A live
+    capture's options are always the same; another trace's missing ones are listed (the rules they feed)."""
     how = s.get("recorded")
     if not how:
         return ""
+    live = how["by"] == "live capture"
     on = [text for key, text in RECORDED if how.get(key)]
     off = [text for key, text in RECORDED if not how.get(key) and key != "host_samples"]
-    line = (f"recorded by {'this profiler (live capture)' if how['by'] == 'live capture' else how['by']}: "
-            + (", ".join(on) or "no options") + ("; without " + ", ".join(off) if off else "") + "; unprofiled step: "
+    line = (f"Recorded by {'this profiler (live capture)' if live else how['by']}: " + (", ".join(on) or "no options")
+            + ("; without " + ", ".join(off) if off and not live else "") + "; unprofiled step: "
             + {"trace": "measured before the profiled steps", "given": "given (--unprofiled-ms)"}.get(
                 how.get("unprofiled"), "none, so the profiled step could not be checked (give it: --unprofiled-ms)"))
     if how.get("stacks") and not how.get("unprofiled") and s.get("kind") != "cpu":
