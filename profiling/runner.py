@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 import prepare
-from profiling import oom, runfile
-from profiling.profile import hardware, provenance, settings
+from profiling import runfile
+from profiling.profile import hardware, oom, provenance, settings
 from profiling.errors import UserError
 from profiling.research import experiments, gate, history
 
@@ -394,7 +394,7 @@ class Run:
             provenance.start()
 
     def out_of_memory(self, e):
-        """What an out-of-memory error shows (profiling/oom.py): its message's figures, the innermost line of the
+        """What an out-of-memory error shows (profiling/profile/oom.py): its message's figures, the innermost line of the
         user's code, the parameters, gradients and optimizer state still held (measured), the process's cap."""
         here = os.path.dirname(os.path.abspath(__file__))
         where = next((f"{_shown(f.filename)}:{f.lineno} {(f.line or '').strip()}"

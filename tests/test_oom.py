@@ -1,7 +1,8 @@
-"""profiling/oom.py: an out-of-memory error read and explained, from torch's own message (pure, no GPU)."""
+"""profiling/profile/oom.py: an out-of-memory error read and explained, from torch's own message (pure, no GPU)."""
 import json
 
-from profiling import oom, runfile
+from profiling import runfile
+from profiling.profile import oom
 
 H100 = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.50 GiB "
         "is free. Including non-PyTorch memory, this process has 77.68 GiB memory in use. Of the allocated memory "

@@ -292,7 +292,7 @@ def test_the_sampled_line_of_a_sync(traced):
 
 def test_rules_declare_what_they_need():
     for rule in cuda_findings.RULES:
-        assert rule.kind == rule.__name__ and rule.needs == cuda_findings.NEEDS[rule.kind] == ("device",)
+        assert rule.kind == rule.__name__ and rule.needs == cuda_findings.NEEDS[rule.kind] == ("device", "own_idle")
 
 
 def test_the_cuda_calls_table_of_a_new_capture_with_its_settings():

@@ -209,7 +209,7 @@ def test_the_sampler_sees_the_busy_line(tmp_path):
     busy_line(0.15)
     sampler.stop()
     data = sampler.result()
-    assert len(data["samples"]) >= 10
+    assert len(data["samples"]) >= 3  # ~150 unloaded; a loaded machine's GIL hand-offs give far fewer
     assert all(step == 0 and 0 <= us <= 200_000 for step, us, _ in data["samples"])
     innermost = {data["stacks"][sid][0] for _, _, sid in data["samples"]}
     assert any(label.startswith("tests/profile/test_findings.py:") and "busy_line" in label for label in innermost)

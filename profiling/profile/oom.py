@@ -1,6 +1,7 @@
 """An out-of-memory run that explains itself (issue #35): the limit it hit, what it was allocating and from
 which line, the allocator's split at the failure, and the largest micro-batch that could fit. Pure Python, no
-torch: the trainer's runner gathers the facts (`facts` in profiling/runner.py) and this module reads them.
+torch: the trainer's runner gathers the facts (`Run.out_of_memory` in profiling/runner.py), this module reads
+them.
 
     info = explain(str(error), micro_batch=128, fixed_mb=6400.0, where="train.py:402 loss.backward()")
     print(message(info, knob="DEVICE_BATCH_SIZE"))    # the run's FAIL line
