@@ -1,6 +1,7 @@
 """profiling.profile.gpu_memory: GPU memory at the peak by category, from a snapshot in torch's own format
 (torch.cuda.memory._snapshot()), built here by hand; what fits; the report's section; on CUDA, a real step."""
 import copy
+import re
 
 import pytest
 
@@ -148,3 +149,75 @@ def test_the_record_is_small_json():
     r = reduce(snapshot(), TAGS)
     assert json.loads(json.dumps(r)) == r and len(json.dumps(r)) < 2000
     assert copy.deepcopy(r) == r
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The summary and the report
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def h100_trace():
+    from profiling.profile.summary import load_trace
+    import os
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+    return load_trace(os.path.join(data, "h100-compiled-gpt-5steps.trace.json.gz"))
+
+
+def _summary(trace, **meta):
+    from profiling.profile.summary import summarize
+    trace = dict(trace, autoresearch=dict(meta))
+    return summarize(trace)
+
+
+def test_the_report_section_and_fits(h100_trace):
+    from profiling.profile.render import to_json, to_markdown
+    import json
+    s = _summary(h100_trace, peak_memory_mb=44991.0, micro_batch=128, gpu_memory=dict(H100, lines=[
+        {"where": "train.py:212", "mb": 30000.0}], note="a note"))
+    assert s["gpu_memory"]["fits"]["max_micro_batch"] == 220
+    assert json.loads(to_json(s))["gpu_memory"]["categories"]["activations"] == 30000.0
+    md = to_markdown(s)
+    section = md[md.index("### GPU memory at the peak"):]
+    assert re.search(r"\| activations \(saved for backward\) +\| 30,000 +\| 66\.7 ", section)
+    assert re.search(r"\| \*\*allocated at the peak\*\* +\| \*\*44,991\*\* +\| \*\*100\.0\*\* ", section)
+    assert "reserved but unallocated 2,206 MB (reserved 47,196) · device 81,009 MB" in section
+    assert "held at the peak, by line: `train.py:212` 30,000 MB" in section
+    assert "largest micro-batch predicted to fit: 220 (recommended 192, 10% margin;" in section
+    assert "note: a note" in section
+    no_batch = to_markdown(_summary(h100_trace, gpu_memory=H100))
+    assert "largest micro-batch predicted to fit: unknown" in no_batch
+    missing = to_markdown(_summary(h100_trace, gpu_memory={"missing": "why"}))
+    assert "GPU memory at the peak: not recorded (why)" in missing
+    assert "GPU memory" not in to_markdown(_summary(h100_trace))
+
+
+def test_peak_memory_is_never_0_mb_on_a_gpu_run(h100_trace):
+    from profiling.profile.render import to_markdown
+    nvml = {"sm_mhz": 1980, "sm_max_mhz": 1980, "power_w": 600, "power_limit_w": 700, "temperature_c": 60,
+            "events": []}
+    state = {"start": dict(nvml, memory_used_mb=40000.0), "end": dict(nvml, memory_used_mb=46123.4)}
+    for zero in (0, 0.0, None):
+        s = _summary(h100_trace, peak_memory_mb=zero, device_state=state)
+        assert (s["peak_memory_mb"], s["peak_memory_source"]) == (46123.4, "NVML, device-wide")
+        assert "peak memory 46,123 MB (NVML, device-wide)" in to_markdown(s)
+        s = _summary(h100_trace, peak_memory_mb=zero)
+        assert s["peak_memory_mb"] is None and "peak memory unknown" in to_markdown(s)
+        assert " 0 MB" not in to_markdown(s)
+    s = _summary(h100_trace, peak_memory_mb=45060.2, device_state=state)
+    assert s["peak_memory_source"] == "allocator" and re.search(r"peak memory 45,060 MB$", to_markdown(s), re.M)
+
+
+def test_nvml_memory_in_the_device_state():
+    from profiling.profile import device_state
+
+    class Info:
+        used = 46123 * M
+
+    class NVML:
+        NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+        def __getattr__(self, name):
+            return lambda *a: Info() if name == "nvmlDeviceGetMemoryInfo" else 1
+
+    assert device_state.read(nvml=NVML())["memory_used_mb"] == 46123
+    assert device_state.memory_mb({"start": {"missing": "x"}, "end": {}}) is None
