@@ -223,3 +223,42 @@ def test_nvml_memory_in_the_device_state():
 
     assert device_state.read(nvml=NVML())["memory_used_mb"] == 46123
     assert device_state.memory_mb({"start": {"missing": "x"}, "end": {}}) is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On CUDA: a real memory step (run on the H100 session; skipped here)
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
+def test_a_real_memory_step_adds_up(tmp_path):
+    """A small MLP trained with AdamW through profiling.Profiler: the categories sum to the allocated peak
+    (within 5% of the allocator's own max_memory_allocated), and parameters, gradients and AdamW's state (two
+    fp32 tensors per parameter, plus a scalar step each) match the parameter count within 5%."""
+    import torch
+    import torch.nn as nn
+
+    import profiling
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+                            for _ in range(4)]).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(64, 256, 1024, device="cuda")
+
+    def step():
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    result = profiling.profile_steps(step, model, micro_batch=64, out_dir=tmp_path, warmup_steps=2,
+                                     timed_steps=1, active_steps=1)
+    g = result.summary["gpu_memory"]
+    cats = g["categories"]
+    assert abs(sum(cats.values()) - g["peak_allocated_mb"]) < 0.01
+    assert abs(g["peak_allocated_mb"] - g["allocator_peak_mb"]) <= 0.05 * g["allocator_peak_mb"]
+    params_mb = sum(p.numel() for p in model.parameters()) * 4 / M
+    for name, expected in (("parameters", params_mb), ("gradients", params_mb),
+                           ("optimizer_state", 2 * params_mb)):
+        assert abs(cats[name] - expected) <= 0.05 * expected, (name, cats[name], expected)
+    assert cats["activations"] > 0 and g["fits"]["max_micro_batch"] > 64
+    assert "### GPU memory at the peak" in result.report
