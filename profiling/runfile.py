@@ -22,8 +22,10 @@ STATUSES = ("ok", "crash", "fail", "early_abort")  # fail: NaN or exploding loss
 # `hyperparameters` train.py's knobs; `loss_curve` {"fractions": [...], "loss": [...]} of TIME_BUDGET.
 RUN_KEYS = (
     "version", "status", "time", "commit", "device", "torch", "dataset", "summary", "settings",
-    "hyperparameters", "loss_curve", "profile", "gate", "error",
+    "hyperparameters", "loss_curve", "profile", "gate", "error", "oom",
 )
+# `oom`: what an out-of-memory crash showed (profiling/oom.py `explain`), else null; absent in older files.
+OPTIONAL_KEYS = ("oom",)
 LOSS_CURVE_POINTS = 20  # at least this many evenly spaced fractions of the time budget
 
 
@@ -73,7 +75,7 @@ def validate_run(run):
     """Return a list of problems (empty when `run` is a valid run record)."""
     if not isinstance(run, dict):
         return ["not a JSON object"]
-    problems = [f"missing key {k!r}" for k in RUN_KEYS if k not in run]
+    problems = [f"missing key {k!r}" for k in RUN_KEYS if k not in run and k not in OPTIONAL_KEYS]
     if problems:
         return problems
     if run["version"] != VERSION:
@@ -95,6 +97,8 @@ def validate_run(run):
         problems.append("settings is not an object")
     if not isinstance(run["dataset"], str):
         problems.append("dataset is not a string")
+    if run.get("oom") is not None and not isinstance(run["oom"], dict):
+        problems.append("oom is not an object or null")
     curve = run["loss_curve"]
     if curve is not None:
         if not (isinstance(curve, dict) and isinstance(curve.get("fractions"), list)

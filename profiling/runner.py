@@ -23,12 +23,13 @@ import subprocess
 import sys
 import time
 import traceback
+import weakref
 
 import torch
 import torch.distributed as dist
 
 import prepare
-from profiling import runfile
+from profiling import oom, runfile
 from profiling.profile import hardware, provenance, settings
 from profiling.errors import UserError
 from profiling.research import experiments, gate, history
@@ -262,6 +263,32 @@ class Ranks:
 # The run
 # ---------------------------------------------------------------------------------------------------------
 
+def _shown(path):
+    """A path as the user knows it: relative to the folder the run started in when inside it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _held_mb(*holders):
+    """MB of the distinct CUDA storages a model (parameters and their gradients) and an optimizer (its state)
+    hold: what does not grow with the batch, measured from the tensors themselves."""
+    seen, total = set(), 0
+    tensors = []
+    for h in holders:
+        if isinstance(h, torch.nn.Module):
+            for p in h.parameters():
+                tensors += [p, p.grad]
+        elif isinstance(h, torch.optim.Optimizer):
+            tensors += [t for state in h.state.values() for t in state.values()]
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total / 2**20
+
+
 class Run:
     """One run of train.py: its flags (`args`), the summary it prints (`summary`, runfile.SUMMARY_FIELDS) and
     the rest of its run.json (`record`). Until it ends, run.json says it did not: a killed run is a crash."""
@@ -283,7 +310,7 @@ class Run:
                            loss_curve=None, profile=None)
         self.summary = dict.fromkeys(runfile.SUMMARY_FIELDS)
         self.summary.update(depth=hyperparameters.get("DEPTH"), world_size=n)
-        self.gate, self.points, self.model_meta = None, [], {}
+        self.gate, self.points, self.model_meta, self.holders = None, [], {}, []
         if not self.args.profile:
             self.write("crash", "did not finish: killed, timed out, or crashed before writing its summary")
 
@@ -296,7 +323,7 @@ class Run:
         """Whether the loop profiles a few steps (every run but --no-profile)."""
         return not self.args.no_profile
 
-    def write(self, status, error=None):
+    def write(self, status, error=None, oom_info=None):
         if not self.ranks.first:
             return
         self.summary["total_seconds"] = round(time.time() - self.t_start, 1)
@@ -304,11 +331,11 @@ class Run:
             self.summary["peak_vram_mb"] = round(torch.cuda.max_memory_allocated() / 1024**2, 1)
         now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         runfile.write_run(self.args.run_file, runfile.make_run(status, self.summary, time=now, error=error,
-                                                               **self.record))
+                                                               oom=oom_info, **self.record))
 
-    def finish(self, status, error=None, code=0, extra=()):
+    def finish(self, status, error=None, code=0, extra=(), oom_info=None):
         """Write run.json, print the summary block; returns the exit code."""
-        self.write(status, error)
+        self.write(status, error, oom_info)
         print(runfile.format_summary(self.summary, status, extra))
         return code
 
@@ -336,11 +363,11 @@ class Run:
             extra = [(f"gate_{k}", d[k]) for k in keys]
             self.ranks.close()  # every rank got the same decision (run.track)
             return self.finish("early_abort", code=gate.EXIT_CODE, extra=extra)
-        except torch.OutOfMemoryError:
-            batch = self.record["hyperparameters"].get("DEVICE_BATCH_SIZE")
-            msg = f"CUDA out of memory at DEVICE_BATCH_SIZE={batch}: lower DEVICE_BATCH_SIZE"
+        except torch.OutOfMemoryError as e:
+            info = self.out_of_memory(e)
+            msg = oom.message(info, knob="DEVICE_BATCH_SIZE")
             print(f"FAIL: {msg}", file=sys.stderr)
-            return self.finish("crash", error=msg, code=1)
+            return self.finish("crash", error=msg, code=1, oom_info=info)
         except Exception as e:  # a bug in an edit: the traceback for the agent, run.json for the memory
             traceback.print_exc()
             return self.finish("crash", error=f"{type(e).__name__}: {e}"[:500], code=1)
@@ -366,8 +393,28 @@ class Run:
         if self.profiling:  # before anything compiles: the report's "Lines of train.py" (profile/provenance.py)
             provenance.start()
 
-    def describe_model(self, model, flops_per_token, tokens_per_step, micro_batches):
-        """Record the model's size (the summary, the profile's metadata) and print it."""
+    def out_of_memory(self, e):
+        """What an out-of-memory error shows (profiling/oom.py): its message's figures, the innermost line of the
+        user's code, the parameters, gradients and optimizer state still held (measured), the process's cap."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        where = next((f"{_shown(f.filename)}:{f.lineno} {(f.line or '').strip()}"
+                      for f in reversed(traceback.extract_tb(e.__traceback__))
+                      if not f.filename.startswith(here) and f"{os.sep}torch{os.sep}" not in f.filename
+                      and "site-packages" not in f.filename), None)
+        fixed = _held_mb(*(ref() for ref in self.holders)) if self.holders else None
+        cap = device = None
+        if self.cuda:
+            device = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**20
+            with contextlib.suppress(AttributeError, RuntimeError):
+                fraction = torch.cuda.get_per_process_memory_fraction()
+                cap = device * fraction if fraction < 1 else None
+        return oom.explain(str(e), micro_batch=self.record["hyperparameters"].get("DEVICE_BATCH_SIZE"),
+                           fixed_mb=fixed, where=where, cap_mb=cap, device_mb=device)
+
+    def describe_model(self, model, flops_per_token, tokens_per_step, micro_batches, optimizer=None):
+        """Record the model's size (the summary, the profile's metadata) and print it. The model and optimizer
+        are held weakly, to measure what they hold if the run runs out of memory."""
+        self.holders = [weakref.ref(x) for x in (model, optimizer) if x is not None]
         num_params = sum(p.numel() for p in model.parameters())
         self.summary["num_params_M"] = round(num_params / 1e6, 1)
         self.model_meta = dict(tokens_per_step=tokens_per_step, micro_batches=micro_batches,

@@ -216,17 +216,41 @@ def test_train_py_runs_as_a_script(prepared_cache, tmp_path):
     assert runfile.read_run(tmp_path / "run.json")["settings"]["TIME_BUDGET"] == 2
 
 
-def test_cuda_out_of_memory_names_the_knob_and_writes_a_crash(tiny, capsys, monkeypatch):
+# torch's own message, as c10's caching allocator writes it on an 80 GB H100 (figures made up, format real)
+OOM_MESSAGE = ("CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+               "6.12 GiB is free. Including non-PyTorch memory, this process has 73.06 GiB memory in use. Of the "
+               "allocated memory 71.50 GiB is allocated by PyTorch, and 1.06 GiB is reserved by PyTorch but "
+               "unallocated. If reserved but unallocated memory is large try setting "
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+
+
+def test_cuda_out_of_memory_explains_itself_in_the_log_run_json_and_the_memory(tiny, capsys, monkeypatch):
+    """A simulated allocator error in the training step: the FAIL line names the limit, the request, the line,
+    the allocator's split and a micro-batch to try; run.json and, once logged, experiments.json keep it."""
     def oom_step(model, optimizer, loader, grad_accum_steps, autocast, ranks):
         def step(step, progress):
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+            raise torch.OutOfMemoryError(OOM_MESSAGE)
         return step, model
     monkeypatch.setattr(train, "make_train_step", oom_step)
     assert train.main(["--no-gate", "--no-profile"]) == 1
     err = capsys.readouterr().err
-    assert "DEVICE_BATCH_SIZE" in err and "Traceback" not in err
+    assert "Traceback" not in err
+    line = next(x for x in err.splitlines() if x.startswith("FAIL: "))
+    assert line.startswith(f"FAIL: CUDA out of memory at DEVICE_BATCH_SIZE={train.DEVICE_BATCH_SIZE}: hit the "
+                           "device's memory, 81,091 MB, allocating 8,192 MB at ")
+    assert "test_train_e2e.py:" in line and "raise torch.OutOfMemoryError(OOM_MESSAGE)" in line  # the user's line
+    assert "allocated by PyTorch 73,216 MB" in line and "reserved but unallocated 1,085 MB" in line
     run = runfile.read_run(tiny / "run.json")
-    assert run["status"] == "crash" and "lower DEVICE_BATCH_SIZE" in run["error"]
+    assert run["status"] == "crash" and run["error"] == line[len("FAIL: "):]
+    info = run["oom"]
+    assert info["limit"] == "device" and info["requested_mb"] == 8192.0 and info["micro_batch"] == train.DEVICE_BATCH_SIZE
+    assert info["fixed_mb"] == 0.0  # the CPU model holds no CUDA memory
+    assert info["max_micro_batch"] < train.DEVICE_BATCH_SIZE  # what failed does not fit
+    assert f"at most {info['max_micro_batch']} sequences per micro-batch can fit" in line
+    assert f"try DEVICE_BATCH_SIZE={info['try_micro_batch']}" in line and 1 <= info["try_micro_batch"] <= 3
+    assert cli.main(["log", "--dimension", "batching", "--change", "micro-batch 16", "--run", str(tiny / "run.json")]) == 0
+    record = json.loads((tiny / "experiments.json").read_text())["experiments"][-1]
+    assert record["status"] == "crash" and record["oom"] == info and record["error"] == run["error"]
 
 
 def test_summary_format_is_pinned():

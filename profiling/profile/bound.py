@@ -13,7 +13,7 @@ An event with neither (cuBLAS's and cuDNN's own bytes, copies, a trace recorded 
 (None): its time is taken as needed, so no excess is ever claimed where the trace shows no work. Left out:
 launch latency, and the bytes of intermediates a fused kernel keeps on chip (taken as needed).
 """
-from profiling.profile.roofline import DTYPE_BYTES, GEMM_OPS
+from profiling.profile.roofline import DTYPE_BYTES, GEMM_OPS, elements
 
 LARGE_GEMM_FLOPS = 1e10  # GEMM calls this big set the attainable rate (smaller ones are latency-bound)
 BEST_SHARE = 0.25        # the rate the fastest quarter of large-GEMM FLOPs reaches: the trace's own ceiling
@@ -50,9 +50,9 @@ def eager_bytes(op):
     sizes = []
     for shape, dtype in zip(dims, types):
         if isinstance(shape, list) and shape and dtype in DTYPE_BYTES:
-            n = 1
-            for x in shape:
-                n *= x
+            n = elements(shape)
+            if n is None:
+                return None  # a tensor of unknown size: the bytes are unknown
             sizes.append(n * DTYPE_BYTES[dtype])
     return sum(sizes) + max(sizes) if sizes else None
 

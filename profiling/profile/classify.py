@@ -10,7 +10,8 @@ Categories (the rules, applied in this order; the first that matches wins):
    or a name that names an optimizer (adam, muon, lamb, lion, sgd, optimizer).
 2. `memory`: device memcpy/memset records (`gpu_memcpy`, `gpu_memset`); on CPU, allocation and copy ops.
 3. `attention`: flex/flash/fused attention kernels, including Triton kernels that fused an attention op.
-4. `GEMM`: cuBLAS/cuBLASLt (nvjet, xmma, gemm, splitKreduce), CUTLASS, Triton mm templates; on CPU
+4. `GEMM`: cuBLAS/cuBLASLt (nvjet, xmma, gemm, splitKreduce), CUTLASS, rocBLAS/hipBLASLt's Tensile kernels
+   (Cijk_...: an AMD trace's GEMMs), Triton mm templates; on CPU
    the matmul ops (aten::mm, addmm, bmm, ...).
 5. `other compute`: every other kernel we recognise: Triton (fused elementwise, norms, loss), PyTorch's
    own kernels (at::native, cub, ...), or names with elementwise/reduce/norm/softmax/loss words.
@@ -25,7 +26,7 @@ _OPTIMIZER = re.compile(r"adam|muon|optimizer|(?<![a-z])(lamb|lion|sgd)(?![a-z])
 # dot_do_o and convert_dq: the helper kernels of cuDNN's SDPA backward (compute_dot_do_o_specialized, ...)
 _ATTENTION = re.compile(r"attention|attn|flash|fmha|sdpa|_mha|mha_|dot_do_o|convert_dq", re.IGNORECASE)
 _GEMM = re.compile(r"gemm|gemv|nvjet|cutlass|cublas|xmma|wgmma|hmma|splitkreduce|matmul|"
-                   r"^(ampere|volta|turing|hopper|sm\d+)_", re.IGNORECASE)
+                   r"^(ampere|volta|turing|hopper|sm\d+)_|^Cijk_", re.IGNORECASE)
 _TRITON_MM = {"mm", "addmm", "bmm", "baddbmm", "scaled"}
 _OTHER_COMPUTE = re.compile(r"^triton_|at::|c10::|cub::|thrust::|at_cuda_detail|elementwise|reduce|norm|"
                             r"softmax|loss|cross_entropy|embedding|index|gather|scatter|copy|fill|cat_|sort", re.IGNORECASE)

@@ -62,6 +62,7 @@ def to_markdown(summary, previous=None, top=10):
     lines = [f"CHECK FAILED: {c['name']}: {c['detail']}" for c in summary.get("checks", []) if not c["ok"]]
     if cpu:
         lines.append(CPU_NOTE)
+    lines += [f"note: {note}" for note in summary.get("notes") or ()]
     if lines:
         lines.append("")
     view = _unprofiled_view(summary)
@@ -109,7 +110,8 @@ def _unprofiled_view(s):
 def _header(s):
     tokens = s.get("tokens_per_step")
     parts = [s.get("device") or "unknown device", f"torch {s.get('torch') or 'unknown'}",
-             f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled",
+             "1 window, no step markers" if s.get("window") == "whole trace"
+             else f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled",
              f"{tokens:,} tokens/step" if isinstance(tokens, int) else "tokens/step unknown"]
     if s.get("commit"):
         parts.append(f"commit {s['commit']}")
@@ -124,14 +126,16 @@ RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host sta
 
 
 def _recorded(s):
-    """How the trace was recorded (summary.recorded), and what that means for the step and its idle."""
+    """How the trace was recorded (summary.recorded), and what that means for the step and its idle. A live
+    capture's options are always the same; another trace's missing ones are listed (the rules they feed)."""
     how = s.get("recorded")
     if not how:
         return ""
+    live = how["by"] == "live capture"
     on = [text for key, text in RECORDED if how.get(key)]
     off = [text for key, text in RECORDED if not how.get(key) and key != "host_samples"]
-    line = (f"recorded by {'this profiler (live capture)' if how['by'] == 'live capture' else how['by']}: "
-            + (", ".join(on) or "no options") + ("; without " + ", ".join(off) if off else "") + "; unprofiled step: "
+    line = (f"Recorded by {'this profiler (live capture)' if live else how['by']}: " + (", ".join(on) or "no options")
+            + ("; without " + ", ".join(off) if off and not live else "") + "; unprofiled step: "
             + {"trace": "measured before the profiled steps", "given": "given (--unprofiled-ms)"}.get(
                 how.get("unprofiled"), "none, so the profiled step could not be checked (give it: --unprofiled-ms)"))
     if how.get("stacks") and not how.get("unprofiled") and s.get("kind") != "cpu":
@@ -149,7 +153,9 @@ def _findings(s, shown=MAX_FINDINGS):
         lines += [f"{i}. **{f['kind']}**: ~{_ms(f['ms_per_step'])} ms/step to gain "
                   f"({100 * f['ms_per_step'] / step:.1f}% of the step)",
                   f"   evidence: {f['evidence']}", f"   fix: {f['fix']}"]
-    if not big:
+    if s.get("no_findings"):
+        lines.append(f"No findings: {s['no_findings']}")
+    elif not big:
         idle = "outside operators" if s.get("kind") == "cpu" else "GPU idle"
         lines.append(f"No rule found a cause costing {SHOW_PERCENT:g}% of the step or more ({idle} "
                      f"{s['idle_percent']:.1f}%)" + _unexplained(s.get("bound")))

@@ -125,11 +125,21 @@ def tensor_bytes(op):
     total = 0
     for shape, dtype in zip(dims, types):
         if isinstance(shape, list) and shape and dtype in DTYPE_BYTES:
-            n = 1
-            for x in shape:
-                n *= x
+            n = elements(shape)
+            if n is None:
+                return None  # a tensor of unknown size: the bytes are unknown, not the others' sum
             total += n * DTYPE_BYTES[dtype]
     return total or None
+
+
+def elements(shape):
+    """The number of elements of a recorded shape, or None where a dimension is not a number (null, symbolic)."""
+    if not isinstance(shape, list) or not all(num(x) for x in shape):
+        return None
+    n = 1
+    for x in shape:
+        n *= x
+    return n
 
 
 def _flops_of(tl, op, category):

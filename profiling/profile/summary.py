@@ -20,6 +20,8 @@ How the numbers are made (so they add up and can be trusted):
   own `Optimizer.step#...` and `Optimizer.zero_grad#...` or a `record_function("optimizer")` -- count as
   optimizer); idle = step time minus the union of its busy intervals; `overlap` (zero or negative) removes
   time counted twice when kernels ran concurrently. categories + idle + overlap = step, exactly.
+- A trace without ProfilerStep markers (profiled without a schedule) is one step: the whole span of its host
+  events, so every launch falls inside it (`window` says "whole trace").
 - A trace without device events is a CPU profile: the same summary over CPU operators' self time
   (kind "cpu"); step time is the ProfilerStep window; idle becomes "outside ops" (Python, data, waiting).
 
@@ -40,6 +42,10 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       {recorded: false}, or {recorded: true, differs: [{name,
                                                       value, default, by, source, during}], all: the record}
     steps, step_ms, step_ms_each                      profiled steps; mean and per-step ms
+    window, notes                                     "steps" (the ProfilerStep windows) or "whole trace" (a trace
+                                                      without markers, read as one step); notes: lines the report
+                                                      shows at its top
+    no_findings                                       why there are no findings (a step under MIN_JUDGED_MS), when so
     idle_ms, idle_percent, device_ms                  per step (device_ms: None for a CPU profile)
     categories                                        part -> ms/step: GEMM, attention, other compute,
                                                       optimizer, memory, communication (only where there
@@ -125,6 +131,7 @@ from profiling.profile import (
 from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.timeline import Timeline
 from profiling.profile.traceio import (
+    WHOLE_TRACE,
     attribute,
     check_content,
     check_events,
@@ -148,6 +155,10 @@ STEP_TOLERANCE = 0.03   # profiled vs unprofiled step time
 OTHER_LIMIT = 0.01      # at most this share of device time may stay uncategorised
 MIN_KNOWN_PERCENT = 50  # the step's bound is stated only where this share of device time has a known work
 LAUNCH_WORDS = ("launch", "memcpy", "memset")  # runtime calls that must produce a device event
+# No findings below this step time: a launch costs ~5 us of host time, the profiler a few us per event and the
+# clocks ~1 us, so a step under 1 ms is mostly these fixed costs and a handful of kernels (one 0.045 ms trace
+# had a float32 GEMM "worth" 44% of it): its gaps and rates say more about the profiler than about the program.
+MIN_JUDGED_MS = 1.0
 
 
 def load_summary(path):
@@ -285,7 +296,12 @@ def _summarize_device(ix, meta, how):
     s["bound"] = _step_bound(tl, bounds, rate, s)
     s["cuda_calls"] = cuda_calls.table(tl)
     tl.bounds = bounds
-    s.update(findings.diagnose(tl, s, stacks=how["stacks"]))
+    if step_ms >= MIN_JUDGED_MS:
+        s.update(findings.diagnose(tl, s, stacks=how["stacks"]))
+    else:
+        s.update(findings=[], unknown=[], skipped=[],
+                 no_findings=f"the step is {_ms_text(step_ms)} of device timeline, shorter than {MIN_JUDGED_MS:g} ms: "
+                             "too short to judge (launch and profiler costs dominate it)")
     s["checks"] = [
         _check_counts(counts, "device events"),
         _check_step_time(step_ms, meta),
@@ -359,6 +375,11 @@ def _summarize_cpu(ix, meta):
 
 def _r(x):
     return None if x is None else round(float(x), 4)
+
+
+def _ms_text(ms):
+    """Milliseconds for a note: microseconds where the milliseconds would round to zero."""
+    return f"{ms:,.3f} ms" if ms >= 1e-3 or not ms else f"{ms * 1e3:.3g} us"
 
 
 def _categories(cats):
@@ -476,7 +497,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
     """
     check_events(trace)
     ix = index(trace["traceEvents"])
-    check_content(bool(ix.steps), bool(ix.device or ix.cpu_ops))
+    check_content(bool(ix.device or ix.cpu_ops))
     meta = _metadata(trace)
     given = unprofiled_ms is not None
     if given:
@@ -484,6 +505,9 @@ def summarize(trace, top=None, unprofiled_ms=None):
     how = recorded(trace, ix, given)
     s = _summarize_device(ix, meta, how) if ix.device else _summarize_cpu(ix, meta)
     s["recorded"] = how
+    s["window"] = WHOLE_TRACE if ix.whole else "steps"
+    s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {_ms_text(s['step_ms'])}"
+                  ] if ix.whole else []
     if top is not None:
         s["kernels"] = s["kernels"][:max(0, top)]
     return s

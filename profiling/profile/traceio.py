@@ -12,6 +12,7 @@ import orjson
 from profiling.errors import UserError
 
 STEP_PREFIX = "ProfilerStep#"
+WHOLE_TRACE = "whole trace"  # the one window of a trace without ProfilerStep markers
 GRAPH_CALL_PREFIX = "## Call CompiledFxGraph "  # inductor's annotation around one call of a compiled graph
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
@@ -55,28 +56,19 @@ def check_events(trace, source="trace"):
                         "export one with prof.export_chrome_trace(PATH)")
 
 
-def check_content(has_step, has_work, source="trace"):
-    """Raise UserError unless the trace has ProfilerStep markers and device events or CPU ops."""
-    if not has_step:
-        raise UserError(f"{source}: no ProfilerStep markers; profile with a schedule and call prof.step() "
-                        "once per training step")
+def check_content(has_work, source="trace"):
+    """Raise UserError unless the trace has device events or CPU ops. ProfilerStep markers are not needed: a
+    trace without them is read as one window (`index`)."""
     if not has_work:
         raise UserError(f"{source}: no device events and no CPU operators; nothing to summarize")
 
 
 def check_trace(trace, source="trace"):
-    """Raise UserError (one line) unless `trace` is a torch.profiler trace with steps and something to sum."""
+    """Raise UserError (one line) unless `trace` is a torch.profiler trace with something to sum."""
     check_events(trace, source)
-    has_step = has_work = False
-    for e in trace["traceEvents"]:
-        if not isinstance(e, dict):
-            continue
-        cat = str(e.get("cat", "")).lower()
-        if str(e.get("name", "")).startswith(STEP_PREFIX) and not cat.startswith("gpu_"):
-            has_step = True
-        elif cat in DEVICE_CATS or cat == "cpu_op":
-            has_work = True
-    check_content(has_step, has_work, source)
+    has_work = any(isinstance(e, dict) and str(e.get("cat", "")).lower() in DEVICE_CATS | {"cpu_op"}
+                   for e in trace["traceEvents"])
+    check_content(has_work, source)
 
 
 def load_trace(path):
@@ -105,6 +97,7 @@ class Index:
         self.graph_calls = []  # `## Call CompiledFxGraph <key> ##` annotations (profiling/profile/lines.py)
         self.modules = []      # `nn.Module: <Class>_<k>` scopes (with_stack/with_modules; profiling/profile/regions.py)
         self.span = None       # (start, end) of the recorded window
+        self.whole = False     # no ProfilerStep markers: `steps` is one window over the whole trace
 
 
 def num(x):
@@ -152,6 +145,8 @@ def index(events):
         elif cat == "python_function" and name.startswith(MODULE_PREFIX):
             ix.modules.append(e)
     ix.steps.sort()
+    if not ix.steps and lo is not None and (ix.device or ix.cpu_ops):  # no markers (a trace made without a
+        ix.steps, ix.whole = [(lo, hi, WHOLE_TRACE)], True          # schedule): the host's whole span, one step
     ix.optimizer = merge(optimizer)
     if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
         ix.span = (lo, hi + max(hi - lo, 1e6))

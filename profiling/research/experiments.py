@@ -39,7 +39,7 @@ RECORD_KEYS = (
     "id", "time", "commit", "dimension", "change", "rationale", "status", "run_status",
     "val_bpb", "baseline_bpb", "baseline_id", "improvement", "within_noise", "noise_floor",
     "peak_vram_mb", "mfu_percent", "num_steps", "training_seconds",
-    "settings", "dataset", "device", "profile", "run_time", "gate", "loss_curve", "source",
+    "settings", "dataset", "device", "profile", "run_time", "gate", "loss_curve", "error", "oom", "source",
 )
 RESCUE_KEYS = ("id", "time", "from_experiment", "dimension", "mechanism", "reuse_signal")
 LOCK_TIMEOUT_S = 120.0

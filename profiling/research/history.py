@@ -233,6 +233,7 @@ def record_from_run(records, run, dimension, change, *, rationale=None, status=N
         "run_time": run.get("time"), "gate": run.get("gate"),
         # Only kept runs can be the gate's reference, so only they keep their curve (it is most of a record).
         "loss_curve": run.get("loss_curve") if status == "keep" else None,
+        "error": run.get("error"), "oom": run.get("oom"),  # a crash's reason; what an out-of-memory one showed
         "source": "log",
     }
     bad = next((k for k in RECORD_KEYS if _non_finite(values.get(k))), None)

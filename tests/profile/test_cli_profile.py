@@ -79,7 +79,7 @@ def test_main_previous_summary_or_trace(tmp_path, capsys):
 @pytest.mark.parametrize("content, message", [
     (b"not json at all", "not JSON"),
     (json.dumps({"foo": 1}).encode(), "not a torch.profiler trace"),
-    (json.dumps({"traceEvents": []}).encode(), "no ProfilerStep markers"),
+    (json.dumps({"traceEvents": []}).encode(), "no device events and no CPU operators"),
     (gzip.compress(json.dumps({"traceEvents": [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 5}]}).encode()),
      "no device events and no CPU operators"),

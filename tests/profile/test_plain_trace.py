@@ -42,7 +42,7 @@ def test_with_stacks_and_no_unprofiled_figure_no_idle_is_priced_and_section_0_sa
     assert len(idle) == 1 and idle[0]["ms_per_step"] == pytest.approx(s["idle_ms"], abs=0.01) and s["idle_ms"] > 300
     md = render.to_markdown(s)
     head, section0 = md.split("## 0.")[0], md.split("## 0.")[1].split("## 1.")[0]
-    assert "recorded by torch.profiler: Python stacks (with_stack)" in head
+    assert "Recorded by torch.profiler: Python stacks (with_stack)" in head
     assert "the profiled step could not be checked (give it: --unprofiled-ms)" in head
     assert "unexplained: GPU idle in a trace recorded with Python stacks" in section0
     assert "the idle may be the profiler's own cost" in section0

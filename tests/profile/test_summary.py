@@ -263,7 +263,7 @@ def write(tmp_path, name, data, compress=False):
     (b"this is not json", "not JSON"),
     ({"hello": 1}, "not a torch.profiler trace"),
     ([1, 2, 3], "not a torch.profiler trace"),
-    ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1}]}, "no ProfilerStep markers"),
+    ({"traceEvents": []}, "no device events and no CPU operators"),
     ({"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "ts": 1, "dur": 1}]},
      "no device events and no CPU operators"),
 ])
@@ -281,6 +281,8 @@ def test_missing_file_and_device_events_without_launches(tmp_path):
     trace = make_trace(STEPS, [("k", None, 50000, 10)])
     with pytest.raises(UserError, match="no CUDA runtime/driver launch events"):
         summarize(trace)
+    with pytest.raises(UserError, match="no CUDA runtime/driver launch events"):  # no markers, nothing on the host
+        summarize({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1}]})
 
 
 def test_load_summary_reads_a_summary_or_a_trace(tmp_path):

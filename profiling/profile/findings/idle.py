@@ -223,7 +223,7 @@ def _launch_heavy(tl, ctx):
 def launch_bound(tl, ctx, found):
     """The host cannot launch kernels as fast as the GPU runs them: many short kernels, idle between them."""
     heavy, events = _launch_heavy(tl, ctx)
-    if not heavy:
+    if not heavy or not events:  # no device event counted (none with a launch): nothing launched too slowly
         return None
     gaps = [g for g in _open_gaps(tl) if g.us < LONG_GAP_US or not _train_line(tl, _host_line(tl, g))]
     for g in gaps:

@@ -19,7 +19,7 @@ from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.findings.settings import attribute
 from profiling.profile.regions import PAD_ALIGNMENTS
-from profiling.profile.roofline import DTYPE_BYTES
+from profiling.profile.roofline import DTYPE_BYTES, elements
 from profiling.profile.timeline import COMPILED
 
 EAGER_CATEGORIES = ("other compute", "optimizer")  # elementwise and reduction work a compiler would fuse
@@ -83,13 +83,14 @@ def _fp32_share(op):
     total, fp32, largest = 0, 0, (0, None)
     for shape, dtype in zip(args.get("Input Dims") or [], args.get("Input type") or []):
         if isinstance(shape, list) and shape and dtype in DTYPE_BYTES:
-            n = 1
-            for x in shape:
-                n *= x
+            n = elements(shape)
+            if n is None:
+                return None  # a tensor of unknown size: the float32 share is unknown
             total += n * DTYPE_BYTES[dtype]
             if dtype == "float":
                 fp32 += n * 4
-                largest = max(largest, (n * 4, tuple(shape)))
+                if n * 4 > largest[0]:  # not max(): an empty tensor ties with the start, (0, shape) vs (0, None)
+                    largest = (n * 4, tuple(shape))
     return (fp32, total, largest[1]) if largest[0] >= LARGE_FP32_BYTES else None
 
 

@@ -1,0 +1,274 @@
+"""Traces made elsewhere (issue #34): other projects' torch.profiler traces (tests/data/foreign/SOURCES.md), and
+our own traces with fields removed or null, go through summarize and the report without an exception."""
+import copy
+import glob
+import json
+import os
+
+import orjson
+import pytest
+
+from profiling.profile import render
+from profiling.profile.summary import MIN_JUDGED_MS, load_trace, summarize
+from profiling.profile.traceio import DEVICE_CATS, read_json
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+FOREIGN = sorted(glob.glob(os.path.join(DATA, "foreign", "*.json.gz")))
+NO_MARKERS = "no ProfilerStep markers: it is read as one window of"
+
+
+def report(trace):
+    s = summarize(trace)
+    json.loads(render.to_json(s))  # the JSON twin is plain data
+    return s, render.to_markdown(s)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (a) the corpus
+# ---------------------------------------------------------------------------------------------------------
+
+def test_the_corpus_is_there_small_and_described():
+    assert len(FOREIGN) >= 15
+    assert sum(os.path.getsize(p) for p in FOREIGN) < 4 * 2**20
+    assert all(os.path.getsize(p) < 300 * 2**10 for p in FOREIGN)
+    with open(os.path.join(DATA, "foreign", "SOURCES.md")) as f:
+        sources = f.read()
+    assert [os.path.basename(p) for p in FOREIGN if os.path.basename(p) not in sources] == []
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    """path -> (trace, summary, report), each made once."""
+    return {}
+
+
+def read(corpus, path):
+    if path not in corpus:
+        trace = load_trace(path)
+        corpus[path] = (trace,) + report(trace)
+    return corpus[path]
+
+
+def title_line(md):
+    """The report's lines above its title (checks that failed, notes), and the title's index."""
+    lines = md.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("# Profile: "))
+    return lines[:at], at
+
+
+@pytest.mark.parametrize("path", FOREIGN, ids=os.path.basename)
+def test_a_foreign_trace_reads_summarizes_and_renders(corpus, path):
+    trace, s, md = read(corpus, path)
+    assert s["steps"] >= 1 and s["step_ms_each"] and len(s["step_ms_each"]) == s["steps"]
+    assert s["step_ms"] > 0 or s["notes"] or s.get("no_findings")
+    assert sum(s["categories"].values()) == pytest.approx(s["step_ms"], abs=1e-3 * s["steps"] + 1e-3)
+    assert md.count("# Profile: ") == 1 and "Traceback" not in md
+    markers = any(str(e.get("name", "")).startswith("ProfilerStep#") and not str(e.get("cat", "")).startswith("gpu_")
+                  for e in trace["traceEvents"] if isinstance(e, dict))
+    assert (s["window"] == "whole trace") == (not markers)
+    top, _ = title_line(md)
+    assert any(NO_MARKERS in line for line in top) == (not markers)
+    if s["kind"] == "cuda" and s["step_ms"] < MIN_JUDGED_MS:
+        assert s["findings"] == [] and "No findings: " in md
+
+
+def test_the_corpus_holds_the_cases_it_is_for(corpus):
+    """Other vendors, CPU-only, no markers, too short, several devices' names: what the corpus must cover."""
+    kinds = {}
+    for path in FOREIGN:
+        s = read(corpus, path)[1]
+        kinds.setdefault(s["kind"], []).append(s)
+    every = kinds["cuda"] + kinds["cpu"]
+    assert len(kinds["cpu"]) >= 3 and len(kinds["cuda"]) >= 10
+    assert sum(s["window"] == "whole trace" for s in every) >= 5
+    assert sum(bool(s.get("no_findings")) for s in every) >= 2
+    devices = {s["device"] for s in kinds["cuda"]}
+    assert {"AMD Radeon Graphics", "NVIDIA A100-PG509-200", "Tesla V100-SXM2-16GB"} <= devices
+
+
+def test_an_amd_trace_has_its_gemms_named(corpus):
+    """rocBLAS's Tensile kernels (Cijk_...) are GEMMs, not "other"."""
+    s = read(corpus, os.path.join(DATA, "foreign", "hta-mi250-rocm6.2-train.json.gz"))[1]
+    assert s["device"] == "AMD Radeon Graphics" and s["categories"]["GEMM"] > 0
+    assert not [k for k in s["kernels"] if k["raw_name"].startswith("Cijk_") and k["category"] != "GEMM"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (b) fields removed or null, through every rule
+# ---------------------------------------------------------------------------------------------------------
+
+OWN = ["h100-plant-dense_mask.trace.json.gz", "cpu-gpt-2steps.trace.json.gz"]
+
+
+def _device(e):
+    return str(e.get("cat", "")).lower() in DEVICE_CATS
+
+
+def _events(trace, keep, every=1):
+    return [e for i, e in enumerate(trace["traceEvents"]) if isinstance(e, dict) and keep(e) and i % every == 0]
+
+
+def drop_kernel_args(t):
+    for e in _events(t, _device):
+        e.pop("args", None)
+
+
+def null_args(t):
+    for e in _events(t, lambda e: e.get("ph") == "X", every=5):
+        e["args"] = None
+
+
+def null_dur(t):
+    for e in _events(t, lambda e: e.get("ph") == "X", every=7):
+        e["dur"] = None
+
+
+def null_ts(t):
+    for e in _events(t, lambda e: e.get("ph") == "X", every=11):
+        e["ts"] = None
+
+
+def drop_shapes(t):
+    for e in _events(t, lambda e: isinstance(e.get("args"), dict)):
+        for key in ("Input Dims", "Input type", "Concrete Inputs", "Input Strides"):
+            e["args"].pop(key, None)
+
+
+def null_shapes(t):
+    """Shapes and dtypes present but unknown: None where a list or a dimension should be."""
+    for i, e in enumerate(_events(t, lambda e: isinstance(e.get("args"), dict) and e["args"].get("Input Dims"))):
+        dims = e["args"]["Input Dims"]
+        e["args"]["Input Dims"] = None if i % 3 == 0 else [[None] * len(d) if isinstance(d, list) else None
+                                                            for d in dims]
+        if i % 2:
+            e["args"]["Input type"] = [None for _ in e["args"].get("Input type") or ()]
+
+
+def empty_shapes(t):
+    """Zero-size tensors: a dimension of 0 in every shape."""
+    for e in _events(t, lambda e: isinstance(e.get("args"), dict) and e["args"].get("Input Dims")):
+        e["args"]["Input Dims"] = [[0] + d[1:] if isinstance(d, list) and d else d for d in e["args"]["Input Dims"]]
+
+
+def drop_names(t):
+    for e in _events(t, lambda e: e.get("ph") == "X", every=13):
+        e.pop("name", None)
+
+
+def drop_device_properties(t):
+    t.pop("deviceProperties", None)
+
+
+def drop_autoresearch(t):
+    t.pop("autoresearch", None)
+
+
+def null_autoresearch(t):
+    meta = t.get("autoresearch")
+    if isinstance(meta, dict):
+        t["autoresearch"] = dict.fromkeys(meta)
+
+
+def drop_correlations(t):
+    for e in _events(t, lambda e: isinstance(e.get("args"), dict), every=3):
+        e["args"].pop("correlation", None)
+
+
+MUTATIONS = [drop_kernel_args, null_args, null_dur, null_ts, drop_shapes, null_shapes, empty_shapes, drop_names,
+             drop_device_properties, drop_autoresearch, null_autoresearch, drop_correlations]
+
+
+def fresh(name, cache={}):
+    """A new copy of one of our traces (JSON bytes kept: loading them is faster than a deep copy)."""
+    if name not in cache:
+        cache[name] = orjson.dumps(read_json(os.path.join(DATA, name)))
+    return orjson.loads(cache[name])
+
+
+@pytest.mark.parametrize("name", OWN)
+@pytest.mark.parametrize("mutate", MUTATIONS, ids=lambda m: m.__name__)
+def test_fields_removed_or_null_never_raise(name, mutate):
+    trace = fresh(name)
+    mutate(trace)
+    s, md = report(trace)
+    assert s["steps"] >= 1 and title_line(md)[1] >= 0 and "## 1. Step budget" in md
+
+
+def test_the_mutations_change_what_rules_see():
+    """The mutations are not no-ops on the traces they test: the findings or the tables move."""
+    before = summarize(fresh(OWN[0]))
+    assert before["findings"]
+    for mutate in (drop_kernel_args, drop_shapes, drop_autoresearch, null_dur):
+        trace = fresh(OWN[0])
+        mutate(trace)
+        after = summarize(trace)
+        assert (after["findings"], after["kernels"], after["step_ms"]) != \
+            (before["findings"], before["kernels"], before["step_ms"]), mutate.__name__
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (c) no ProfilerStep markers, (d) a window too short to judge
+# ---------------------------------------------------------------------------------------------------------
+
+def without_markers(trace):
+    t = copy.deepcopy(trace)
+    t["traceEvents"] = [e for e in t["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    return t
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_no_step_markers_is_one_window_and_said_so(name):
+    trace = fresh(name)
+    stepped = summarize(trace)
+    s, md = report(without_markers(trace))
+    assert s["steps"] == 1 and s["window"] == "whole trace" and stepped["window"] == "steps"
+    top, _ = title_line(md)
+    assert f"note: the trace has no ProfilerStep markers: it is read as one window of {s['step_ms']:,.3f} ms" in top
+    assert any(NO_MARKERS in n for n in s["notes"]) and not stepped["notes"]
+    # the one window holds every profiled step's work, and more (warm-up, the time between steps)
+    if s["kind"] == "cuda":
+        assert s["device_ms"] >= stepped["device_ms"] * stepped["steps"] * 0.999
+    assert s["step_ms"] >= sum(stepped["step_ms_each"]) * 0.99  # CPU: the ops' span, a little inside the markers
+
+
+def test_a_marker_on_the_device_only_is_no_step():
+    """gpu_user_annotation copies of ProfilerStep are not steps: with no host marker, one window."""
+    t = without_markers(short_trace(5000))
+    t["traceEvents"].append({"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#0", "pid": 0, "tid": 7,
+                             "ts": 10, "dur": 5000})
+    s = summarize(t)
+    assert s["window"] == "whole trace" and s["steps"] == 1 and s["device_ms"] == 5.0
+
+
+def short_trace(kernel_us):
+    """One step, one launch, one float32 GEMM of `kernel_us` (the shape of HTA's backward_thread trace)."""
+    return {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0,
+         "dur": kernel_us + 50},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 20,
+         "args": {"Input Dims": [[1024, 1024], [1024, 1024]], "Input type": ["float", "float"]}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 2, "dur": 5,
+         "args": {"correlation": 7}},
+        {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 10,
+         "dur": kernel_us, "args": {"correlation": 7}},
+    ], "deviceProperties": [{"name": "NVIDIA A100-SXM4-80GB"}]}
+
+
+def test_a_window_too_short_gives_no_findings_and_says_why():
+    s, md = report(short_trace(45))
+    assert s["step_ms"] == 0.045 and s["findings"] == [] and s["unknown"] == []
+    assert "too short to judge" in s["no_findings"]
+    assert sum(line.startswith("No findings: ") for line in md.splitlines()) == 1
+    assert "**fp32_matmul**" not in md
+
+
+def test_a_window_long_enough_is_judged():
+    """The same trace with a 5 ms kernel: the threshold, not the trace's shape, removed the findings."""
+    s, md = report(short_trace(5000))
+    assert s.get("no_findings") is None and "No findings: " not in md
+    assert [f["kind"] for f in s["findings"]][:1] == ["fp32_matmul"]
+
+
+def test_the_known_short_trace_is_not_judged():
+    s, _ = report(read_json(os.path.join(DATA, "foreign", "hta-backward-thread-one-kernel.json.gz")))
+    assert s["step_ms"] == 0.045 and s["findings"] == [] and s["no_findings"]
