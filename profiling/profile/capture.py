@@ -119,7 +119,7 @@ class Window:
     def step(self):
         """After each step: the trace once the window is done (then nothing more to call), else None."""
         if self.recorder is not None:  # an untimed step after the window is done: its record
-            self.trace["autoresearch"][self.key] = self._quiet(self.recorder.end)
+            self.trace["autoresearch"][self.key] = self._guarded(lambda: self._quiet(self.recorder.end))
             return self._next_after()
         if self.watch is not None:
             self.watch.close()
@@ -146,8 +146,21 @@ class Window:
             return self.trace
         self.key, make = self.after.pop(0)
         self.recorder = make()
-        self.recorder.begin()
+        failed = self._guarded(self.recorder.begin)
+        if failed is not None:  # this record is lost, said in the metadata; the next one may still run
+            self.trace["autoresearch"][self.key] = failed
+            return self._next_after()
         return None
+
+    def _guarded(self, fn):
+        """fn()'s result, or, when it raises, a record saying why: the profile is saved already, so an untimed
+        record after it (its code depends on private torch APIs) must never stop the training it rides on."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 (any failure of a record is reported, never raised)
+            with contextlib.suppress(Exception):
+                self.recorder.abandon()
+            return {"missing": f"{self.key} failed and was left out: {type(e).__name__}: {e}"[:300]}
 
     def _export(self):
         self.prof.step()
