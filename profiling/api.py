@@ -24,6 +24,9 @@ What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 = 15 steps; each t
     active_steps            the profiled window: kernels, shapes, the host's Python stack every 2 ms, the
                             Python lines of host syncs, the process's settings
     1 more                  records the lines of the eager operators (off with AUTORESEARCH_EAGER_LINES=0)
+    1 more                  CUDA only (off with memory=False): GPU memory at the step's peak by category, and
+                            with micro_batch the largest micro-batch predicted to fit
+                            (profiling/profile/memory_capture.py, gpu_memory.py)
 
 Lines of compiled code: the compiler records which source lines each kernel came from only for graphs
 compiled after the Profiler was created; create it before the first call of a torch.compile'd function (the
@@ -61,15 +64,20 @@ class Profiler:
     out_dir: where each profile's folder goes (default: $AUTORESEARCH_PROFILE_DIR, else ./profiles).
     reference: a profile's summary.json to look for a regression against, or None.
     metadata: more JSON-able facts for the trace's metadata (e.g. {"commit": "abc123"}).
+    micro_batch: sequences per forward/backward (for what fits), or None.
+    memory: the GPU-memory step after the window (None: on with CUDA; never without it).
     top: rows of the kernel table. ranks: an object with rank, world_size, first, barrier(), from_first(obj)
         for a several-process run (default: torch.distributed's world when it is initialized).
     """
 
     def __init__(self, model=None, *, tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
                  profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None, out_dir=None,
-                 reference=None, metadata=None, top=10, ranks=None):
+                 reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None):
         self.parameters = _parameters(model)
         _check_count("tokens_per_step", tokens_per_step, minimum=1, optional=True)
+        _check_count("micro_batch", micro_batch, minimum=1, optional=True)
+        if memory not in (None, True, False):
+            raise ValueError(f"memory must be True, False or None, not {memory!r}")
         _check_number("flops_per_token", flops_per_token)
         for name, value, minimum in (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 0),
                                      ("profiler_warmup_steps", profiler_warmup_steps, 0),
@@ -98,6 +106,9 @@ class Profiler:
         self.compiled_before = 0 if provenance.started() or not provenance.enabled() else _graphs_compiled()
         provenance.start()  # before the first compile: the lines of compiled kernels
         self.cuda = torch.cuda.is_available()
+        self.micro_batch, self.memory_asked = micro_batch, memory is not False  # without CUDA: said, not run
+        self.memory = self.memory_asked and self.cuda
+        self.model = model
         self.steps, self.done, self.result, self._window = 0, False, None, None
         if warmup_steps + timed_steps == 0:  # the window begins with the next step
             self._window = self._open_window()
@@ -109,9 +120,10 @@ class Profiler:
 
     @property
     def total_steps(self):
-        """Steps the profile takes, the line-record step included."""
+        """Steps the profile takes, the line-record and memory steps included."""
         from profiling.profile import eager_record
-        return self.warmup + self.timed + self.profiler_warmup + self.active + int(eager_record.enabled())
+        return (self.warmup + self.timed + self.profiler_warmup + self.active + int(eager_record.enabled())
+                + int(self.memory))
 
     def __enter__(self):
         return self
@@ -150,8 +162,8 @@ class Profiler:
         if not self.done:
             warnings.warn(f"profiling: the loop ended after {self.steps} steps, before the profile was done: it "
                           f"takes {self.total_steps} (warmup_steps {self.warmup} + timed_steps {self.timed} + "
-                          f"profiler_warmup_steps {self.profiler_warmup} + active_steps {self.active} + 1 "
-                          "line-record step); run more steps or lower those", stacklevel=2)
+                          f"profiler_warmup_steps {self.profiler_warmup} + active_steps {self.active} + the "
+                          "line-record and memory steps); run more steps or lower those", stacklevel=2)
             self.done = True
 
     def _sync(self):
@@ -161,7 +173,8 @@ class Profiler:
 
     def _open_window(self):
         from profiling.profile import capture
-        return capture.Window(self.profiler_warmup, self.active, self._metadata())
+        return capture.Window(self.profiler_warmup, self.active, self._metadata(), self.memory_asked,
+                              _tensors(self.model) if self.memory else ())
 
     def _metadata(self):
         import torch
@@ -172,6 +185,8 @@ class Profiler:
                     else None, unprofiled_step_ms=self.unprofiled_ms,
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
                     parameters=self.parameters, compiled_before_profiler=self.compiled_before)
+        if self.micro_batch:
+            meta["micro_batch"] = self.micro_batch
         if self.tokens_per_step:
             meta["tokens_per_step"] = self.tokens_per_step // n  # a rank's trace: its share
         if self.flops_per_token and self.tokens_per_step:
@@ -227,6 +242,13 @@ def _parameters(model):
                 name = name.replace(wrapper, "")
             out[f"{prefix}.{name}" if prefix else name] = list(p.shape)
     return out
+
+
+def _tensors(model):
+    """The parameters of the model(s) (checked by _parameters), for the memory step's tags."""
+    models = [] if model is None else list(model.values()) if isinstance(model, dict) else \
+        list(model) if isinstance(model, (list, tuple)) else [model]
+    return [p for m in models for p in m.parameters()]
 
 
 def _check_count(name, value, minimum, optional=False):

@@ -461,10 +461,11 @@ class Run:
 
     def profile(self, train_step, first_step, step_times):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, then
-        one more that records the lines of the eager operators (profiling/profile/eager_record.py), and print
+        one more that records the lines of the eager operators (profiling/profile/eager_record.py), on CUDA one
+        more for GPU memory (profiling/profile/memory_capture.py; DEVICE_BATCH_SIZE for what fits), and print
         the report: the public API (profiling.profile_steps), timed by the training steps already run. Returns
-        the steps it ran, W + A + 1 (W + A with AUTORESEARCH_EAGER_LINES=0): they train the model like any
-        other."""
+        the steps it ran, W + A + 1 (+ 1 on CUDA; - 1 with AUTORESEARCH_EAGER_LINES=0): they train the model
+        like any other."""
         from profiling.api import profile_steps
         a = self.args
         steps = itertools.count(first_step)
@@ -478,7 +479,8 @@ class Run:
             lambda: train_step(next(steps), 0.0), None, warmup_steps=0, timed_steps=0,
             unprofiled_step_ms=1000 * sum(step_times) / len(step_times), profiler_warmup_steps=a.warmup_steps,
             active_steps=a.active_steps, metadata=meta, reference=self.profile_reference() if self.ranks.first
-            else None, ranks=self.ranks if n > 1 else None, out_dir=None)
+            else None, ranks=self.ranks if n > 1 else None, out_dir=None,
+            micro_batch=self.record["hyperparameters"].get("DEVICE_BATCH_SIZE"))
         self.record["profile"] = result.folder
         print(f"\n{result.report}\n(profile files: {result.folder}; the line-record step, export, summary and "
               f"report took {result.seconds_after:.1f} s)")

@@ -28,8 +28,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling.errors import UserError
 from profiling.files import atomic_write
-from profiling.profile import (device_state, eager_record, provenance, regression, render, settings,
-                               summary)
+from profiling.profile import (device_state, eager_record, memory_capture, provenance, regression, render,
+                               settings, summary)
 from profiling.profile.sampler import StackSampler, frame_label
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
@@ -47,11 +47,11 @@ def profile_dir():
     return os.environ.get("AUTORESEARCH_PROFILE_DIR", "profiles")
 
 
-def capture(step_fn, warmup, active, metadata):
+def capture(step_fn, warmup, active, metadata, memory=False, parameters=()):
     """Run `warmup + active` calls of step_fn under the profiler, then one more that records the lines of the
-    eager operators (unless AUTORESEARCH_EAGER_LINES=0); return (the trace as a dict, the perf_counter time
-    when the last profiled step was done). The function form of Window."""
-    window = Window(warmup, active, metadata)
+    eager operators (unless AUTORESEARCH_EAGER_LINES=0) and, with `memory`, one more for GPU memory; return (the
+    trace as a dict, the perf_counter time when the last profiled step was done). The function form of Window."""
+    window = Window(warmup, active, metadata, memory, parameters)
     trace = None
     while trace is None:
         step_fn()
@@ -62,8 +62,11 @@ def capture(step_fn, warmup, active, metadata):
 class Window:
     """The profiled window of a training loop that calls `step()` after each of its steps: `warmup` steps
     under torch.profiler unrecorded, `active` recorded, then one more that records the lines of the eager
-    operators (`eager_record.Recorder`; none with AUTORESEARCH_EAGER_LINES=0). `step()` returns the exported
-    trace as a dict after the last of them, else None. Created just before the first of these steps.
+    operators (`eager_record.Recorder`; none with AUTORESEARCH_EAGER_LINES=0), then with `memory` (CUDA only)
+    one more with the allocator's history recorded (`memory_capture.MemoryStep`: the metadata's `gpu_memory`;
+    without CUDA the metadata says why there is none, and no step is added). `parameters`: the model's
+    tensors, for that step's tags. `step()` returns the exported trace as a dict after the last of them,
+    else None. Created just before the first of these steps.
 
     The device is synchronized at the window's edges only: nothing launched before it runs inside it, and
     everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
@@ -76,7 +79,7 @@ class Window:
     metadata["settings"] holds a record already, and adds what the profiler itself changes.
     """
 
-    def __init__(self, warmup, active, metadata):
+    def __init__(self, warmup, active, metadata, memory=False, parameters=()):
         if active < 1 or warmup < 0:
             raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
                             "use at least 1 active step and 0 or more warm-up steps")
@@ -86,6 +89,10 @@ class Window:
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)
         self.sampler, self.syncs, self.state = StackSampler(), SyncRecorder(cuda), None
         self.i, self.t_end, self.trace, self.recorder, self.watch = 0, None, None, None, None
+        self.after = [("eager_lines", lambda: eager_record.Recorder(self.sync))] if eager_record.enabled() else []
+        if memory and cuda:
+            self.after.append(("gpu_memory", lambda: memory_capture.MemoryStep(parameters)))
+        self.missing = {"gpu_memory": memory_capture.record_missing()} if memory and not cuda else {}
         self.tmp = tempfile.mkdtemp(prefix="autoresearch-trace-")
         self.path = os.path.join(self.tmp, "trace.json")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -111,10 +118,9 @@ class Window:
 
     def step(self):
         """After each step: the trace once the window is done (then nothing more to call), else None."""
-        if self.recorder is not None:  # the line-record step is done
-            self.trace["autoresearch"]["eager_lines"] = self._quiet(self.recorder.end)
-            self.recorder = None
-            return self.trace
+        if self.recorder is not None:  # an untimed step after the window is done: its record
+            self.trace["autoresearch"][self.key] = self._guarded(lambda: self._quiet(self.recorder.end))
+            return self._next_after()
         if self.watch is not None:
             self.watch.close()
             self.watch = None
@@ -131,11 +137,30 @@ class Window:
             self._before_step()
             return None
         self._quiet(self._export)  # after the last active step: stop recording, export the trace
-        self.recorder = eager_record.Recorder(self.sync) if eager_record.enabled() else None
-        if self.recorder is None:
+        return self._next_after()
+
+    def _next_after(self):
+        """Begin the next untimed step after the window (None), or the trace when there is none left."""
+        if not self.after:
+            self.recorder = None
             return self.trace
-        self.recorder.begin()
+        self.key, make = self.after.pop(0)
+        self.recorder = make()
+        failed = self._guarded(self.recorder.begin)
+        if failed is not None:  # this record is lost, said in the metadata; the next one may still run
+            self.trace["autoresearch"][self.key] = failed
+            return self._next_after()
         return None
+
+    def _guarded(self, fn):
+        """fn()'s result, or, when it raises, a record saying why: the profile is saved already, so an untimed
+        record after it (its code depends on private torch APIs) must never stop the training it rides on."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 (any failure of a record is reported, never raised)
+            with contextlib.suppress(Exception):
+                self.recorder.abandon()
+            return {"missing": f"{self.key} failed and was left out: {type(e).__name__}: {e}"[:300]}
 
     def _export(self):
         self.prof.step()
@@ -148,7 +173,8 @@ class Window:
         trace["autoresearch"] = dict(self.metadata, host_samples=self.sampler.result(),
                                      syncs=self.syncs.result(self.sampler.root), dynamo=dynamo_record(),
                                      provenance=provenance.result(), device_state=self.state,
-                                     settings=dict(self.before, profiler=own_settings(self.before, self.cuda)))
+                                     settings=dict(self.before, profiler=own_settings(self.before, self.cuda)),
+                                     **self.missing)
         self.trace = trace
 
     def _quiet(self, fn):

@@ -2,8 +2,9 @@
 clock event reasons, so a throttled or shared GPU is evidence in the report, not an inference from slow
 kernels. No torch; never raises: without NVML or a GPU the state says why it is missing.
 
-    read(uuid)   # {"sm_mhz", "sm_max_mhz", "power_w", "power_limit_w", "temperature_c", "events": [...]}
-                 # or {"missing": "why"}
+    read(uuid)   # {"sm_mhz", "sm_max_mhz", "power_w", "power_limit_w", "temperature_c", "events": [...],
+                 #  "memory_used_mb" (device-wide; absent where NVML does not say)} or {"missing": "why"}
+    memory_mb(state)  # the most memory NVML saw in use at either end, None without
     text(state)  # one line for the report's header
 """
 # NVML's clock event reasons that slow the GPU down (the idle and application-clock ones do not)
@@ -33,7 +34,7 @@ def read(uuid=None, nvml=None):
         else:
             h = nvml.nvmlDeviceGetHandleByIndex(0)
         reasons = nvml.nvmlDeviceGetCurrentClocksEventReasons(h)
-        return {
+        out = {
             "sm_mhz": nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
             "sm_max_mhz": nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM),
             "power_w": round(nvml.nvmlDeviceGetPowerUsage(h) / 1000, 1),
@@ -41,6 +42,11 @@ def read(uuid=None, nvml=None):
             "temperature_c": nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU),
             "events": [label for attr, label in SLOWING if reasons & getattr(nvml, attr, 0)],
         }
+        try:  # the report's peak memory when the allocator's counters read nothing (#35 item 5)
+            out["memory_used_mb"] = round(nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20, 1)
+        except Exception:
+            pass
+        return out
     except Exception as e:  # a MIG slice or a restricted device answers some queries only
         return {"missing": f"NVML query failed ({type(e).__name__}: {str(e)[:80]})"}
     finally:
@@ -71,3 +77,12 @@ def slowing(state):
         return []
     seen = [e for key in ("start", "end") for e in (state.get(key) or {}).get("events", [])]
     return list(dict.fromkeys(seen))
+
+
+def memory_mb(state):
+    """The most device memory NVML saw in use at either end of the profiled steps, None without a figure."""
+    if not isinstance(state, dict):
+        return None
+    seen = [(state.get(k) or {}).get("memory_used_mb") for k in ("start", "end")]
+    seen = [x for x in seen if isinstance(x, (int, float)) and x > 0]
+    return max(seen) if seen else None

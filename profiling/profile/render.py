@@ -4,7 +4,8 @@ The report, in the order the agent needs it: failed checks first (one `CHECK FAI
 header line (device, torch, steps profiled, tokens/step), the GPU's state and the settings that differ from
 torch's defaults (profiling/profile/settings.py: who set each), then 0. the findings (the few causes that cost
 the most, each with its evidence and fix: profiling/profile/findings/), 1. the step budget (parts that add up to
-the step; MFU; peak memory), where the step goes in the model (regions, forward and backward; see
+the step; MFU; peak memory; GPU memory at the peak by category and the largest micro-batch predicted to fit:
+profiling/profile/gpu_memory.py), where the step goes in the model (regions, forward and backward; see
 profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the top kernels, 3. the checks, 4. what
 changed since the previous profile. A profile of several ranks (profiling/profile/ranks.py) adds, after the findings, a
 row per rank and the skew between them; the other sections are rank 0's.
@@ -190,8 +191,7 @@ def _budget(s):
     rows.append(["**step**", f"**{_ms(step)}**", "**100.0**"])
     basis = " (the trace's GEMM and attention FLOPs; no model FLOPs given)" if s.get("mfu_basis") == "trace" else ""
     extras = [f"MFU {_num(s.get('mfu_percent'), '.1f')}%{basis}" if s.get("mfu_percent") is not None else "MFU n/a",
-              f"peak memory {_num(s.get('peak_memory_mb'), ',.0f')} MB"
-              if s.get("peak_memory_mb") is not None else "peak memory n/a"]
+              _peak_memory(s)]
     if s.get("tokens_per_second"):
         extras.append(f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s")
     distorted = s.get("distorted")
@@ -199,7 +199,51 @@ def _budget(s):
             "ms of GPU idle: the profiler's host cost; above, the unprofiled step and the idle left after the "
             "kernels' time, which profiling does not change"] if distorted else []
     return ["## 1. Step budget", _table(["part", "ms/step", "% of step"], rows), "", " · ".join(extras)] \
-        + _bound_line(s.get("bound")) + note
+        + _bound_line(s.get("bound")) + note + _gpu_memory(s)
+
+
+def _peak_memory(s):
+    """`peak memory 45,060 MB`; never 0 MB on a GPU run (the summary falls back to NVML, labelled, else
+    unknown)."""
+    mb, source = s.get("peak_memory_mb"), s.get("peak_memory_source")
+    if mb:
+        return f"peak memory {_num(mb, ',.0f')} MB" + (f" ({source})" if source and source != "allocator" else "")
+    return "peak memory unknown" if s.get("kind") == "cuda" else "peak memory n/a"
+
+
+MEMORY_LABELS = {"optimizer_state": "optimizer state", "activations": "activations (saved for backward)",
+                 "other_persistent": "other persistent (buffers, caches)"}
+
+
+def _gpu_memory(s):
+    """The memory step's record (profiling/profile/gpu_memory.py): the allocated peak by category, the
+    reserve around it, the lines holding the most, and what fits. GPU profiles only."""
+    g = s.get("gpu_memory")
+    if not g or s.get("kind") == "cpu":
+        return []
+    if "missing" in g:
+        return ["", f"GPU memory at the peak: not recorded ({g['missing']})"]
+    total = g["peak_allocated_mb"]
+    rows = [[MEMORY_LABELS.get(k, k), f"{mb:,.0f}", f"{100 * mb / total:.1f}" if total else "-"]
+            for k, mb in g["categories"].items()]
+    rows.append(["**allocated at the peak**", f"**{total:,.0f}**", "**100.0**"])
+    extras = [f"reserved but unallocated {g['reserved_unallocated_mb']:,.0f} MB (reserved {g['reserved_mb']:,.0f})"]
+    if g.get("other_mb") is not None:
+        extras.append(f"outside PyTorch (CUDA context, other processes) {g['other_mb']:,.0f} MB")
+    extras.append(f"device {g['device_mb']:,.0f} MB" if g.get("device_mb") else "device total unknown")
+    lines = ["", "### GPU memory at the peak", _table(["category", "MB", "% of allocated"], rows), "",
+             " · ".join(extras)]
+    if g.get("lines"):
+        lines.append("held at the peak, by line: " + ", ".join(f"`{_cell(r['where'])}` {r['mb']:,.0f} MB"
+                                                               for r in g["lines"][:5]))
+    f = g.get("fits")
+    lines.append(f"largest micro-batch predicted to fit: {f['max_micro_batch']} (recommended "
+                 f"{f['recommended_micro_batch']}, {f['margin_percent']}% margin; {f['basis']}; model: "
+                 "profiling/profile/gpu_memory.py `fits`)" if f else
+                 "largest micro-batch predicted to fit: unknown (needs the micro-batch and the device's total)")
+    if g.get("note"):
+        lines.append(f"note: {g['note']}")
+    return lines
 
 
 def _ranks(s):

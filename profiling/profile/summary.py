@@ -28,6 +28,16 @@ How the numbers are made (so they add up and can be trusted):
 The summary (plain JSON data; `render.to_json` writes it as is):
     version, kind ("cuda" or "cpu"), device, torch, commit, tokens_per_step, tokens_per_second,
     mfu_percent, peak_memory_mb, unprofiled_step_ms   header; None where unknown
+    peak_memory_source                                "allocator" (max_memory_allocated), "NVML, device-wide"
+                                                      (the allocator read 0 on a GPU run), None: unknown
+    gpu_memory                                        GPU memory at the memory step's peak
+                                                      (profiling/profile/gpu_memory.py): {peak_allocated_mb,
+                                                      reserved_mb, reserved_unallocated_mb, device_mb, other_mb,
+                                                      categories: {name: mb}, lines: [{where, mb}], events,
+                                                      allocator_peak_mb, note?, fits: {max_micro_batch,
+                                                      recommended_micro_batch, margin_percent, per_sequence_mb,
+                                                      fixed_mb, fragmentation_percent, basis} or None}; or
+                                                      {missing: why}; None when not recorded
     settings                                          the process's settings (profiling/profile/settings.py):
                                                       {recorded: false}, or {recorded: true, differs: [{name,
                                                       value, default, by, source, during}], all: the record}
@@ -92,6 +102,9 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "warmup_steps": 2, "active_steps": 5,
         "parameters": {"blocks.0.mlp.c_fc.weight": [2048, 512], ...}, # name -> shape: the region table
         "micro_batches": 2,              # forward/backward passes per optimizer step
+        "micro_batch": 128,              # sequences per forward/backward (what fits)
+        "gpu_memory": {...},             # the memory step's record (profiling/profile/gpu_memory.py), or
+                                         # {"missing": why}
         "host_samples": {...},           # the main thread's Python stack every 2 ms (profiling/profile/sampler.py)
         "syncs": [{"where": "train.py:702", "line": "...", "count": 10}],  # CUDA sync debug mode's warnings
         "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8},
@@ -105,7 +118,9 @@ from profiling.errors import UserError
 from profiling.profile import (
     bound,
     cuda_calls,
+    device_state,
     findings,
+    gpu_memory,
     hardware,
     kernel_match,
     lines,
@@ -387,15 +402,31 @@ def _header(kind, meta, n, step_ms, each):
     flops, peak = meta.get("flops_per_step"), meta.get("peak_flops")
     if mfu is None and num(flops) and num(peak) and peak > 0 and step_ms > 0:
         mfu = 100 * flops / (step_ms / 1e3) / peak
+    memory, source = meta.get("peak_memory_mb"), "allocator"
+    if not memory:  # never 0 MB for a run that launched kernels (#35 item 5): NVML's figure, else unknown
+        nvml = device_state.memory_mb(meta.get("device_state")) if kind == "cuda" else None
+        memory, source = (nvml, "NVML, device-wide") if nvml else (None, None)
     return {
         "version": VERSION, "kind": kind, "device": meta.get("device") or ("CPU" if kind == "cpu" else None),
         "torch": meta.get("torch"), "commit": meta.get("commit"), "tokens_per_step": tokens,
         "tokens_per_second": _r(tokens / (step_ms / 1e3)) if num(tokens) and step_ms > 0 else None,
-        "mfu_percent": _r(mfu) if num(mfu) else None, "peak_memory_mb": meta.get("peak_memory_mb"),
+        "mfu_percent": _r(mfu) if num(mfu) else None, "peak_memory_mb": memory,
+        "peak_memory_source": source, "gpu_memory": _gpu_memory(meta),
         "unprofiled_step_ms": meta.get("unprofiled_step_ms"), "device_state": meta.get("device_state"),
         "settings": settings.summary(meta.get("settings")),
         "steps": n, "step_ms": _r(step_ms), "step_ms_each": [_r(x) for x in each],
     }
+
+
+def _gpu_memory(meta):
+    """The memory step's record (profiling/profile/gpu_memory.py) with `fits` where the micro-batch is known;
+    None when the trace has none."""
+    record = meta.get("gpu_memory")
+    if not isinstance(record, dict):
+        return None
+    if "missing" in record:
+        return dict(record)
+    return dict(record, fits=gpu_memory.fits(record, meta.get("micro_batch")))
 
 
 def _check(name, ok, detail):

@@ -61,6 +61,7 @@ def test_the_loop_form_profiles_a_model_of_its_own(out):
     prof.step()  # nothing once done
     s, md = prof.summary, prof.report
     assert s["tokens_per_step"] == 64 and s["unprofiled_step_ms"] > 0 and s["steps"] == 2
+    assert s["gpu_memory"] == {"missing": "no CUDA device: GPU memory is recorded on CUDA only"}  # no step
     assert md.startswith(f"# Profile:") or "# Profile:" in md
     assert f"### Lines of {THIS}" in md and "train.py" not in md
     texts = {x["text"] for r in s["lines"]["rows"] for x in r["lines"]}
@@ -109,6 +110,8 @@ def test_a_loop_shorter_than_the_schedule_warns_and_keeps_nothing_half_written(o
     (dict(unprofiled_step_ms="fast"), "unprofiled_step_ms must be a positive number"),
     (dict(reference="/no/such/summary.json"), "reference '/no/such/summary.json' is not a file"),
     (dict(metadata=[1]), "metadata must be a dict"),
+    (dict(micro_batch=0), "micro_batch must be an integer of at least 1"),
+    (dict(memory="yes"), "memory must be True, False or None"),
 ])
 def test_each_bad_argument_is_named_in_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as e:

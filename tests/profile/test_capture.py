@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOISE = ("Profiler clears events", "gpuGetDeviceCount")
 
@@ -64,3 +66,26 @@ def test_stderr_is_back_after_an_exception(capfd):
         pass
     os.write(2, b"after\n")
     assert capfd.readouterr().err == "before the error\nafter\n"
+
+
+@pytest.mark.parametrize("stage", ["begin", "end"])
+def test_a_record_after_the_window_that_fails_never_stops_the_training(monkeypatch, stage):
+    """The untimed records after the profiled window (eager lines; GPU memory on CUDA) rest on private torch
+    APIs: one that raises is left out with its reason, the trace is still returned and the steps still run."""
+    import torch
+
+    from profiling.profile import capture, eager_record
+
+    def boom(self):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(eager_record.Recorder, stage, boom)
+    monkeypatch.delenv("AUTORESEARCH_EAGER_LINES", raising=False)
+    w = torch.nn.Parameter(torch.ones(4))
+    steps = []
+
+    def step():
+        (w * 2).sum().backward()
+        steps.append(1)
+    trace, _ = capture.capture(step, warmup=1, active=1, metadata={})
+    assert trace["autoresearch"]["eager_lines"] == {"missing": "eager_lines failed and was left out: RuntimeError: boom"}
+    assert len(steps) == 1 + 1 + (stage == "end")  # a failed begin adds no step; a failed end had its step

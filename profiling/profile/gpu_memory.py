@@ -1,0 +1,234 @@
+"""Pure: torch's allocator snapshot of one step -> GPU memory at the step's peak, by category; what fits (#35).
+Stdlib only, never torch; the snapshot (a dict, never a pickle) is reduced at once and dropped.
+
+    record = reduce(snapshot, tags, device_total=..., other=..., allocations=...)
+    fits(record, micro_batch)           # the largest micro-batch predicted to fit, and the one recommended
+    max_depth(record, micro_batch, depth)
+
+The snapshot is `torch.cuda.memory._snapshot()` taken after one step run under
+`torch.cuda.memory._record_memory_history()` (profiling/profile/memory_capture.py): `segments` (the allocator's
+state at the end: cudaMalloc'd segments and their blocks) and `device_traces` (per device, the allocator's
+actions in order: alloc, free_requested, free_completed, segment_alloc, segment_free, oom). The state at the
+step's start is the end state with the trace undone backwards (so a history that overflowed its ring buffer
+still gives a consistent, shorter window); the trace replayed forwards from there finds the moment of most
+allocated bytes (a block counts as allocated from its `alloc` to its `free_requested`, as
+torch.cuda.max_memory_allocated counts it). Every block live at that moment is given one category, so the
+categories sum to the peak exactly:
+
+    parameters, gradients, optimizer_state, activations   the block overlaps tensors of that tag (`tags`);
+                                                          most bytes wins, ties in this order (a weight
+                                                          saved for backward is a parameter)
+    other_persistent                                      untagged, live through the whole step (buffers,
+                                                          caches); counted as optimizer_state when no
+                                                          optimizer was seen (no optimizer_state tag), and
+                                                          the record's note says so
+    temporaries                                           the rest
+
+tags: {category: [(data_ptr, nbytes, seq)]}, the storages of known tensors; seq: allocations made since the
+history began when the tag was taken (None: any time). A tag matches a block only if that block was live
+then, so an address freed and reused within the step is not confused with the tensor tagged there.
+
+The record (JSON-able; summary.json `gpu_memory`):
+    {peak_allocated_mb, reserved_mb, reserved_unallocated_mb, device_mb, other_mb, categories: {name: mb},
+     lines: [{where, mb}], events, note?}      reserved_mb: the segments at the peak; other_mb: the device's
+                                               memory in use outside PyTorch's allocator (the CUDA context,
+                                               other processes), None when unknown
+"""
+import bisect
+import math
+import os
+
+MB = 2 ** 20
+TAGGED = ("parameters", "gradients", "optimizer_state", "activations")
+FIXED = ("parameters", "gradients", "optimizer_state", "other_persistent")   # do not grow with the batch
+SCALED = ("activations", "temporaries")                                     # grow with the batch
+MAX_LINES = 8
+DEFAULT_OTHER_MB = 500.0   # the CUDA context and libraries outside the allocator, when not measured
+MARGIN = 0.10              # the recommended micro-batch leaves this share of the predicted one
+MULTIPLE = 8               # and is rounded down to a multiple of this
+BEFORE = "(allocated before the step)"
+
+
+class Allocation:
+    __slots__ = ("addr", "size", "frames", "seq", "freed_seq", "born", "died")
+
+    def __init__(self, addr, size, frames, seq, born):
+        self.addr, self.size, self.frames, self.seq, self.born = addr, size, frames, seq, born
+        self.freed_seq, self.died = None, None   # alloc ordinal at the free; trace index of the free
+
+
+def peak(snapshot, device=None):
+    """(the allocations live at the peak, the reserved bytes then, the trace's length, allocations in the
+    trace). device: the index of device_traces (default: the one with events)."""
+    traces = snapshot.get("device_traces") or []
+    if device is None:
+        device = next((i for i, t in enumerate(traces) if t), 0)
+    events = traces[device] if device < len(traces) else []
+    segments = [s for s in snapshot.get("segments") or [] if s.get("device", device) == device]
+    live = {b["address"]: Allocation(b["address"], b["size"], b.get("frames") or [], -1, -1)
+            for s in segments for b in s.get("blocks") or [] if b.get("state") == "active_allocated"}
+    reserved = sum(s["total_size"] for s in segments)
+    for e in reversed(events):  # undo: the state when the history began
+        action = e.get("action")
+        if action == "alloc":
+            live.pop(e["addr"], None)
+        elif action == "free_requested":
+            live[e["addr"]] = Allocation(e["addr"], e["size"], [], -1, -1)
+        elif action == "segment_alloc":
+            reserved -= e["size"]
+        elif action == "segment_free":
+            reserved += e["size"]
+    everything = list(live.values())
+    total = top = sum(a.size for a in everything)
+    at, top_reserved, n = -1, reserved, 0
+    for i, e in enumerate(events):
+        action = e.get("action")
+        if action == "alloc":
+            a = live[e["addr"]] = Allocation(e["addr"], e["size"], e.get("frames") or [], n, i)
+            everything.append(a)
+            n += 1
+            total += a.size
+            if total > top:
+                top, at, top_reserved = total, i, reserved
+        elif action == "free_requested":
+            a = live.pop(e["addr"], None)
+            if a is not None:
+                a.freed_seq, a.died = n, i
+                total -= a.size
+        elif action == "segment_alloc":
+            reserved += e["size"]
+        elif action == "segment_free":
+            reserved -= e["size"]
+    held = [a for a in everything if a.born <= at and (a.died is None or a.died > at)]
+    return held, top_reserved, len(events), n
+
+
+def reduce(snapshot, tags, device=None, device_total=None, other=None, allocations=None, where=None):
+    """The record of the module's docstring. device_total, other: bytes (the device's memory, and what is in
+    use outside the allocator); allocations: how many allocations the step made in all (the tags' seq
+    counts from the history's start; a trace that lost its oldest events is shifted by the difference).
+    where: frames -> a label (default: `innermost_own`); the hook for mapping compiled-graph frames."""
+    held, reserved, events, n = peak(snapshot, device)
+    lost = max(0, allocations - n) if allocations is not None else 0
+    spans = {c: sorted((p, p + size, None if s is None else s - lost) for p, size, s in tags.get(c) or ())
+             for c in TAGGED}
+    starts = {c: [t[0] for t in v] for c, v in spans.items()}
+    optimizer_seen = bool(tags.get("optimizer_state"))
+    sizes = dict.fromkeys(TAGGED + ("other_persistent", "temporaries"), 0)
+    by_line = {}
+    for a in held:
+        kind = _category(a, spans, starts)
+        if kind is None:
+            persistent = a.seq == -1 and a.died is None
+            kind = ("other_persistent" if optimizer_seen else "optimizer_state") if persistent else "temporaries"
+        sizes[kind] += a.size
+        label = (where or innermost_own)(a.frames) or (BEFORE if a.seq == -1 else "(no Python frame)")
+        by_line[label] = by_line.get(label, 0) + a.size
+    allocated = sum(sizes.values())
+    record = {
+        "peak_allocated_mb": _mb(allocated), "reserved_mb": _mb(reserved),
+        "reserved_unallocated_mb": _mb(max(0, reserved - allocated)),
+        "device_mb": _mb(device_total) if device_total else None, "other_mb": _mb(other) if other is not None
+        else None, "categories": {k: _mb(v) for k, v in sizes.items() if v or k in TAGGED},
+        "lines": [{"where": w, "mb": _mb(b)} for w, b in sorted(by_line.items(), key=lambda kv: -kv[1])][:MAX_LINES],
+        "events": events,
+    }
+    notes = []
+    if not optimizer_seen and sizes["optimizer_state"]:
+        notes.append("no torch.optim optimizer stepped: optimizer_state is every untagged block live through the "
+                     "whole step (optimizer state, buffers, caches)")
+    if lost:
+        notes.append(f"the history kept the last {n} of {allocations} allocations: the peak is the highest of those")
+    if notes:
+        record["note"] = "; ".join(notes)
+    return record
+
+
+def _category(a, spans, starts):
+    """The tag overlapping most of block `a` among those live with it, None when none."""
+    best, most = None, 0
+    for c in TAGGED:
+        lo, hi = bisect.bisect_left(starts[c], a.addr), bisect.bisect_left(starts[c], a.addr + a.size)
+        covered = 0
+        for start, end, seq in spans[c][lo:hi]:
+            if seq is None or (a.seq < seq and (a.freed_seq is None or a.freed_seq >= seq)):
+                covered += min(end, a.addr + a.size) - start
+        if covered > most:
+            best, most = c, covered
+    return best
+
+
+def innermost_own(frames):
+    """`file.py:line` of the innermost Python frame outside installed packages (torch's frames come first in
+    a snapshot's list), else of the innermost Python frame; None without one."""
+    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    own = [f for f in python if "-packages" + os.sep not in f["filename"]]
+    f = (own or python or [None])[0]
+    if f is None:
+        return None
+    parts = f["filename"].split(os.sep)
+    return f"{'/'.join(parts[-2:]) if len(parts) > 1 else parts[0]}:{f['line']}"
+
+
+def _mb(n):
+    return round(n / MB, 3)
+
+
+def _fixed_scaled(record):
+    cats = record.get("categories") or {}
+    return sum(cats.get(k, 0) for k in FIXED), sum(cats.get(k, 0) for k in SCALED)
+
+
+def _budget(record):
+    """(MB the allocator may reserve, the basis of the context figure)."""
+    other = record.get("other_mb")
+    basis = "measured" if other is not None else f"assumed {DEFAULT_OTHER_MB:.0f} MB"
+    return record["device_mb"] - (other if other is not None else DEFAULT_OTHER_MB), basis
+
+
+def fits(record, micro_batch, margin=MARGIN, multiple=MULTIPLE):
+    """The largest micro-batch predicted to fit, with no margin, and the one recommended; None without the
+    device's total or a peak.
+
+    The model: at micro-batch B the device must hold
+        other + fixed + (1 + f) * B * per_sequence  <=  device_mb
+    other: the memory outside the allocator (the CUDA context, other processes; measured, else 500 MB);
+    fixed: parameters, gradients, optimizer state and other persistent blocks (they do not grow with B);
+    per_sequence: (activations + temporaries) at the peak / today's B; f: the reserved-but-unallocated memory
+    at the peak as a share of that scaled part (fragmentation and the allocator's cache, assumed to grow
+    with it). Recommended: B less `margin`, rounded down to a multiple of `multiple` (at least 1)."""
+    if not record or not record.get("device_mb") or not micro_batch or not record.get("categories"):
+        return None
+    fixed, scaled = _fixed_scaled(record)
+    if scaled <= 0:
+        return None
+    frag = record.get("reserved_unallocated_mb", 0) / scaled
+    room, basis = _budget(record)
+    per_seq = scaled / micro_batch
+    best = max(0, math.floor((room - fixed) / ((1 + frag) * per_seq)))
+    lower = math.floor(best * (1 - margin))
+    recommended = max(1, lower - lower % multiple) if lower >= multiple else max(1, lower)
+    return {"max_micro_batch": best, "recommended_micro_batch": min(recommended, best) if best else 0,
+            "margin_percent": round(100 * margin), "per_sequence_mb": round(per_seq, 1),
+            "fixed_mb": round(fixed, 1), "fragmentation_percent": round(100 * frag, 1),
+            "basis": f"measured at micro-batch {micro_batch}; memory outside PyTorch {basis}; reserved-unallocated "
+                     "assumed to grow with activations and temporaries"}
+
+
+def max_depth(record, micro_batch, depth, fixed_mb_per_layer=None, activation_mb_per_layer=None):
+    """The largest depth predicted to fit at today's micro-batch: fixed and scaled memory are today's with
+    `depth` layers, each layer adding fixed_mb_per_layer (parameters, gradients, optimizer state) and
+    activation_mb_per_layer per sequence; not given, everything is taken as proportional to depth (a model
+    that also widens with depth needs the per-layer figures at the new width). None without the inputs."""
+    if not record or not record.get("device_mb") or not micro_batch or not depth:
+        return None
+    fixed, scaled = _fixed_scaled(record)
+    if scaled <= 0:
+        return None
+    frag = record.get("reserved_unallocated_mb", 0) / scaled
+    per_layer_fixed = fixed / depth if fixed_mb_per_layer is None else fixed_mb_per_layer
+    per_layer_act = scaled / micro_batch / depth if activation_mb_per_layer is None else activation_mb_per_layer
+    room, _ = _budget(record)
+    base = fixed - depth * per_layer_fixed + (1 + frag) * (scaled - micro_batch * depth * per_layer_act)
+    per_layer = per_layer_fixed + (1 + frag) * micro_batch * per_layer_act
+    return max(0, math.floor((room - base) / per_layer)) if per_layer > 0 else None

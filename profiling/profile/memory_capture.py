@@ -1,0 +1,117 @@
+"""One more untimed step with the CUDA allocator's history recorded: GPU memory at its peak, by category (#35).
+
+The step trains as usual; around it the capture records the allocator's history
+(`torch.cuda.memory._record_memory_history`, Python frames only) and tags the storages of known tensors, each
+with how many allocations had been made when it was tagged (profiling/profile/gpu_memory.py matches a tag
+only to the block live then):
+    parameters        the model's (given to the Profiler) at the start, and the optimizer's param_groups
+    gradients         every param's .grad just before optimizer.step() (torch's global step pre-hook: any
+                      torch.optim.Optimizer, without the Profiler being told of it)
+    optimizer_state   the optimizer's state tensors just after its step (its post-hook)
+    activations       tensors saved for backward (a saved_tensors_hooks pack hook that returns its tensor as is;
+                      only when no such hook is active already: the user's own hooks are left alone, and then
+                      activations count as temporaries, said in the record's note)
+Then it takes the snapshot, stops the history, reduces the snapshot at once (gpu_memory.reduce) and drops it:
+no pickle is written or read. Without CUDA nothing is recorded: `record_missing()` says why.
+
+Cost: one step with the history on (a few µs per allocation), a stats read per saved tensor, and the reduction
+(tens of ms for ~10^4 events). The timed steps are untouched.
+"""
+import torch
+
+from profiling.profile import gpu_memory
+
+MAX_ENTRIES = 100_000
+
+
+def record_missing():
+    return {"missing": "no CUDA device: GPU memory is recorded on CUDA only"}
+
+
+def _allocations():
+    """Allocations the CUDA allocator has made in this process so far (its cumulative counter)."""
+    return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+
+
+def _storage(t):
+    """(data_ptr, nbytes) of a CUDA tensor's storage, None for anything else."""
+    try:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            s = t.untyped_storage()
+            return s.data_ptr(), s.nbytes()
+    except (RuntimeError, NotImplementedError):  # no storage (a subclass, a fake)
+        pass
+    return None
+
+
+class MemoryStep:
+    """begin() before the step, end() after it (the record), or abandon(). parameters: the model's tensors."""
+
+    def __init__(self, parameters=()):
+        self.parameters = list(parameters)
+        self.tags = {c: [] for c in gpu_memory.TAGGED}
+        self.handles, self.saved, self.note = [], None, None
+
+    def _tag(self, category, tensors):
+        seq = _allocations() - self.start
+        for t in tensors:
+            where = _storage(t)
+            if where:
+                self.tags[category].append((*where, seq))
+
+    def _pre_step(self, optimizer, args, kwargs):
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._tag("parameters", params)
+        self._tag("gradients", [p.grad for p in params if p.grad is not None])
+
+    def _post_step(self, optimizer, args, kwargs):
+        self._tag("optimizer_state", [v for state in optimizer.state.values() for v in state.values()])
+
+    def _pack(self, t):
+        where = _storage(t)
+        if where:
+            self.tags["activations"].append((*where, _allocations() - self.start))
+        return t
+
+    def begin(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        self.start = _allocations()
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+        self.tags["parameters"] = [(*w, None) for w in map(_storage, self.parameters) if w]
+        self.handles = [register_optimizer_step_pre_hook(self._pre_step),
+                        register_optimizer_step_post_hook(self._post_step)]
+        if torch._C._autograd._top_saved_tensors_default_hooks(True) is None:
+            self.saved = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+            self.saved.__enter__()
+        else:
+            self.note = "saved-tensor hooks of the program's own were active: activations counted as temporaries"
+
+    def _stop(self):
+        if self.saved is not None:
+            self.saved.__exit__(None, None, None)
+            self.saved = None
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def end(self):
+        self._stop()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        made = _allocations() - self.start
+        free, total = torch.cuda.mem_get_info()
+        other = max(0, total - free - torch.cuda.memory_reserved())
+        record = gpu_memory.reduce(snapshot, self.tags, device=torch.cuda.current_device(), device_total=total,
+                                   other=other, allocations=made)
+        del snapshot
+        record["allocator_peak_mb"] = round(torch.cuda.max_memory_allocated() / gpu_memory.MB, 3)
+        if self.note:
+            record["note"] = "; ".join(x for x in (record.get("note"), self.note) if x)
+        return record
+
+    def abandon(self):
+        self._stop()
+        torch.cuda.memory._record_memory_history(enabled=None)
