@@ -269,7 +269,20 @@ def _shown(path):
     return path if rel.startswith("..") else rel
 
 
-def _held_mb(*holders):
+def _profiled_fits(parameters_mb):
+    """{folder, fits} of the newest profile (profiles/latest) when its memory step measured this model (its
+    parameters' MB equal to this one's within 1%: a run that changed only the batch), else None."""
+    from profiling.profile import capture
+    root = capture.profile_dir()
+    previous = capture.previous_summary(root) or {}
+    record = previous.get("gpu_memory") or {}
+    measured = (record.get("categories") or {}).get("parameters")
+    if not record.get("fits") or not measured or not parameters_mb or abs(measured / parameters_mb - 1) > 0.01:
+        return None
+    return {"folder": os.path.join(root, "latest"), "fits": record["fits"]}
+
+
+def _held_mb(*holders, grads=True):
     """MB of the distinct CUDA storages a model (parameters and their gradients) and an optimizer (its state)
     hold: what does not grow with the batch, measured from the tensors themselves."""
     seen, total = set(), 0
@@ -277,7 +290,7 @@ def _held_mb(*holders):
     for h in holders:
         if isinstance(h, torch.nn.Module):
             for p in h.parameters():
-                tensors += [p, p.grad]
+                tensors += [p, p.grad] if grads else [p]
         elif isinstance(h, torch.optim.Optimizer):
             tensors += [t for state in h.state.values() for t in state.values()]
     for t in tensors:
@@ -401,7 +414,9 @@ class Run:
                       for f in reversed(traceback.extract_tb(e.__traceback__))
                       if not f.filename.startswith(here) and f"{os.sep}torch{os.sep}" not in f.filename
                       and "site-packages" not in f.filename), None)
-        fixed = _held_mb(*(ref() for ref in self.holders)) if self.holders else None
+        holders = [ref() for ref in self.holders]
+        fixed = _held_mb(*holders) if self.holders else None
+        model = next((h for h in holders if isinstance(h, torch.nn.Module)), None)
         cap = device = None
         if self.cuda:
             device = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**20
@@ -409,7 +424,8 @@ class Run:
                 fraction = torch.cuda.get_per_process_memory_fraction()
                 cap = device * fraction if fraction < 1 else None
         return oom.explain(str(e), micro_batch=self.record["hyperparameters"].get("DEVICE_BATCH_SIZE"),
-                           fixed_mb=fixed, where=where, cap_mb=cap, device_mb=device)
+                           fixed_mb=fixed, where=where, cap_mb=cap, device_mb=device,
+                           profiled=_profiled_fits(_held_mb(model, grads=False)) if model is not None else None)
 
     def describe_model(self, model, flops_per_token, tokens_per_step, micro_batches, optimizer=None):
         """Record the model's size (the summary, the profile's metadata) and print it. The model and optimizer

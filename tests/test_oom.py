@@ -1,6 +1,8 @@
 """profiling/profile/oom.py: an out-of-memory error read and explained, from torch's own message (pure, no GPU)."""
 import json
 
+import pytest
+
 from profiling import runfile
 from profiling.profile import oom
 
@@ -27,13 +29,13 @@ def test_what_fits_is_an_upper_bound_from_the_failure():
     assert info["limit"] == "device" and info["limit_mb"] == 81090.6
     assert info["outside_mb"] == 512.0   # in use by the process, neither allocated nor reserved: the context
     assert info["per_sequence_mb"] == round((77414.4 + 1617.9 + 2048 - 6400) / 256, 1)
-    assert info["max_micro_batch"] == 254 and info["try_micro_batch"] == 224  # 254 x 0.9 = 228, a multiple of 8
-    assert info["try_micro_batch"] <= 0.9 * info["max_micro_batch"]
+    assert info["max_micro_batch"] == 254 and info["recommended_micro_batch"] == 224  # 254 x 0.9 = 228, a multiple of 8
+    assert info["recommended_micro_batch"] <= 0.9 * info["max_micro_batch"]
     text = oom.message(info, knob="DEVICE_BATCH_SIZE")
     assert text.startswith("CUDA out of memory at DEVICE_BATCH_SIZE=256: hit the device's memory, 81,091 MB, "
                            "allocating 2,048 MB at train.py:402 loss.backward()")
     assert f"at most {info['max_micro_batch']} sequences per micro-batch can fit (an upper bound" in text
-    assert f"try DEVICE_BATCH_SIZE={info['try_micro_batch']} (10% margin)" in text
+    assert f"try DEVICE_BATCH_SIZE={info['recommended_micro_batch']} (10% margin)" in text
 
 
 def test_a_cap_the_process_set_is_the_limit_named():
@@ -54,7 +56,7 @@ def test_a_model_too_big_for_one_sequence():
     info = oom.explain(H100, micro_batch=1, fixed_mb=81000.0)
     assert info["max_micro_batch"] is None  # no room at all beside the weights: nothing to estimate from
     info = oom.explain(H100, micro_batch=1, fixed_mb=60000.0)  # one sequence failed: none fits
-    assert info["max_micro_batch"] == 0 and info["try_micro_batch"] == 0
+    assert info["max_micro_batch"] == 0 and info["recommended_micro_batch"] == 0
     assert oom.message(info).endswith("even one sequence needs about 21,080 MB beside 60,000 MB of weights and "
                                       "optimizer state: make the model smaller")
 
@@ -69,3 +71,27 @@ def test_run_json_keeps_it_and_older_run_files_still_read(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert "oom" not in runfile.read_run(tmp_path / "old.json")
     assert runfile.validate_run(dict(run, oom="lots")) == ["oom is not an object or null"]
+
+
+FITS = {"max_micro_batch": 215, "recommended_micro_batch": 192, "margin_percent": 10, "per_sequence_mb": 345.0}
+
+
+def test_the_last_profile_of_this_model_is_named_first():
+    info = oom.explain(H100, micro_batch=256, fixed_mb=6400.0, profiled={"folder": "profiles/latest", "fits": FITS})
+    text = oom.message(info, knob="DEVICE_BATCH_SIZE")
+    assert ("the last profile of this model (profiles/latest) predicts at most 215 fit: try DEVICE_BATCH_SIZE=192 "
+            "(10% margin); from this failure, at most 254 sequences per micro-batch can fit") in text
+    assert text.count("try DEVICE_BATCH_SIZE") == 1
+
+
+def test_a_profile_counts_only_when_it_measured_this_model(tmp_path, monkeypatch):
+    """The runner's lookup: profiles/latest's memory record, when its parameters' MB are this model's."""
+    runner = pytest.importorskip("profiling.runner")  # the trainer's runner (torch, prepare.py)
+    latest = tmp_path / "latest"
+    latest.mkdir()
+    (latest / "summary.json").write_text(json.dumps({"gpu_memory": {"categories": {"parameters": 1000.0},
+                                                                      "fits": FITS}}))
+    monkeypatch.setenv("AUTORESEARCH_PROFILE_DIR", str(tmp_path))
+    assert runner._profiled_fits(1005.0) == {"folder": str(latest), "fits": FITS}
+    assert runner._profiled_fits(1200.0) is None   # another model (a new DEPTH): its figures do not carry over
+    assert runner._profiled_fits(0.0) is None      # nothing on the GPU to compare

@@ -14,13 +14,16 @@ least (allocated + reserved-but-unallocated + the failed request - fixed) / micr
 that at once, and the allocator's reserved blocks it could not use for the request (fragmentation) are taken
 to grow with the batch like the rest. So the estimate is below the micro-batch that failed. The per-sequence
 figure is a lower bound (the step's peak may lie later than the failure), so the micro-batch it gives is an
-upper bound: `max_micro_batch` is the most that could fit, `try_micro_batch` that less MARGIN (for
+upper bound: `max_micro_batch` is the most that could fit, `recommended_micro_batch` that less MARGIN (for
 fragmentation and the allocator's rounding), rounded down to a multiple of 8 when it is 8 or more.
+
+A profile of the same model that fitted says more (its memory step measured the peak by category:
+gpu_memory.fits): given as `profiled`, its prediction is named first.
 """
 import re
 
-MARGIN = 0.10       # of the batch-dependent memory, kept free for fragmentation and the allocator's rounding
-MULTIPLE = 8        # micro-batches are rounded down to a multiple of this (tensor-core friendly shapes)
+from profiling.profile.gpu_memory import MARGIN, MULTIPLE
+
 UNITS = {"B": 1 / 2**20, "bytes": 1 / 2**20, "KiB": 1 / 2**10, "MiB": 1.0, "GiB": 2**10, "TiB": 2**20}
 
 # The figures of torch's CUDA out-of-memory message (c10/cuda/CUDACachingAllocator.cpp), each optional.
@@ -45,21 +48,21 @@ def parse(text):
     return out
 
 
-def explain(text, *, micro_batch=None, fixed_mb=None, where=None, cap_mb=None, device_mb=None):
+def explain(text, *, micro_batch=None, fixed_mb=None, where=None, cap_mb=None, device_mb=None, profiled=None):
     """What the failure shows, as plain data (run.json's `oom`): the message's figures (parse), the limit hit
     (`cap`: a memory fraction the process set, else `device`), `where` (the innermost line of the user's code),
     and the micro-batch estimate of the module docstring where the figures allow it.
 
     fixed_mb: the parameters, gradients and optimizer state at the failure, measured (None: unknown);
     cap_mb, device_mb: what the process itself read (torch's per-process fraction, the device's total), used
-    where the message lacks them."""
+    where the message lacks them; profiled: {folder, fits} of the last profile of this model, or None."""
     info = parse(text)
     info["device_mb"] = info["device_mb"] or device_mb
     info["cap_mb"] = info["cap_mb"] or cap_mb
     limit = info["cap_mb"] or info["device_mb"]
     info.update(limit="cap" if info["cap_mb"] else ("device" if info["device_mb"] else None), limit_mb=limit,
                 where=where, micro_batch=micro_batch, fixed_mb=None if fixed_mb is None else round(fixed_mb, 1),
-                max_micro_batch=None, try_micro_batch=None)
+                max_micro_batch=None, recommended_micro_batch=None, profiled=profiled)
     allocated, requested = info["allocated_mb"], info["requested_mb"]
     if None in (limit, allocated, requested, fixed_mb) or not micro_batch:
         return info
@@ -71,7 +74,7 @@ def explain(text, *, micro_batch=None, fixed_mb=None, where=None, cap_mb=None, d
     most = int(room / per_sequence)
     below = int(most * (1 - MARGIN))
     info.update(outside_mb=round(outside, 1), per_sequence_mb=round(per_sequence, 1), max_micro_batch=most,
-                try_micro_batch=below // MULTIPLE * MULTIPLE if below >= MULTIPLE else max(min(1, most), below))
+                recommended_micro_batch=below // MULTIPLE * MULTIPLE if below >= MULTIPLE else max(min(1, most), below))
     return info
 
 
@@ -91,14 +94,20 @@ def message(info, knob="the micro-batch"):
     if info.get("outside_mb"):
         split.append(f"outside PyTorch (CUDA context) {mb(info['outside_mb'])}")
     parts.append("at the failure: " + ", ".join(split))
-    if info.get("max_micro_batch") is not None:
-        if info["max_micro_batch"] >= 1:
-            parts.append(f"at most {info['max_micro_batch']} sequences per micro-batch can fit (an upper bound: "
-                         f"{mb(info['per_sequence_mb'])} or more each); try {knob}={info['try_micro_batch']} "
-                         f"({100 * MARGIN:.0f}% margin)")
-        else:
-            parts.append(f"even one sequence needs about {mb(info['per_sequence_mb'])} beside "
-                         f"{mb(info['fixed_mb'])} of weights and optimizer state: make the model smaller")
-    else:
+    fits = (info.get("profiled") or {}).get("fits")
+    if fits:  # measured at the peak of a run that fitted: named first, and its value is the one to try
+        parts.append(f"the last profile of this model ({info['profiled']['folder']}) predicts at most "
+                     f"{fits['max_micro_batch']} fit: try {knob}={fits['recommended_micro_batch']} "
+                     f"({fits['margin_percent']}% margin)")
+    most = info.get("max_micro_batch")
+    if most is not None and most >= 1:
+        bound = (f"{'from this failure, ' if fits else ''}at most {most} sequences per micro-batch can fit (an "
+                 f"upper bound: {mb(info['per_sequence_mb'])} or more each)")
+        parts.append(bound if fits else
+                     f"{bound}; try {knob}={info['recommended_micro_batch']} ({100 * MARGIN:.0f}% margin)")
+    elif most is not None:
+        parts.append(f"even one sequence needs about {mb(info['per_sequence_mb'])} beside "
+                     f"{mb(info['fixed_mb'])} of weights and optimizer state: make the model smaller")
+    elif not fits:
         parts.append(f"lower {knob} (the figures to estimate what fits are missing)")
     return "; ".join(parts)
