@@ -10,6 +10,7 @@ kernels' time alone: host_sync and gpu_waits_on_host name those. The evidence li
 moves lines still matches) and kernels (profiling/profile/kernel_match.py: renumbered kernels match; new and
 gone ones show as such) that grew most.
 """
+from profiling.profile import render
 from profiling.profile.findings.contract import finding, rule
 from profiling.profile.summary import diff
 
@@ -57,6 +58,8 @@ def regression(previous, current, label=None):
                 + (f"; lines: {', '.join(lines)}" if lines else "")
                 + (f"; kernels: {', '.join(kernels)}" if kernels else "")
                 + (f"; gone: {', '.join(gone)}" if gone else ""))
+    if d["gpu_memory"]:
+        evidence += "; " + render.memory_line(d["gpu_memory"])
     changed = settings_changed(previous, current)
     evidence += f"; process settings changed since then: {', '.join(changed)}" if changed else ""
     where = f"the change at {lines[0].rsplit(' ', 1)[0]}" if lines else "what changed since then"

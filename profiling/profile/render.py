@@ -473,12 +473,25 @@ def _checks(s):
     return ["## 3. Checks", _table(["check", "result", "detail"], rows)]
 
 
+def memory_line(change):
+    """`GPU memory at the peak: A -> B MB (+C MB): activations +x, ...` from summary.memory_change."""
+    peak = change["peak_allocated_mb"]
+    moved = [f"{c['name']} {c['change_mb']:+,.0f}" for c in change["categories"] if abs(c["change_mb"]) >= 1]
+    grew = f" ({peak['current'] - peak['previous']:+,.0f} MB)" if None not in peak.values() else ""
+    def mb(x):
+        return "?" if x is None else f"{x:,.0f}"
+    return (f"GPU memory at the peak: {mb(peak['previous'])} -> {mb(peak['current'])} MB{grew}"
+            + (": " + ", ".join(moved) if moved else ": no category moved by 1 MB"))
+
+
 def _changes(d):
     step = d["step_ms"]
     title = f"## 4. Changes since the previous profile ({d['previous_commit'] or '?'} -> " \
             f"{d['current_commit'] or '?'})"
     moved = f"({step['change_ms']:+.2f} ms{_signed_pct(step['change_pct'])})"
     lines = [title, f"step: {_ms(step['previous'])} -> {_ms(step['current'])} ms/step {moved}"]
+    if d.get("gpu_memory"):
+        lines.append(memory_line(d["gpu_memory"]))
     lines += [f"note: {n}" for n in d.get("notes", [])]
     rows = [[_cell(f"category: {c['name']}"), _ms(c["previous"]), _ms(c["current"]), f"{c['change_ms']:+.2f}"]
             for c in d["categories"][:5] if round(c["change_ms"], 2) != 0]

@@ -519,6 +519,21 @@ def _change(before, now):
             "change_pct": _r(100 * (now - before) / before) if before else None}
 
 
+def memory_change(previous, current):
+    """GPU memory at the peak, before and now, by category (the memory steps' records), largest change first;
+    None unless both profiles have one."""
+    before, now = (x.get("gpu_memory") or {} for x in (previous, current))
+    if not before.get("categories") or not now.get("categories"):
+        return None
+    names = list(dict.fromkeys(list(before["categories"]) + list(now["categories"])))
+    cats = [dict(name=c, previous=before["categories"].get(c) or 0.0, current=now["categories"].get(c) or 0.0)
+            for c in names]
+    for c in cats:
+        c["change_mb"] = round(c["current"] - c["previous"], 1)
+    return {"peak_allocated_mb": {"previous": before.get("peak_allocated_mb"), "current": now.get("peak_allocated_mb")},
+            "categories": sorted(cats, key=lambda c: -abs(c["change_mb"]))}
+
+
 def diff(previous, current, top=5):
     """What changed between two summaries: step time, and the categories, regions and kernels that moved most.
 
@@ -549,6 +564,7 @@ def diff(previous, current, top=5):
     return {
         "previous_commit": previous.get("commit"), "current_commit": current.get("commit"),
         "step_ms": _change(previous.get("step_ms"), current.get("step_ms")),
+        "gpu_memory": memory_change(previous, current),
         "categories": sorted(cats, key=by_size),
         "kernels": sorted(kernels, key=by_size)[:top],
         "regions": sorted(moved, key=by_size),

@@ -1,12 +1,15 @@
 """profiling.profile.gpu_memory: GPU memory at the peak by category, from a snapshot in torch's own format
 (torch.cuda.memory._snapshot()), built here by hand; what fits; the report's section; on CUDA, a real step."""
 import copy
+import os
 import re
 
 import pytest
 
 from profiling.profile import gpu_memory
 from profiling.profile.gpu_memory import fits, max_depth, reduce
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
 M = 2 ** 20
 A, B = 0x7F0000000000, 0x7F0100000000   # two segments: A large (20 MB, before the step), B (4 MB, in it)
@@ -262,3 +265,28 @@ def test_a_real_memory_step_adds_up(tmp_path):
         assert abs(cats[name] - expected) <= 0.05 * expected, (name, cats[name], expected)
     assert cats["activations"] > 0 and g["fits"]["max_micro_batch"] > 64
     assert "### GPU memory at the peak" in result.report
+
+
+def test_memory_by_category_in_the_diff_and_the_regression():
+    """#35 item 4: what grew in GPU memory since the previous profile (or the best run's), by category."""
+    from profiling.profile import regression, render
+    from profiling.profile.summary import diff, load_trace, summarize
+
+    trace = load_trace(os.path.join(DATA, "h100-plant-dense_mask.trace.json.gz"))
+    before = summarize(load_trace(os.path.join(DATA, "h100-plant-baseline.trace.json.gz")))
+    now = summarize(trace)
+    assert diff(before, now)["gpu_memory"] is None  # neither recorded one: nothing said
+    before["gpu_memory"] = {"peak_allocated_mb": 44991.0, "reserved_mb": 46000.0, "reserved_unallocated_mb": 1009.0,
+                            "device_mb": 81090.6, "categories": {
+        "parameters": 1200.0, "gradients": 1200.0, "optimizer_state": 2400.0, "activations": 30000.0,
+        "temporaries": 10191.0}}
+    now["gpu_memory"] = dict(before["gpu_memory"], peak_allocated_mb=52991.0, categories=dict(
+        before["gpu_memory"]["categories"], activations=38000.0))
+    change = diff(before, now)["gpu_memory"]
+    assert change["categories"][0] == {"name": "activations", "previous": 30000.0, "current": 38000.0,
+                                       "change_mb": 8000.0}
+    line = "GPU memory at the peak: 44,991 -> 52,991 MB (+8,000 MB): activations +8,000"
+    assert render.memory_line(change) == line
+    assert line in render.to_markdown(now, previous=before)
+    found = regression.regression(before, now)
+    assert found is not None and line in found["evidence"]
