@@ -434,6 +434,7 @@ class Run:
         num_params = sum(p.numel() for p in model.parameters())
         self.summary["num_params_M"] = round(num_params / 1e6, 1)
         self.model_meta = dict(tokens_per_step=tokens_per_step, micro_batches=micro_batches,
+                               depth=self.record["hyperparameters"].get("DEPTH"),
                                flops_per_step=flops_per_token * tokens_per_step,
                                parameters={name: list(p.shape) for name, p in model.named_parameters()})
         print(f"Parameters: {num_params / 1e6:.1f}M | FLOPs per token: {flops_per_token:.3e}")

@@ -215,20 +215,27 @@ def fits(record, micro_batch, margin=MARGIN, multiple=MULTIPLE):
                      "assumed to grow with activations and temporaries"}
 
 
-def max_depth(record, micro_batch, depth, fixed_mb_per_layer=None, activation_mb_per_layer=None):
-    """The largest depth predicted to fit at today's micro-batch: fixed and scaled memory are today's with
-    `depth` layers, each layer adding fixed_mb_per_layer (parameters, gradients, optimizer state) and
-    activation_mb_per_layer per sequence; not given, everything is taken as proportional to depth (a model
-    that also widens with depth needs the per-layer figures at the new width). None without the inputs."""
+def accepted(max_micro_batch, micro_batch, micro_batches):
+    """The largest micro-batch up to `max_micro_batch` that keeps today's tokens per step in whole micro-batches
+    (a divisor of micro_batches x micro_batch: what train.py accepts with today's TOTAL_BATCH_SIZE)."""
+    total = micro_batch * micro_batches
+    return next((b for b in range(min(max_micro_batch, total), 0, -1) if total % b == 0), None)
+
+
+def max_depth(record, micro_batch, depth, fixed_power=1.0, scaled_power=1.0, limit=4):
+    """The largest depth predicted to fit at today's micro-batch, up to `limit` x today's: fixed memory
+    (parameters, gradients, optimizer state) taken to grow as (depth'/depth)^fixed_power, activations and
+    temporaries as (depth'/depth)^scaled_power, in the `fits` model. Proportional (1, 1) for a model of fixed
+    width; train.py widens with depth (width = DEPTH x ASPECT_RATIO), so its layers' weights grow as depth^3
+    and its activations as depth^2 (embeddings and logits grow slower: an estimate from above on fixed memory,
+    so a bound from below on the depth). None without the inputs."""
     if not record or not record.get("device_mb") or not micro_batch or not depth:
         return None
     fixed, scaled = _fixed_scaled(record)
     if scaled <= 0:
         return None
     frag = record.get("reserved_unallocated_mb", 0) / scaled
-    per_layer_fixed = fixed / depth if fixed_mb_per_layer is None else fixed_mb_per_layer
-    per_layer_act = scaled / micro_batch / depth if activation_mb_per_layer is None else activation_mb_per_layer
     room, _ = _budget(record)
-    base = fixed - depth * per_layer_fixed + (1 + frag) * (scaled - micro_batch * depth * per_layer_act)
-    per_layer = per_layer_fixed + (1 + frag) * micro_batch * per_layer_act
-    return max(0, math.floor((room - base) / per_layer)) if per_layer > 0 else None
+    fitting = [d for d in range(1, limit * depth + 1)
+               if fixed * (d / depth) ** fixed_power + (1 + frag) * scaled * (d / depth) ** scaled_power <= room]
+    return max(fitting, default=0)

@@ -238,8 +238,11 @@ def _gpu_memory(s):
                                                                for r in g["lines"][:5]))
     f = g.get("fits")
     lines.append(f"largest micro-batch predicted to fit: {f['max_micro_batch']} (recommended "
-                 f"{f['recommended_micro_batch']}, {f['margin_percent']}% margin; {f['basis']}; model: "
-                 "profiling/profile/gpu_memory.py `fits`)" if f else
+                 f"{f['recommended_micro_batch']}, {f['margin_percent']}% margin"
+                 + (f"; {f['accepted_micro_batch']} keeps today's tokens per step in whole micro-batches"
+                    if f.get("accepted_micro_batch") else "")
+                 + (f"; at today's micro-batch, DEPTH up to about {f['max_depth']}" if f.get("max_depth") else "")
+                 + f"; {f['basis']}; model: profiling/profile/gpu_memory.py `fits`)" if f else
                  "largest micro-batch predicted to fit: unknown (needs the micro-batch and the device's total)")
     if g.get("note"):
         lines.append(f"note: {g['note']}")

@@ -159,6 +159,7 @@ LAUNCH_WORDS = ("launch", "memcpy", "memset")  # runtime calls that must produce
 # clocks ~1 us, so a step under 1 ms is mostly these fixed costs and a handful of kernels (one 0.045 ms trace
 # had a float32 GEMM "worth" 44% of it): its gaps and rates say more about the profiler than about the program.
 MIN_JUDGED_MS = 1.0
+TRAIN_PY_DEPTH_POWERS = (3, 2)  # train.py's weights grow as DEPTH^3, its activations as DEPTH^2 (gpu_memory.max_depth)
 
 
 def load_summary(path):
@@ -426,7 +427,12 @@ def _gpu_memory(meta):
         return None
     if "missing" in record:
         return dict(record)
-    return dict(record, fits=gpu_memory.fits(record, meta.get("micro_batch")))
+    batch, fits = meta.get("micro_batch"), gpu_memory.fits(record, meta.get("micro_batch"))
+    if fits and num(meta.get("micro_batches")):  # train.py: what it accepts, and the depth (it widens with it)
+        fits["accepted_micro_batch"] = gpu_memory.accepted(fits["max_micro_batch"], batch, meta["micro_batches"])
+    if fits and num(meta.get("depth")):
+        fits["max_depth"] = gpu_memory.max_depth(record, batch, meta["depth"], *TRAIN_PY_DEPTH_POWERS)
+    return dict(record, fits=fits)
 
 
 def _check(name, ok, detail):

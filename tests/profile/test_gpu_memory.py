@@ -142,9 +142,17 @@ def test_fits_needs_the_device_and_a_batch():
 def test_max_depth():
     # everything proportional to depth: (room) / ((fixed + 1.05 * scaled) / 8) = 80,509 / 5,900 -> 13
     assert max_depth(H100, 128, 8) == 13
-    # each layer costing twice as much activation: fewer layers
-    assert max_depth(H100, 128, 8, activation_mb_per_layer=2 * 44110 / 128 / 8) == 10
+    # train.py widens with depth: weights as depth^3, activations as depth^2 -> 10 (11 would need 89,853 MB)
+    assert max_depth(H100, 128, 8, 3, 2) == 10
     assert max_depth(dict(H100, device_mb=None), 128, 8) is None
+
+
+def test_the_micro_batch_train_py_accepts():
+    """Today's tokens per step in whole micro-batches: 4 micro-batches of 128 = 512 sequences a step, so 220
+    cannot be used; 128 can (256 would fit 512 but not the memory)."""
+    assert gpu_memory.accepted(220, 128, 4) == 128
+    assert gpu_memory.accepted(300, 128, 4) == 256
+    assert gpu_memory.accepted(100, 128, 1) == 64
 
 
 def test_the_record_is_small_json():
@@ -187,6 +195,11 @@ def test_the_report_section_and_fits(h100_trace):
     assert "held at the peak, by line: `train.py:212` 30,000 MB" in section
     assert "largest micro-batch predicted to fit: 220 (recommended 192, 10% margin;" in section
     assert "note: a note" in section
+    ours = _summary(h100_trace, micro_batch=128, micro_batches=4, depth=8, gpu_memory=H100)["gpu_memory"]["fits"]
+    assert (ours["accepted_micro_batch"], ours["max_depth"]) == (128, 10)  # train.py's: 512 sequences a step
+    assert ("220 (recommended 192, 10% margin; 128 keeps today's tokens per step in whole micro-batches; at "
+            "today's micro-batch, DEPTH up to about 10;") in to_markdown(
+        _summary(h100_trace, micro_batch=128, micro_batches=4, depth=8, gpu_memory=H100))
     no_batch = to_markdown(_summary(h100_trace, gpu_memory=H100))
     assert "largest micro-batch predicted to fit: unknown" in no_batch
     missing = to_markdown(_summary(h100_trace, gpu_memory={"missing": "why"}))
