@@ -134,8 +134,9 @@ def _recorded(s):
     live = how["by"] == "live capture"
     on = [text for key, text in RECORDED if how.get(key)]
     off = [text for key, text in RECORDED if not how.get(key) and key != "host_samples"]
-    line = (f"Recorded by {'this profiler (live capture)' if live else how['by']}: " + (", ".join(on) or "no options")
-            + ("; without " + ", ".join(off) if off and not live else "") + "; unprofiled step: "
+    line = (f"Recorded by {'this profiler (live capture)' if live else how['by']}"
+            + (": " + ", ".join(on) if on else "") + (("; without " if on else " without ") + ", ".join(off)
+                                                       if off and not live else "") + "; unprofiled step: "
             + {"trace": "measured before the profiled steps", "given": "given (--unprofiled-ms)"}.get(
                 how.get("unprofiled"), "none, so the profiled step could not be checked (give it: --unprofiled-ms)"))
     if how.get("stacks") and not how.get("unprofiled") and s.get("kind") != "cpu":

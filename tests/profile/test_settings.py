@@ -166,7 +166,7 @@ def test_report_and_json_of_an_old_trace(old_trace):
     s = summarize(old_trace)
     assert s["settings"] == {"recorded": False}
     md = to_markdown(s).splitlines()
-    assert md[2].startswith("Process settings: not recorded in this trace") and md[3].startswith("Recorded by torch.profiler: ")
+    assert md[2].startswith("Process settings: not recorded in this trace") and md[3].startswith("Recorded by torch.profiler ")
     assert md[4] == ""
     assert json.loads(to_json(s))["settings"] == {"recorded": False}
 
