@@ -179,11 +179,25 @@ def _fixed_scaled(record):
     return sum(cats.get(k, 0) for k in FIXED), sum(cats.get(k, 0) for k in SCALED)
 
 
-def _budget(record):
-    """(MB the allocator may reserve, the basis of the context figure)."""
+def _model(record):
+    """The `fits` model's inputs: (fixed MB, scaled MB, f, MB the allocator may reserve, the basis of the
+    context figure), or None without the device's total or memory that grows with the batch."""
+    if not record or not record.get("device_mb") or not record.get("categories"):
+        return None
+    fixed, scaled = _fixed_scaled(record)
+    if scaled <= 0:
+        return None
     other = record.get("other_mb")
     basis = "measured" if other is not None else f"assumed {DEFAULT_OTHER_MB:.0f} MB"
-    return record["device_mb"] - (other if other is not None else DEFAULT_OTHER_MB), basis
+    room = record["device_mb"] - (other if other is not None else DEFAULT_OTHER_MB)
+    return fixed, scaled, record.get("reserved_unallocated_mb", 0) / scaled, room, basis
+
+
+def recommend(most, margin=MARGIN, multiple=MULTIPLE):
+    """The micro-batch to try when `most` is the largest predicted to fit: `margin` less, rounded down to a
+    multiple of `multiple` when that leaves one (else the value itself, at least 1; 0 when none fits)."""
+    lower = math.floor(most * (1 - margin))
+    return lower - lower % multiple if lower >= multiple else min(most, max(1, lower))
 
 
 def fits(record, micro_batch, margin=MARGIN, multiple=MULTIPLE):
@@ -197,18 +211,13 @@ def fits(record, micro_batch, margin=MARGIN, multiple=MULTIPLE):
     per_sequence: (activations + temporaries) at the peak / today's B; f: the reserved-but-unallocated memory
     at the peak as a share of that scaled part (fragmentation and the allocator's cache, assumed to grow
     with it). Recommended: B less `margin`, rounded down to a multiple of `multiple` (at least 1)."""
-    if not record or not record.get("device_mb") or not micro_batch or not record.get("categories"):
+    inputs = _model(record)
+    if inputs is None or not micro_batch:
         return None
-    fixed, scaled = _fixed_scaled(record)
-    if scaled <= 0:
-        return None
-    frag = record.get("reserved_unallocated_mb", 0) / scaled
-    room, basis = _budget(record)
+    fixed, scaled, frag, room, basis = inputs
     per_seq = scaled / micro_batch
     best = max(0, math.floor((room - fixed) / ((1 + frag) * per_seq)))
-    lower = math.floor(best * (1 - margin))
-    recommended = max(1, lower - lower % multiple) if lower >= multiple else max(1, lower)
-    return {"max_micro_batch": best, "recommended_micro_batch": min(recommended, best) if best else 0,
+    return {"max_micro_batch": best, "recommended_micro_batch": recommend(best, margin, multiple),
             "margin_percent": round(100 * margin), "per_sequence_mb": round(per_seq, 1),
             "fixed_mb": round(fixed, 1), "fragmentation_percent": round(100 * frag, 1),
             "basis": f"measured at micro-batch {micro_batch}; memory outside PyTorch {basis}; reserved-unallocated "
@@ -229,13 +238,10 @@ def max_depth(record, micro_batch, depth, fixed_power=1.0, scaled_power=1.0, lim
     width; train.py widens with depth (width = DEPTH x ASPECT_RATIO), so its layers' weights grow as depth^3
     and its activations as depth^2 (embeddings and logits grow slower: an estimate from above on fixed memory,
     so a bound from below on the depth). None without the inputs."""
-    if not record or not record.get("device_mb") or not micro_batch or not depth:
+    inputs = _model(record)
+    if inputs is None or not micro_batch or not depth:
         return None
-    fixed, scaled = _fixed_scaled(record)
-    if scaled <= 0:
-        return None
-    frag = record.get("reserved_unallocated_mb", 0) / scaled
-    room, _ = _budget(record)
+    fixed, scaled, frag, room, _ = inputs
     fitting = [d for d in range(1, limit * depth + 1)
                if fixed * (d / depth) ** fixed_power + (1 + frag) * scaled * (d / depth) ** scaled_power <= room]
     return max(fitting, default=0)

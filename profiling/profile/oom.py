@@ -15,14 +15,14 @@ that at once, and the allocator's reserved blocks it could not use for the reque
 to grow with the batch like the rest. So the estimate is below the micro-batch that failed. The per-sequence
 figure is a lower bound (the step's peak may lie later than the failure), so the micro-batch it gives is an
 upper bound: `max_micro_batch` is the most that could fit, `recommended_micro_batch` that less MARGIN (for
-fragmentation and the allocator's rounding), rounded down to a multiple of 8 when it is 8 or more.
+fragmentation and the allocator's rounding), rounded down to a multiple of 8 (gpu_memory.recommend).
 
 A profile of the same model that fitted says more (its memory step measured the peak by category:
 gpu_memory.fits): given as `profiled`, its prediction is named first.
 """
 import re
 
-from profiling.profile.gpu_memory import MARGIN, MULTIPLE
+from profiling.profile.gpu_memory import MARGIN, recommend
 
 UNITS = {"B": 1 / 2**20, "bytes": 1 / 2**20, "KiB": 1 / 2**10, "MiB": 1.0, "GiB": 2**10, "TiB": 2**20}
 
@@ -72,9 +72,8 @@ def explain(text, *, micro_batch=None, fixed_mb=None, where=None, cap_mb=None, d
     if per_sequence <= 0 or room <= 0:
         return info
     most = int(room / per_sequence)
-    below = int(most * (1 - MARGIN))
     info.update(outside_mb=round(outside, 1), per_sequence_mb=round(per_sequence, 1), max_micro_batch=most,
-                recommended_micro_batch=below // MULTIPLE * MULTIPLE if below >= MULTIPLE else max(min(1, most), below))
+                recommended_micro_batch=recommend(most))
     return info
 
 
