@@ -1,26 +1,16 @@
 """Issue #34: the rules hold on models and scripts this repository did not make. On real H100 traces of train.py
 with what makes them train.py's taken away: its metadata (`trainer`, `micro_batches`), its loader's file name, its
 attention's speed."""
-import copy
-import os
 
 import pytest
 
 from profiling.profile.findings.contract import trainer_is_train_py
-from profiling.profile.summary import load_trace, summarize
-
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+from profiling.profile.summary import summarize
 
 
-@pytest.fixture(scope="module")
-def traces():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = load_trace(os.path.join(DATA, f"{name}.trace.json.gz"))
-        return copy.deepcopy(cache[name])
-    return get
+@pytest.fixture
+def traces(data_trace):
+    return data_trace
 
 
 def foreign(trace):

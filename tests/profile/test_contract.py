@@ -2,16 +2,13 @@
 skipped when a trace lacks it, and never claims what its evidence does not show. On real H100 traces of
 planted slowdowns (tests/data/h100-plant*, h100-fresh-*, h100-cudacalls-*), each stripped of one kind of
 evidence the way an older or foreign trace lacks it."""
-import copy
-import os
 
 import pytest
 
 from profiling.profile import findings, ranks, regression
 from profiling.profile.findings import contract
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.summary import summarize
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 META = "autoresearch"
 
 # a trace where each rule fires (its kind in the findings)
@@ -64,15 +61,9 @@ STRIP = {  # evidence name -> how a trace comes without it
 }
 
 
-@pytest.fixture(scope="module")
-def trace():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = load_trace(os.path.join(DATA, f"{name}.trace.json.gz"))
-        return copy.deepcopy(cache[name])
-    return get
+@pytest.fixture
+def trace(data_trace):
+    return data_trace
 
 
 def _kinds(s):
