@@ -392,8 +392,9 @@ def _metadata(trace):
     meta = trace.get(META_KEY)
     meta = dict(meta) if isinstance(meta, dict) else {}
     props = trace.get("deviceProperties")
-    if not meta.get("device") and isinstance(props, list) and props and isinstance(props[0], dict):
-        meta["device"] = props[0].get("name")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        meta.setdefault("device", props[0].get("name"))
+        meta.setdefault("compute_major", props[0].get("computeMajor"))  # below 8: no bf16 tensor cores
     return meta
 
 

@@ -20,6 +20,7 @@ AUTOGRAD_OP = "autograd::engine::evaluate_function"  # the autograd engine runs 
 MAX_CHAIN = 8           # operators around a launch looked at
 LAUNCH_SLACK_US = 1.0   # CPU and GPU clocks agree to better than this
 KNOWN_CATS = DEVICE_CATS | LAUNCH_CATS | {"cpu_op", "user_annotation", "gpu_user_annotation", "trace"}
+OLD_CATS = {"operator": "cpu_op"}  # torch <= 1.9 named CPU operators `Operator` (Kernel, Runtime: lowered)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -120,6 +121,7 @@ def index(events):
         cat, name = e.get("cat", ""), e.get("name", "")
         if cat not in KNOWN_CATS:
             cat = str(cat).lower()
+            cat = OLD_CATS.get(cat, cat)
         if not isinstance(name, str):
             name = str(name)
         if cat in DEVICE_CATS:

@@ -79,3 +79,21 @@ def test_the_loader_is_found_by_what_it_is_not_by_its_file_name(traces, frame, l
     assert after["ms_per_step"] == before["ms_per_step"]
     if not loader:
         assert after["fix"].startswith("make the host work at")
+
+
+def test_a_torch_1_9_resnet_trace_of_another_project():
+    """Kineto's V100 ResNet-50 sample (torch 1.9 era, tests/data/foreign): its `Operator` events are CPU
+    operators; its inputs are copied from pageable memory, so the host_sync fix is pinned memory, not `keep
+    values on the GPU`; its float32 convolutions have no FLOPs from shapes, so no rate is made up for them; a
+    V100 has no bf16 tensor cores, so the fix is fp16."""
+    import os
+
+    from profiling.profile.summary import load_trace
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "foreign")
+    s = summarize(load_trace(os.path.join(data, "kineto-v100-resnet50-train.json.gz")))
+    assert s["recorded"]["shapes"]  # read from its `Operator` events' Input Dims
+    found = {f["kind"]: f for f in s["findings"]}
+    assert "pin_memory=True" in found["host_sync"]["fix"] and "pageable" in found["host_sync"]["evidence"]
+    fp32 = found["fp32_matmul"]
+    assert " at 0 TFLOP/s" not in fp32["evidence"] and "(those with known FLOPs)" in fp32["evidence"]
+    assert "in fp16:" in fp32["evidence"] and "torch.float16" in fp32["fix"] and "bfloat16" not in fp32["fix"]

@@ -88,6 +88,15 @@ def host_sync(tl, ctx, found):
                                      "(torch.autograd.set_detect_anomaly), a backward hook or custom backward "
                                      "that reads a tensor's value; turn it off or keep the value on the GPU"),
                          "backward_syncs")
+    # the operators that copy to the GPU from pageable memory (the host waits in them: .to(device) of a tensor
+    # not pinned); a sync made inside one of them is that copy's
+    uploads = {id(tl.enclosing(c["call"])) for c in cuda_calls.pageable_copies(tl) if "HtoD" in c["direction"]}
+    uploads.discard(id(None))
+    if sum(id(tl.enclosing(e)) in uploads for e, _ in syncs) >= len(syncs) / 2:
+        evidence += "; they are copies to the GPU from pageable host memory (the host waits in them)"
+        return finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
+                       "copy the inputs from pinned host memory without waiting: pin_memory=True on the "
+                       "DataLoader (or .pin_memory() on the host tensor), then .to(device, non_blocking=True)")
     return finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
                     "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
                     "tensor); read them once per step after the next step is launched, as train.py's loop does")

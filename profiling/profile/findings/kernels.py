@@ -75,28 +75,35 @@ def fp32_matmul(tl, ctx, found):
     if not fp32:
         return None
     us, flops = sum(g[2] for g in fp32), sum(g[3] or 0.0 for g in fp32)
+    known_us = sum(g[2] for g in fp32 if g[3])  # GEMMs whose FLOPs the shapes give (not convolutions)
     bf16 = [g for g in gemms if g[3] and not _is_fp32(g[0], g[1])]
     rate = sum(g[3] for g in bf16) / (sum(g[2] for g in bf16) / 1e6) if bf16 else \
         (EXPECTED_GEMM_FRACTION * ctx["peak"] if ctx["peak"] else None)
     ms = us / ctx["n"] / 1e3
+    half = "bf16" if (tl.meta.get("compute_major") or 8) >= 8 else "fp16"  # tensor cores before sm80: fp16 only
     if not rate or not flops:
-        estimate, basis = ms / 2, "half its time (no shapes recorded to estimate better)"
+        estimate, basis = ms / 2, "half its time (" + ("no shapes recorded" if not flops else "no half-precision "
+                                                       "GEMM in this trace and no known peak") + " to estimate better)"
     else:
-        estimate = flops / rate / ctx["n"] * 1e3
-        basis = f"{estimate:.1f} ms at this run's bf16 GEMM rate ({rate / 1e12:.0f} TFLOP/s)"
+        rest = (us - known_us) / ctx["n"] / 1e3  # those without FLOPs: half their time
+        estimate = flops / rate / ctx["n"] * 1e3 + rest / 2
+        basis = (f"{estimate:.1f} ms at this run's bf16 GEMM rate ({rate / 1e12:.0f} TFLOP/s)"
+                 + (f", half the time of the {rest:.1f} ms without known FLOPs" if rest >= 0.05 else ""))
     kernels, shapes = {}, {}
     for e, op, g_us, _ in fp32:
         name = short_name(str(e.get("name", "")))
         kernels[name] = kernels.get(name, 0) + 1
         shapes[_dims(op)] = shapes.get(_dims(op), 0.0) + g_us
     evidence = (f"{len(fp32) / ctx['n']:g} GEMMs/step on float32 inputs: {ms:.1f} ms/step"
-                + (f" at {flops / (us / 1e6) / 1e12:.0f} TFLOP/s" if flops else "") + f"; in bf16: {basis}; "
+                + (f" at {flops / (known_us / 1e6) / 1e12:.0f} TFLOP/s" + ("" if known_us == us else " (those with "
+                   "known FLOPs)") if flops else "") + f"; in {half}: {basis}; "
                 + "shapes " + ", ".join(s for s, _ in top(shapes, 2)) + "; kernel "
                 + ", ".join(f"`{k}`" for k, _ in top(kernels, 1)) + "; the float32 elementwise work around them "
                 "is not counted")
-    return finding("fp32_matmul", max(0.0, ms - estimate), ctx, evidence,
-                    "run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() "
-                    "on their inputs")
+    fix = ("run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() on their "
+           "inputs") if half == "bf16" else ("run these layers in fp16 (this GPU has no bf16 tensor cores): inside "
+                                             "torch.autocast(dtype=torch.float16) with a torch.amp.GradScaler")
+    return finding("fp32_matmul", max(0.0, ms - estimate), ctx, evidence, fix)
 
 
 @rule("slow_device", needs=("device", "peak", "shapes"))
