@@ -138,6 +138,7 @@ from profiling.profile.traceio import (
     check_trace,
     corr,
     find,
+    has_shapes,
     index,
     load_trace,
     num,
@@ -254,8 +255,7 @@ def recorded(trace, ix, unprofiled_given=False):
         "by": "live capture" if live else "torch.profiler",
         "stacks": bool(trace.get("with_stack")) or "python_function" in cats,
         "host_samples": live and bool((meta.get("host_samples") or {}).get("stacks")),
-        "shapes": bool(trace.get("record_shapes")) or any(
-            (op.get("args") or {}).get("Input Dims") for op in ix.cpu_ops[:2000]),
+        "shapes": bool(trace.get("record_shapes")) or has_shapes(ix.cpu_ops),
         "memory": bool(trace.get("profile_memory")) or memory,
         "modules": bool(trace.get("with_modules")) or modules,
         "flops": bool(trace.get("with_flops")) or any("flops" in (op.get("args") or {}) for op in ix.cpu_ops[:2000]),

@@ -101,6 +101,11 @@ class Index:
         self.whole = False     # no ProfilerStep markers: `steps` is one window over the whole trace
 
 
+def has_shapes(cpu_ops, first=2000):
+    """Whether the trace recorded operator input shapes (record_shapes=True): its first operators show it."""
+    return any((op.get("args") or {}).get("Input Dims") for op in cpu_ops[:first])
+
+
 def num(x):
     """True for an int or float (not a bool)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -18,6 +18,7 @@ expose), and the findings come out costliest first.
 """
 
 from profiling.profile.timeline import COMPILED
+from profiling.profile.traceio import has_shapes
 
 # What a rule may need, and how a trace shows it (`evidence()` decides, once per trace).
 EVIDENCE = {
@@ -63,7 +64,7 @@ def evidence(tl, ctx):
         have.add("unprofiled")
     if "unprofiled" in have or not ctx.get("stacks"):
         have.add("own_idle")
-    if any((op.get("args") or {}).get("Input Dims") for op in tl.ix.cpu_ops[:2000]):
+    if has_shapes(tl.ix.cpu_ops):
         have.add("shapes")
     if isinstance(meta.get("settings"), dict) and meta["settings"]:
         have.add("settings")
