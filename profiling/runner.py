@@ -410,10 +410,8 @@ class Run:
         """What an out-of-memory error shows (profiling/profile/oom.py): its message's figures, the innermost line of the
         user's code, the parameters, gradients and optimizer state still held (measured), the process's cap."""
         here = os.path.dirname(os.path.abspath(__file__))
-        where = next((f"{_shown(f.filename)}:{f.lineno} {(f.line or '').strip()}"
-                      for f in reversed(traceback.extract_tb(e.__traceback__))
-                      if not f.filename.startswith(here) and f"{os.sep}torch{os.sep}" not in f.filename
-                      and "site-packages" not in f.filename), None)
+        where = oom.user_line([(f.filename, f.lineno, f.line) for f in traceback.extract_tb(e.__traceback__)
+                               if not f.filename.startswith(here)], show=_shown)
         holders = [ref() for ref in self.holders]
         fixed = _held_mb(*holders) if self.holders else None
         model = next((h for h in holders if isinstance(h, torch.nn.Module)), None)

@@ -95,3 +95,16 @@ def test_a_profile_counts_only_when_it_measured_this_model(tmp_path, monkeypatch
     assert runner._profiled_fits(1005.0) == {"folder": str(latest), "fits": FITS}
     assert runner._profiled_fits(1200.0) is None   # another model (a new DEPTH): its figures do not carry over
     assert runner._profiled_fits(0.0) is None      # nothing on the GPU to compare
+
+
+def test_the_line_named_is_the_users_not_a_compiled_graphs_generated_code():
+    """The H100 run at micro-batch 219 failed inside Inductor's generated code (a file in its cache folder): the
+    message names the compiled graph and the user's line that called it, never the generated file's line."""
+    torch_frame = ("/opt/venv/lib/python3.12/site-packages/torch/_inductor/output_code.py", 656, "return f(x)")
+    frames = [("train.py", 529, "sys.exit(main())"), ("train.py", 389, "loss = train_step(step, progress)"),
+              torch_frame, ("/tmp/torchinductor_root/qc/cqcrpu7.py", 2819, "buf258 = empty_strided_cuda(...)")]
+    assert oom.user_line(frames) == ("a compiled graph (Inductor's generated code), called from train.py:389 "
+                                     "loss = train_step(step, progress)")
+    assert oom.user_line(frames[:2]) == "train.py:389 loss = train_step(step, progress)"
+    assert oom.user_line([torch_frame]) is None
+    assert oom.user_line([frames[-1]]) == "a compiled graph (Inductor's generated code)"

@@ -110,7 +110,8 @@ def reduce(snapshot, tags, device=None, device_total=None, other=None, allocatio
     where: frames -> a label (default: `innermost_own`); the hook for mapping compiled-graph frames."""
     held, reserved, events, n = peak(snapshot, device)
     lost = max(0, allocations - n) if allocations is not None else 0
-    spans = {c: sorted((p, p + size, None if s is None else s - lost) for p, size, s in tags.get(c) or ())
+    spans = {c: sorted(((p, p + size, None if s is None else s - lost) for p, size, s in tags.get(c) or ()),
+                       key=lambda span: span[:2])  # by address: a tensor tagged twice has a seq None and one int
              for c in TAGGED}
     starts = {c: [t[0] for t in v] for c, v in spans.items()}
     optimizer_seen = bool(tags.get("optimizer_state"))
@@ -158,16 +159,29 @@ def _category(a, spans, starts):
     return best
 
 
+def generated(path):
+    """A file torch.compile wrote (Inductor's generated code, in its cache folder): not a line the user wrote."""
+    return "torchinductor" in str(path).replace("\\", "/").lower()
+
+
+def _label(f):
+    parts = f["filename"].split(os.sep)
+    return f"{'/'.join(parts[-2:]) if len(parts) > 1 else parts[0]}:{f['line']}"
+
+
 def innermost_own(frames):
     """`file.py:line` of the innermost Python frame outside installed packages (torch's frames come first in
-    a snapshot's list), else of the innermost Python frame; None without one."""
+    a snapshot's list), else of the innermost Python frame; None without one. A frame in a compiled graph's
+    generated code is named by the user's line that called the graph: `train.py:389 (compiled graph)`."""
     python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
     own = [f for f in python if "-packages" + os.sep not in f["filename"]]
     f = (own or python or [None])[0]
     if f is None:
         return None
-    parts = f["filename"].split(os.sep)
-    return f"{'/'.join(parts[-2:]) if len(parts) > 1 else parts[0]}:{f['line']}"
+    if not generated(f["filename"]):
+        return _label(f)
+    caller = next((g for g in own if not generated(g["filename"])), None)
+    return f"{_label(caller)} (compiled graph)" if caller else "a compiled graph"
 
 
 def _mb(n):

@@ -20,9 +20,10 @@ fragmentation and the allocator's rounding), rounded down to a multiple of 8 (gp
 A profile of the same model that fitted says more (its memory step measured the peak by category:
 gpu_memory.fits): given as `profiled`, its prediction is named first.
 """
+import os
 import re
 
-from profiling.profile.gpu_memory import MARGIN, recommend
+from profiling.profile.gpu_memory import MARGIN, generated, recommend
 
 UNITS = {"B": 1 / 2**20, "bytes": 1 / 2**20, "KiB": 1 / 2**10, "MiB": 1.0, "GiB": 2**10, "TiB": 2**20}
 
@@ -37,6 +38,22 @@ FIGURES = {
     "allocated_mb": _SIZE + r" is allocated by PyTorch",
     "reserved_unallocated_mb": _SIZE + r" is reserved by PyTorch but unallocated",
 }
+
+
+def user_line(frames, show=str):
+    """`file:line code` of the innermost frame of the user's own code in a traceback's frames (outermost first:
+    (filename, line number, code)), skipping installed packages and torch; a frame in a compiled graph's
+    generated code is named as that graph, called from the user's line outside it. show: a path as printed.
+    None when no frame is the user's."""
+    inner = [f for f in frames if f"{os.sep}torch{os.sep}" not in f[0] and "site-packages" not in f[0]]
+    if not inner:
+        return None
+    caller = next((f for f in reversed(inner) if not generated(f[0])), None)
+    line = None if caller is None else f"{show(caller[0])}:{caller[1]} {(caller[2] or '').strip()}".strip()
+    if not generated(inner[-1][0]):
+        return line
+    graph = "a compiled graph (Inductor's generated code)"
+    return graph if line is None else f"{graph}, called from {line}"
 
 
 def parse(text):
