@@ -14,11 +14,12 @@ Each device event (CPU profile: each operator's self time) is placed by the firs
    kernels (flex/flash/fused attention) -> attention. So these rows match the budget.
 2. GEMMs (the budget's GEMM kernels, or launched by aten::mm/addmm/bmm/linear/...): by the weight they
    multiply. The launching operator is found by the launch's `External id`; with record_shapes=True it
-   has its input shapes. Every operand, and the product (a weight-gradient GEMM *produces* the weight's
-   shape), is matched, as is or transposed, against the parameter shapes the capture records in the
-   trace metadata (`autoresearch.parameters`: name -> shape). The matching parameters' module paths give
-   the region (below). Embedding tables are read by index, never multiplied, so they count only when no
-   other parameter has the shape: a product with an embedding table is a tied output head (head and loss).
+   has its input shapes. Every matrix operand (not addmm's bias: [768] is also every norm's shape), and the
+   product (a weight-gradient GEMM *produces* the weight's shape), is matched, as is or transposed, against
+   the parameter shapes the capture records in the trace metadata (`autoresearch.parameters`: name -> shape).
+   The matching parameters' module paths give the region (below). Embedding tables are read by index, never
+   multiplied, so they count only when no other parameter has the shape: a product with an embedding table
+   is a tied output head (head and loss).
 3. Names: the ops a Triton kernel fused (Inductor names the kernel after them:
    `triton_per_fused__fused_rms_norm_add_embedding_mul_select_0`), then the launching operator's name and
    those of the operators around it (eager: aten::index_select inside aten::embedding; autograd nodes
@@ -216,13 +217,17 @@ class Parameters:
 
 
 def _shapes(dims, gemm):
-    """The tensor shapes among an operator's `Input Dims`; for a GEMM also the product of its first two
-    chained matrices (a weight-gradient GEMM's output has the weight's shape and need not be listed)."""
+    """The tensor shapes among an operator's `Input Dims`; for a GEMM only its matrices and the product of the
+    first two chained ones (a weight-gradient GEMM's output has the weight's shape and need not be listed).
+    A GEMM's 1-D inputs (addmm's and linear's bias) are not what it multiplies, and their shape ([768]) is
+    every norm's too: matched, they put a third of GPT-2's forward GEMMs in norms and residuals."""
     if not isinstance(dims, list):
         return []
     shapes = [tuple(d) for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
-    mats = [s for s in shapes if len(s) >= 2] if gemm else []
-    for a, b in itertools.pairwise(mats):
+    if not gemm:
+        return shapes
+    shapes = [s for s in shapes if len(s) >= 2]
+    for a, b in itertools.pairwise(list(shapes)):
         if a[-1] == b[-2]:
             shapes.append(a[:-1] + b[-1:])
             break

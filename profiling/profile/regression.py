@@ -69,8 +69,40 @@ def regression(previous, current, label=None):
                    "it buys is worth the time")
 
 
+def _clock(s):
+    state = (s.get("device_state") or {}).get("end") or {}
+    return state.get("sm_mhz")
+
+
+def bound_settings(previous, current, label=None):
+    """A `setting` finding whose setting changed since the reference claims at most the step's growth since
+    then: the reference ran without it, so undoing it cannot save more than the step grew (when nothing else made
+    the step faster). The estimate from one trace can be higher: a GPU left idle by the setting runs its kernels
+    at higher clocks (under the power cap, H100: 1,950 MHz against 1,600 busy), and removing the idle slows them
+    again (issue #33's CUDA_LAUNCH_BLOCKING and debug_sync_kernel plants: +31-36%)."""
+    (step_b, how_b), (step_n, how_n) = _step(previous), _step(current)
+    if how_b != how_n or not step_b or not step_n or step_n <= step_b:
+        return
+    growth = step_n - step_b
+    names = [c.split(" ", 1)[0] for c in settings_changed(previous, current)]
+    since = label or (f"commit {previous.get('commit')}" if previous.get("commit") else "the reference profile")
+    clocks = (_clock(current), _clock(previous))
+    for f in current.get("findings", []):
+        if f["kind"] != "setting" or f["ms_per_step"] <= growth or not any(
+                f["evidence"].startswith(n + "=") or f["evidence"].startswith("env." + n + "=") for n in names):
+            continue
+        f["evidence"] += (f"; at most the {how_n} step's growth since {since}, which ran without it: "
+                          f"{growth:.1f} ms/step (from this trace alone {f['ms_per_step']:.1f} ms"
+                          + (f"; SM clock {clocks[0]} MHz here, {clocks[1]} MHz then: kernels run faster on a GPU "
+                             "the setting leaves idle" if all(clocks) else "") + ")")
+        f["pct_of_step"] = round(f["pct_of_step"] * growth / f["ms_per_step"], 1)
+        f["ms_per_step"] = round(growth, 2)
+
+
 def add(current, previous, label=None):
-    """current["findings"] with the regression finding (if any) in its place by cost; returns current."""
+    """current["findings"] with the regression finding (if any) in its place by cost, a setting that changed
+    since the reference bounded by the step's growth (bound_settings); returns current."""
+    bound_settings(previous, current, label)
     f = regression(previous, current, label)
     if f:
         found = [x for x in current.get("findings", []) if x["kind"] != "profiler_overhead"]

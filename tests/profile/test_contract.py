@@ -22,12 +22,12 @@ FIRES = {
     "forward_without_backward": "h100-fresh-eval_forward", "misaligned_shapes": "h100-fresh-mlp_width_1365",
     "launch_bound": "h100-plant-small_batch", "gpu_waits_on_host": "h100-plant-slow_input",
     "over_bound": "h100-plant33-cublas_no_workspace", "profiler_overhead": "h100-plant-nan_check",
-    "sort_scatter": "h100-plant33-deterministic",
+    "sort_scatter": "h100-plant33-deterministic", "attention_backend": "h100-plant34-sdp_efficient",
 }
 # rules whose finding a recorded setting turns into kind `setting` (findings/settings.py)
 SETTING = {"host_sync": "h100-plant33-anomaly_mode", "blocking_launch": "h100-plant33-launch_blocking",
            "alloc_churn": "h100-plant33-no_caching_allocator", "math_attention": "h100-plant33-sdp_math",
-           "recompute": "h100-plant33-memory_budget"}
+           "recompute": "h100-plant33-memory_budget", "attention_backend": "h100-plant34-sdp_efficient"}
 
 
 def _strip_shapes(trace):

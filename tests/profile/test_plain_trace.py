@@ -81,3 +81,25 @@ def test_the_flag_on_the_command_line(live, tmp_path):
     assert run("--unprofiled-ms", "-3").returncode == 2
     good = run("--unprofiled-ms", "480.5")
     assert good.returncode == 0 and "**launch_bound**" in good.stdout
+
+
+# The two example models' own plain traces (examples/*_train.py --plain-trace: torch.profiler with stacks, shapes
+# and modules, no metadata of ours), recorded on the H100 on 2026-11-25 (benchmarks/models_results.md), one step
+# each; their unprofiled ms/step measured in the same device call.
+PLAIN = {"gpt2": ("h100-gpt2-clean-plain.trace.json.gz", 36.57), "llama": ("h100-llama-clean-plain.trace.json.gz", 32.90)}
+
+
+@pytest.mark.parametrize("model", sorted(PLAIN))
+def test_the_example_models_plain_traces(model):
+    name, unprofiled = PLAIN[model]
+    trace = load_trace(os.path.join(DATA, name))
+    s = summarize(copy.deepcopy(trace))
+    assert s["recorded"]["stacks"] and s["recorded"]["modules"] and not s["recorded"]["unprofiled"]
+    assert s["idle_percent"] > 60 and not IDLE_RULES & {f["kind"] for f in s["findings"]}
+    section0 = render.to_markdown(s).split("## 0.")[1].split("## 1.")[0]
+    assert "the idle may be the profiler's own cost" in section0
+    given = summarize(copy.deepcopy(trace), unprofiled_ms=unprofiled)  # the user's figure: the step follows it
+    assert given["unprofiled_step_ms"] == unprofiled and given["recorded"]["unprofiled"] == "given"
+    md = render.to_markdown(given)
+    assert md.startswith("CHECK FAILED") and f"# Profile: {unprofiled:.2f} ms/step (unprofiled" in md
+    assert f"corrected idle = unprofiled - device busy = {unprofiled - given['device_ms']:.1f} ms/step" in md

@@ -12,7 +12,8 @@ is missing, a match that returns a finding with evidence, gain and fix):
 - idle.py: the GPU waiting on the host (host syncs, graph breaks, launches, the host's other work)
 - calls.py: the host inside CUDA calls (launches that block, allocation churn, synchronizing calls, pageable
   copies)
-- kernels.py: kernels below their rate (float32 GEMMs, a slow device, attention fallbacks)
+- kernels.py: kernels below their rate (float32 GEMMs, a slow device, attention fallbacks, attention on a
+  slower backend a setting chose)
 - waste.py: work done in a slow form (eager code, float32 intermediates, recomputation, misaligned shapes,
   the bound)
 - unplaced.py: device time no line owns, named by its operator and what the kernel shows (a sorted
@@ -40,7 +41,8 @@ STEP_TOLERANCE = idle.STEP_TOLERANCE
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
 RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
          waste.eager_code, unplaced.sort_scatter, kernels.math_attention, kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
-         kernels.attention_fallback, waste.recompute, waste.forward_without_backward, waste.misaligned_shapes,
+         kernels.attention_fallback, kernels.attention_backend,
+         waste.recompute, waste.forward_without_backward, waste.misaligned_shapes,
          idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
 
 

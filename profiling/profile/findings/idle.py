@@ -27,6 +27,7 @@ GRAPH = ("CompiledFunction", "## Call CompiledFxGraph")  # a compiled graph runn
 ENGINE = "autograd::engine::evaluate_function"  # the backward's functions, run by autograd's engine
 UNFUSED_OPS = ("aten::embedding",)  # lookups and their scatter-add: the same work in one graph (as are GEMMs,
                                    # attention and custom operators such as kernels.py's)
+UNDER_LIMIT = 0.95  # NVML's power below this share of the limit: the GPU has power to spare (it idles)
 FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
 
 
@@ -73,12 +74,13 @@ def host_sync(tl, ctx, found):
                 + (f"; at {where}" if where else "") + _exposed(tl, exposed, ctx))
     compiled = sum(1 for _, chain in syncs if any(c.startswith(GRAPH) for c in chain))
     if compiled >= len(syncs) / 2:  # syncs inside compiled graphs: the compiler put them there
-        evidence += f"; {compiled / ctx['n']:g}/step made inside compiled graphs (no Python line of yours)"
+        evidence += (f"; {compiled / ctx['n']:g}/step made inside compiled graphs (no Python line of yours)"
+                     + _per_kernel(tl, syncs, ctx) + _clocks(tl.meta.get("device_state")))
         return attribute(tl, finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
                                      "find what the compiler syncs for: Inductor's debug checks (torch._inductor."
-                                     "config.nan_asserts), a value read inside the compiled code (.item() "
-                                     "captured with capture_scalar_outputs); turn the check off or move the read "
-                                     "out of the model"), "compiled_syncs")
+                                     "config.nan_asserts, config.triton.debug_sync_kernel), a value read inside the "
+                                     "compiled code (.item() captured with capture_scalar_outputs); turn the check "
+                                     "off or move the read out of the model"), "compiled_syncs")
     engine = sum(1 for _, chain in syncs if any(c.startswith(ENGINE) for c in chain))
     if engine >= len(syncs) / 2:  # the backward's own syncs: no line of the user's makes them
         evidence += (f"; {engine / ctx['n']:g}/step made by autograd's engine inside the backward's functions "
@@ -100,6 +102,37 @@ def host_sync(tl, ctx, found):
     return finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
                     "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
                     "tensor); read them once per step after the next step is launched, as train.py's loop does")
+
+
+def _per_kernel(tl, syncs, ctx):
+    """Evidence for syncs the compiled code makes: how many per kernel it launches (a debug setting that syncs
+    after every kernel makes about one each; a value read inside the graph, a few per graph)."""
+    inside = sum(1 for _, chain in syncs if any(c.startswith(COMPILED) for c in chain))
+    kernels = sum(1 for evs in tl.per_step for _, launch in evs
+                  if any(c.startswith(COMPILED) for c in tl.chain(tl.op_of(launch))))
+    if not kernels or not inside:
+        return ""
+    ratio = inside / kernels
+    return (f"; {ratio:.2f} syncs per kernel the compiled code launches ({inside / ctx['n']:g} syncs, "
+            f"{kernels / ctx['n']:g} kernels/step)" + ("; the GPU idles between its kernels" if ratio >= 0.5 else ""))
+
+
+def _clocks(state):
+    """NVML's clocks and power when they show the GPU under its power limit: a GPU idle between kernels runs at
+    higher clocks than a busy one, so the idle overstates what removing it saves (the kernels slow down as the
+    power rises); the trace cannot tell by how much. "" without a record or at the limit."""
+    ends = [(state or {}).get(k) or {} for k in ("start", "end")] if isinstance(state, dict) else []
+    try:
+        mhz, watts = [e["sm_mhz"] for e in ends], [e["power_w"] for e in ends]
+        limit = ends[0]["power_limit_w"]
+    except (KeyError, TypeError, IndexError):
+        return ""
+    if not limit or max(watts) >= UNDER_LIMIT * limit:
+        return ""
+    span = lambda xs, f: f"{f(min(xs))}-{f(max(xs))}" if min(xs) != max(xs) else f(xs[0])  # noqa: E731
+    return (f"; NVML: SM {span(mhz, str)} MHz at {span(watts, lambda w: f'{w:.0f}')} W of {limit:.0f}: the idle "
+            "keeps the GPU under its power limit, at higher clocks than a busy one holds, so without the syncs its "
+            "kernels may run slower and the step gain less than this idle (the trace cannot tell how much)")
 
 
 def _sync_line(tl, e):

@@ -5,6 +5,9 @@
 - attention_fallback: attention operators far below the fused kernels' rate (a masked fallback, the math path).
 - math_attention: attention as batched matmuls and a softmax over [T, T] score matrices in a graph (no attention
   operator to judge: a hand-written attention, or a compiled SDPA with its fused backends off).
+- attention_backend: SDPA calls on a fused backend slower than another backend the same trace runs attention on
+  (the memory-efficient kernels where cuDNN's run beside them), against that backend's rate; named as the setting
+  where a recorded one rules the faster backend out (the backends flags, deterministic algorithms).
 
 Each rule takes (timeline, context, findings so far) and returns a finding or None. Rates are per operator
 call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once.
@@ -27,6 +30,18 @@ ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate, of the device's peak,
 HEAD_DIM_MAX = 256     # the largest head size fused attention kernels take: a GEMM's inner dimension this small
                        # against a longer sequence is q @ k^T (the MLP's [B, T, 4C] are not: their inner C is 512+)
 MATH_MIN_SHARE = 0.01  # of the step (the report's threshold)
+BACKEND_MIN_SHARE = 0.01  # attention_backend: a gain below this share of the step is not reported
+# SDPA's backends, by the words in the names of the ATen operators that run them (torch.nn.attention.SDPBackend)
+SDPA_BACKENDS = (("cudnn", "cudnn"), ("flash", "flash"), ("efficient", "efficient"), ("math", "math"))
+# an attention operator of another library (train.py's window attention runs cuDNN's frontend): by its kernels'
+# names; cuDNN's first (its kernels are named `..._sdpa_sm90_flash_fprop_...`)
+KERNEL_BACKENDS = (("cudnn", "cudnn"), ("fmha_cutlass", "efficient"), ("memeffattention", "efficient"),
+                   ("flash", "flash"))
+BACKEND_LABELS = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient", "math": "math"}
+# a backend's flag (torch.backends.cuda.enable_<flag>_sdp), its SDPBackend member, the check that says why not
+SDPA_NAMES = {"cudnn": ("cudnn", "CUDNN_ATTENTION", "can_use_cudnn_attention"),
+              "flash": ("flash", "FLASH_ATTENTION", "can_use_flash_attention"),
+              "efficient": ("mem_efficient", "EFFICIENT_ATTENTION", "can_use_efficient_attention")}
 
 
 def _gemms(tl, skip=()):
@@ -158,6 +173,16 @@ def _ancestors(tl, op):
     while op is not None:
         yield op
         op = tl.parent.get(id(op))
+
+
+def fused_causal(tl, launch):
+    """Whether a kernel belongs to an attention call that is causal (or a window op) off the math path: the
+    form attention should take, however fast its kernel runs for these shapes (a fused kernel at head size 64
+    runs well under its rate at 128); no finding prices it as slow."""
+    op = next((o for o in _ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))), None)
+    if op is None or "attention_math" in str(op["name"]):
+        return False
+    return "window" in str(op["name"]) or causal_flag((op.get("args") or {}).get("Concrete Inputs")) is True
 
 
 def _dense_mask(dims):
@@ -297,3 +322,114 @@ def math_attention(tl, ctx, found):
                                      " (or train.py's window attention)" if trainer_is_train_py(tl.meta) else "")
                                  + " with the fused backends on, not matmul + softmax"),
                      "math_attention")
+
+
+def _backend(ops, kernels):
+    """The attention backend of one call: from its ATen operators' names (SDPA's backends), else from its
+    kernels' names (device us by name), else "other"."""
+    for name in ops:
+        if name.startswith("aten::"):
+            for word, backend in SDPA_BACKENDS:
+                if word in name:
+                    return backend
+    votes = Counter()
+    for name, us in kernels.items():
+        low = name.lower()
+        backend = next((b for word, b in KERNEL_BACKENDS if word in low), None)
+        if backend:
+            votes[backend] += us
+    return votes.most_common(1)[0][0] if votes else "other"
+
+
+def _backend_calls(tl):
+    """{(backend, "forward" | "backward"): {us, flops, calls, ops, kernels, sdpa, events}} of the attention calls
+    (the outermost attention operator around a kernel: its FLOPs in what its mask leaves, its direction), without
+    those with a dense mask that is not causal (attention_fallback's) and those whose FLOPs are unknown. `sdpa`:
+    run by SDPA's ATen operators (what the backends flags choose among)."""
+    calls = {}
+    for k, evs in enumerate(tl.per_step):
+        for (e, launch), cat in zip(evs, tl.labels[k]):
+            if cat in ("memory", "optimizer"):
+                continue
+            ops = [o for o in _ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))]
+            if not ops:
+                continue
+            call = calls.setdefault(id(ops[-1]), {"op": ops[-1], "names": [str(o["name"]) for o in ops],
+                                                  "us": 0.0, "kernels": Counter(), "events": []})
+            call["us"] += e["dur"]
+            call["events"].append(e)
+            if cat == "attention":
+                call["kernels"][short_name(str(e.get("name", "")))] += e["dur"]
+    groups = {}
+    for call in calls.values():
+        op, names = call["op"], call["names"]
+        args = op.get("args") or {}
+        flops = attention_flops(op)
+        mask = _dense_mask(args.get("Input Dims"))
+        if not flops or mask and causal_flag(args.get("Concrete Inputs")) is not True:
+            continue
+        direction = "backward" if "backward" in names[-1] else "forward"
+        g = groups.setdefault((_backend(names, call["kernels"]), direction),
+                              {"us": 0.0, "flops": 0.0, "calls": 0, "ops": Counter(), "kernels": Counter(),
+                               "sdpa": False, "events": []})
+        g["us"] += call["us"]
+        g["flops"] += flops
+        g["calls"] += 1
+        g["ops"][names[-1]] += call["us"]
+        g["kernels"].update(call["kernels"])
+        g["sdpa"] = g["sdpa"] or any(n.startswith("aten::") for n in names)
+        g["events"] += call["events"]
+    return groups
+
+
+def _rate(groups, backend, direction=None):
+    us = sum(g["us"] for (b, d), g in groups.items() if b == backend and direction in (None, d))
+    flops = sum(g["flops"] for (b, d), g in groups.items() if b == backend and direction in (None, d))
+    return flops / (us / 1e6) if us > 0 and flops > 0 else None
+
+
+@rule("attention_backend", needs=("device", "shapes"))
+def attention_backend(tl, ctx, found):
+    """SDPA calls on a fused backend slower than another backend this trace runs attention on (cuDNN's window
+    calls beside SDPA's memory-efficient kernels): their FLOPs (what each call's mask leaves) at the faster
+    backend's rate, per direction. Named as the setting where a recorded one rules the faster backend out
+    (settings.CAUSES "attention_backend": the backends flags, cuDNN off, deterministic algorithms); else the fix
+    lists what may (those, SDPA's priority order, the inputs) and how to tell."""
+    if any(f["kind"] == "slow_device" for f in found):
+        return None  # on a slow device every kernel is slow: attention is not judged
+    groups = _backend_calls(tl)
+    rates = {b: _rate(groups, b) for b, _ in groups if b not in ("math", "other")}
+    rates = {b: r for b, r in rates.items() if r}
+    if len(rates) < 2:
+        return None  # one backend (or none): nothing in the trace to compare with
+    fast = max(rates, key=rates.get)
+    slow = {key: g for key, g in groups.items() if key[0] in rates and key[0] != fast and g["sdpa"]}
+    gain, target, parts = 0.0, 0.0, []
+    for (backend, direction), g in sorted(slow.items(), key=lambda kv: -kv[1]["us"]):
+        rate = _rate(groups, fast, direction) or rates[fast]
+        ms, ms_fast = g["us"] / ctx["n"] / 1e3, g["flops"] / rate / ctx["n"] * 1e3
+        gain, target = gain + max(0.0, ms - ms_fast), target + ms_fast
+        (op, _), = top(g["ops"], 1)
+        parts.append(f"`{op}` {g['calls'] / ctx['n']:g} calls/step on SDPA's {BACKEND_LABELS[backend]} backend ("
+                     + ", ".join(f"`{k}`" for k, _ in top(g["kernels"], 1)) + f"): {ms:.1f} ms/step at "
+                     f"{g['flops'] / (g['us'] / 1e6) / 1e12:.0f} TFLOP/s")
+    if not slow or gain < BACKEND_MIN_SHARE * ctx["step"]:
+        return None
+    ctx.setdefault("claimed", set()).update(id(e) for g in slow.values() for e in g["events"])
+    refs = Counter()
+    for (b, _), g in groups.items():
+        refs.update(g["ops"] if b == fast else {})
+    fast_rates = ", ".join(f"{r / 1e12:.0f} TFLOP/s {d}" for d in ("forward", "backward")
+                           for r in [_rate(groups, fast, d)] if r)
+    shown = ", ".join(f"`{op}`" for op, _ in top(refs, 2))
+    evidence = ("; ".join(parts) + f"; this trace's {BACKEND_LABELS[fast]} attention calls ({shown}) run at "
+                f"{fast_rates} (FLOPs as each call's mask leaves them): the same work at those rates takes "
+                f"{target:.1f} ms/step")
+    flag, member, check = SDPA_NAMES[fast]
+    off = (", torch.backends.cudnn.enabled, no torch.use_deterministic_algorithms(True) (cuDNN's attention has no "
+           "deterministic backward)") if fast == "cudnn" else ""
+    fix = (f"let SDPA run its {BACKEND_LABELS[fast]} backend for these calls: torch.backends.cuda.enable_{flag}_sdp"
+           f"(True){off}; torch.nn.attention.sdpa_kernel([SDPBackend.{member}, ...], set_priority=True) around the "
+           f"call tries it first; if it still runs another, its inputs rule it out (dtype, head size, an attn_mask, "
+           f"strides): torch.backends.cuda.{check}(params, debug=True) says why")
+    return attribute(tl, finding("attention_backend", gain, ctx, evidence, fix), "attention_backend")

@@ -27,6 +27,11 @@ CAUSES = {
         ("inductor.nan_asserts", lambda v: v is True,
          "Inductor checks every kernel's outputs for NaN inside the compiled graphs, a host sync each",
          "remove torch._inductor.config.nan_asserts = True (it is for debugging)"),
+        ("inductor.triton.debug_sync_kernel", lambda v: v is True,
+         "Inductor synchronizes the device after every kernel the compiled graphs launch (a debugging aid to "
+         "locate a failing kernel): the GPU idles while the host returns from each sync and launches the next",
+         "set torch._inductor.config.triton.debug_sync_kernel = False (the default; it is for locating a CUDA "
+         "error)"),
         ("dynamo.capture_scalar_outputs", lambda v: v is True,
          "values read with .item() are captured into the compiled graph, each a host sync",
          "read the value outside the compiled model, once per step"),),
@@ -64,7 +69,8 @@ CAUSES = {
          "SDPA runs another, slower backend", "remove torch.use_deterministic_algorithms(True)"),
         ("cudnn.enabled", lambda v: v is False, "cuDNN is off, its fused attention with it: SDPA runs another, "
          "slower backend", "remove torch.backends.cudnn.enabled = False"),) + tuple(
-        (f"sdp.{b}", lambda v: v is False, f"SDPA's {b} backend is off", f"torch.backends.cuda.enable_{b}_sdp(True)")
+        (f"sdp.{b}", lambda v: v is False, f"SDPA's {b} backend is off",
+         f"torch.backends.cuda.enable_{b}_sdp(True) (or remove the enable_{b}_sdp(False) call)")
         for b in ("cudnn", "flash")),
     "slow_gemms": (
         ("env.CUBLAS_WORKSPACE_CONFIG", lambda v: True,

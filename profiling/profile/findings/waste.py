@@ -1,7 +1,8 @@
 """Pure: findings about work done in a slow form, for causes no narrower rule names. Stdlib only.
 
 - eager_code: kernels launched outside torch.compile in chains of elementwise kernels (the model, the optimizer
-  or a part of them left uncompiled): the chain's kernels against one fused pass.
+  or a part of them left uncompiled): the chain's kernels against one fused pass. A fused optimizer's kernels
+  (torch's `fused=True`) are no chain: each is one pass already.
 - fp32_intermediate: large float32 tensors (hundreds of MB) written and read by the compiled graph's
   non-GEMM kernels each micro-batch: their traffic against the same tensors in bf16.
 - recompute: the backward's GEMMs doing more than twice the forward's FLOPs in a region (activation
@@ -9,7 +10,8 @@
 - forward_without_backward: the same ratio under 2 (forward GEMMs no backward trains through): the share of the
   forward time without a backward.
 - over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
-  bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where.
+  bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where; not the
+  kernels of a causal attention call off the math path (kernels.fused_causal: the form attention should take).
 
 Each rule takes (timeline, context, findings so far) and returns a finding or None (profiling/profile/findings/contract.py).
 """
@@ -17,6 +19,7 @@ import re
 
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.kernels import fused_causal
 from profiling.profile.findings.settings import attribute
 from profiling.profile.regions import PAD_ALIGNMENTS
 from profiling.profile.roofline import DTYPE_BYTES, elements
@@ -32,7 +35,9 @@ LARGE_FP32_BYTES = 256e6  # a float32 tensor this large per micro-batch is an ac
 # fused elementwise and loss kernels at most 4.0x (the fused loss: exp-bound, its bytes a floor))
 OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
 OVER_RATIO_OTHER = 5.0
-OVER_MIN_SHARE = 0.01    # of the step, summed over the flagged kernels
+OVER_MIN_SHARE = 0.02    # of the step, summed over the flagged kernels: a clean Llama (examples/llama_train.py,
+                         # batch 32, H100) has 1.3% in narrow GEMMs (its 4 k/v heads' projections at 1.7-2.1x
+                         # their bound) that no edit of the user's code recovers
 # recompute: a backward GEMM pass does exactly 2x its forward's FLOPs (the input's gradient and the weight's);
 # every region of every H100/H200 fixture without recomputation: 2.00; activation checkpointing: 3.00
 RECOMPUTE_RATIO = 2.1
@@ -40,8 +45,13 @@ INDEX = re.compile(r"_\d+$")  # a kernel's index within its graph (`_rotary_norm
 ALIGN = 8  # a matrix dimension not a multiple of this needs padding (Inductor) or slow unaligned GEMM kernels
 
 
+# torch's fused optimizers (fused=True): each kernel is already one pass over its own tensors, so compiling them
+# gains nothing (a clean GPT-2's fused AdamW on the H100: 1.3 ms for 124M parameters, at the bandwidth)
+FUSED_OPTIMIZERS = ("aten::_fused_adam", "aten::_fused_sgd", "aten::_fused_adagrad")
+
+
 def _eager(tl, chain, cat):
-    return cat in EAGER_CATEGORIES and bool(chain) and not any(c.startswith(COMPILED) for c in chain)
+    return cat in EAGER_CATEGORIES and bool(chain) and not any(c.startswith((*COMPILED, *FUSED_OPTIMIZERS)) for c in chain)
 
 
 @rule("eager_code", needs=("device",))
@@ -274,8 +284,8 @@ def over_bound(tl, ctx, found):
         return None
     rows = {}
     for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
-        for (e, _), cat, b in zip(evs, cats, bs):
-            if b:
+        for (e, launch), cat, b in zip(evs, cats, bs):
+            if b and not (cat == "attention" and fused_causal(tl, launch)):
                 acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + e["dur"], acc[1] + b
     over = {key: (us, b) for key, (us, b) in rows.items() if us > OVER_RATIO.get(key[1], OVER_RATIO_OTHER) * b}
@@ -286,8 +296,8 @@ def over_bound(tl, ctx, found):
     shown = ", ".join(f"`{short_name(name)}` ({cat}) {over[(name, cat)][0] / over[(name, cat)][1]:.1f}x its bound, "
                       f"+{x:.1f} ms" for (name, cat), x in top(excess))
     evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
-                f"(beyond what their category reaches in a clean run): {shown}; see the lines of train.py and the "
-                "regions below for where they come from")
+                f"(beyond what their category reaches in a clean run): {shown}; see the lines and the regions below "
+                "for where they come from")
     f = finding("over_bound", ms, ctx, evidence,
                 "find the work done in a slow form at those kernels' lines: shapes not multiples of 64 "
                 "(misaligned GEMMs), float32 where bf16 would do, unfused or eager ops, extra copies; compare "
