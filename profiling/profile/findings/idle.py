@@ -117,6 +117,11 @@ def _per_kernel(tl, syncs, ctx):
             f"{kernels / ctx['n']:g} kernels/step)" + ("; the GPU idles between its kernels" if ratio >= 0.5 else ""))
 
 
+def _span(values):
+    lo, hi = min(values), max(values)
+    return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}"
+
+
 def _clocks(state):
     """NVML's clocks and power when they show the GPU under its power limit: a GPU idle between kernels runs at
     higher clocks than a busy one, so the idle overstates what removing it saves (the kernels slow down as the
@@ -129,8 +134,7 @@ def _clocks(state):
         return ""
     if not limit or max(watts) >= UNDER_LIMIT * limit:
         return ""
-    span = lambda xs, f: f"{f(min(xs))}-{f(max(xs))}" if min(xs) != max(xs) else f(xs[0])  # noqa: E731
-    return (f"; NVML: SM {span(mhz, str)} MHz at {span(watts, lambda w: f'{w:.0f}')} W of {limit:.0f}: the idle "
+    return (f"; NVML: SM {_span(mhz)} MHz at {_span(watts)} W of {limit:.0f}: the idle "
             "keeps the GPU under its power limit, at higher clocks than a busy one holds, so without the syncs its "
             "kernels may run slower and the step gain less than this idle (the trace cannot tell how much)")
 
