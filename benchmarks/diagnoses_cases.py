@@ -386,7 +386,9 @@ CASES.update({
         [after_imports("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # planted: "
                        "accuracy")],
         words=("allow_bf16_reduced_precision_reduction",), listed=("allow_bf16_reduced_precision_reduction",)),
-    # a last device call (issue #33): a global autograd mode, a compiler setting, the driver's allocator
+    # a last device call (issue #33): a compiler setting, the driver's allocator, a global mode that costs nothing
+    # (autograd's save_on_cpu was dropped: under torch.compile 2.11 its unpacked tensors fail the compiled
+    # backward's stride asserts, a crash, no slowdown)
     "sync_kernels": Case(
         "torch._inductor.config.triton.debug_sync_kernel = True left on after locating a CUDA error (a "
         "compiler setting): the compiled graphs synchronize after every kernel",
