@@ -78,8 +78,8 @@ def bound_settings(previous, current, label=None):
     """A `setting` finding whose setting changed since the reference claims at most the step's growth since
     then: the reference ran without it, so undoing it cannot save more than the step grew (when nothing else made
     the step faster). The estimate from one trace can be higher: a GPU left idle by the setting runs its kernels
-    at higher clocks (under the power cap, H100: 1,950 MHz against 1,600 busy), and removing the idle slows them
-    again (issue #33's CUDA_LAUNCH_BLOCKING and debug_sync_kernel plants: +31-36%)."""
+    at higher clocks (under the power cap; H100, 2026-11-25: 1,845-1,965 MHz against 1,515-1,770 busy), and
+    removing the idle slows them again (issue #33's CUDA_LAUNCH_BLOCKING and debug_sync_kernel plants: +31-36%)."""
     (step_b, how_b), (step_n, how_n) = _step(previous), _step(current)
     if how_b != how_n or not step_b or not step_n or step_n <= step_b:
         return
@@ -88,8 +88,8 @@ def bound_settings(previous, current, label=None):
     since = label or (f"commit {previous.get('commit')}" if previous.get("commit") else "the reference profile")
     clocks = (_clock(current), _clock(previous))
     for f in current.get("findings", []):
-        if f["kind"] != "setting" or f["ms_per_step"] <= growth or not any(
-                f["evidence"].startswith(n + "=") or f["evidence"].startswith("env." + n + "=") for n in names):
+        if f["kind"] != "setting" or f["ms_per_step"] <= growth or not f["evidence"].startswith(
+                tuple(n + "=" for n in names)):  # a setting finding opens with name=value (settings._phrase)
             continue
         f["evidence"] += (f"; at most the {how_n} step's growth since {since}, which ran without it: "
                           f"{growth:.1f} ms/step (from this trace alone {f['ms_per_step']:.1f} ms"
