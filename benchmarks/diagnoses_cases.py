@@ -419,11 +419,35 @@ CASES.update({
           'pretraining script.')]),
 })
 
+def logged_loss(ms):
+    """The edits of a per-micro-batch log: the loss read with .item() (a host sync) and `ms` ms of Python
+    formatting it, so the GPU idles about that long per micro-batch (the clock cases)."""
+    return [("                (loss / grad_accum_steps).backward()\n",
+             "                (loss / grad_accum_steps).backward()\n"
+             "            log_loss(loss.item())  # planted\n"),
+            ("def make_train_step(", ("def log_loss(value):  # planted: a log line per micro-batch\n"
+                                     "    t0 = time.perf_counter()\n"
+                                     f"    while time.perf_counter() - t0 < {ms / 1000}:\n"
+                                     "        pass\n\n\ndef make_train_step(")),
+            ("import math\n", "import math\nimport time  # planted\n")]
+
+
+# The GPU idle at several levels, to test the clock correction of idle findings (a GPU that idles holds higher
+# clocks under its power limit than a busy one: profiling/profile/findings/__init__.py): a per-micro-batch
+# log, 2 micro-batches per step
+CASES.update({f"log_{ms}ms": Case(
+    f"the loss read with .item() and logged with {ms} ms of Python after every micro-batch's backward (the GPU "
+    f"idles while the host logs: a clock case)",
+    ("host_sync",), logged_loss(ms), words=("item",), line="log_loss(loss.item())  # planted")
+    for ms in (10, 40, 100)})
+
 # two device calls of at most 10 minutes, each with its own baseline: --cases baseline,new1 / baseline,new2
 NEW_CASES = ("anomaly_mode", "launch_blocking", "deterministic", "empty_cache", "no_caching_allocator",
              "cublas_no_workspace", "sdp_math", "memory_budget", "nan_asserts", "fp32_highest",
              "cudnn_benchmark", "expandable_segments")
-GROUPS = {"all": tuple(CASES), "new": NEW_CASES, "new1": NEW_CASES[:6], "new2": NEW_CASES[6:]}
+CLOCK_CASES = ("launch_blocking", "sync_kernels", "log_10ms", "log_40ms", "log_100ms")
+GROUPS = {"all": tuple(CASES), "new": NEW_CASES, "new1": NEW_CASES[:6], "new2": NEW_CASES[6:],
+          "clock": CLOCK_CASES}
 
 
 def expand(names):

@@ -3,10 +3,13 @@ clock event reasons, so a throttled or shared GPU is evidence in the report, not
 kernels. No torch; never raises: without NVML or a GPU the state says why it is missing.
 
     read(uuid)   # {"sm_mhz", "sm_max_mhz", "power_w", "power_limit_w", "temperature_c", "events": [...],
-                 #  "memory_used_mb" (device-wide; absent where NVML does not say)} or {"missing": "why"}
+                 #  "memory_used_mb" (device-wide), "energy_j" (since the driver loaded) with its "time_s"
+                 #  (monotonic): absent where NVML does not say} or {"missing": "why"}
     memory_mb(state)  # the most memory NVML saw in use at either end, None without
     text(state)  # one line for the report's header
 """
+import time
+
 # NVML's clock event reasons that slow the GPU down (the idle and application-clock ones do not)
 SLOWING = (
     ("nvmlClocksEventReasonSwPowerCap", "SW power cap"),
@@ -44,6 +47,11 @@ def read(uuid=None, nvml=None):
         }
         try:  # the report's peak memory when the allocator's counters read nothing (#35 item 5)
             out["memory_used_mb"] = round(nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20, 1)
+        except Exception:
+            pass
+        try:  # energy since the driver loaded: two readings give the mean power between them
+            out["energy_j"] = round(nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000, 3)
+            out["time_s"] = round(time.monotonic(), 3)
         except Exception:
             pass
         return out
