@@ -14,7 +14,9 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 CASES = {
     "anomaly_mode": ("setting", "anomaly_mode", 36.36),
     "no_caching_allocator": ("setting", "PYTORCH_NO_CUDA_MEMORY_CACHING", 212.63),
-    "empty_cache": ("alloc_churn", "empty_cache()", 45.70),
+    # its 2 steps here ran faster than its unprofiled ones (343.5 ms/step against 357.7: the churn varies by
+    # step), so its slowdown is these steps' own: the profiled step's growth over the baseline fixture's (314.8)
+    "empty_cache": ("alloc_churn", "empty_cache()", 343.49 - 314.78),
     "sdp_math": ("setting", "enable_flash_sdp", 105.98),
     "deterministic": ("setting", "use_deterministic_algorithms", 79.18),
     "cublas_no_workspace": ("over_bound", "CUBLAS_WORKSPACE_CONFIG", 30.89),
@@ -138,11 +140,11 @@ def test_a_sync_after_every_compiled_kernel_names_inductors_debug_sync_kernel(da
     assert top["evidence"].startswith("inductor.triton.debug_sync_kernel=True (user, set in the process)")
     assert "made inside compiled graphs" in top["evidence"] and "syncs per kernel the compiled code" in top["evidence"]
     assert top["fix"].startswith("set torch._inductor.config.triton.debug_sync_kernel = False")
-    # priced by the GPU idle after the syncs (the unprofiled run's share): 81.6 ms, 31% over the slowdown, since
-    # the GPU idle between kernels ran them at higher clocks (NVML: 1845-1890 MHz under the power limit, the
-    # baseline 1515-1770 at it); the evidence says so rather than guessing the clocks a busy GPU would hold
-    assert SYNC_KERNELS_MS < top["ms_per_step"] < 1.35 * SYNC_KERNELS_MS
-    assert "under its power limit" in top["evidence"]
+    # priced by the GPU idle after the syncs (the unprofiled run's share), 81.6 ms, less what the GEMMs and
+    # attention lose once the GPU, busy, clocks down to its power limit (NVML: 1845-1890 MHz while it idles, the
+    # baseline 1515-1770): within 30% of the slowdown, where the idle alone was 31% over it
+    assert abs(top["ms_per_step"] - SYNC_KERNELS_MS) <= 0.3 * SYNC_KERNELS_MS
+    assert "net of the clock" in top["evidence"] and "would take" in top["evidence"]
 
 
 def test_syncs_inside_compiled_graphs_without_a_settings_record_keep_the_host_sync_finding(data_trace):
@@ -206,9 +208,10 @@ def test_the_attention_backend_rule_is_skipped_without_shapes(data_trace):
 
 
 def test_against_the_kept_run_a_new_setting_claims_at_most_the_steps_growth(summary):
-    """CUDA_LAUNCH_BLOCKING=1 (d33a): from its trace alone the setting claims the idle it leaves, 75.9 ms, though
-    the step grew 57.2 ms (the idle let the GPU clock higher). Against the baseline's profile of the same call
-    (the kept run a live train.py profiles against), which ran without it, the claim is the growth, and says so."""
+    """CUDA_LAUNCH_BLOCKING=1 (d33a): from its trace alone the setting claims the idle it leaves net of the clock
+    (the idle lets the GPU clock higher), within 30% of the 57.2 ms the step grew. Against the baseline's profile
+    of the same call (the kept run a live train.py profiles against), which ran without it, the claim is the
+    growth, and says so."""
     import copy
 
     from profiling.profile import regression
@@ -216,7 +219,7 @@ def test_against_the_kept_run_a_new_setting_claims_at_most_the_steps_growth(summ
     now, kept = copy.deepcopy(summary("launch_blocking")), summary("baseline")  # add() changes `now`
     alone = now["findings"][0]["ms_per_step"]
     growth = now["unprofiled_step_ms"] - kept["unprofiled_step_ms"]
-    assert now["findings"][0]["kind"] == "setting" and alone > 1.3 * growth
+    assert now["findings"][0]["kind"] == "setting" and abs(alone - growth) <= 0.3 * growth and alone != growth
     top = regression.add(now, kept, "the baseline")["findings"][0]
     assert top["kind"] == "setting" and top["ms_per_step"] == round(growth, 2)
     assert f"at most the unprofiled step's growth since the baseline, which ran without it: {growth:.1f}" in \

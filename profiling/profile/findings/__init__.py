@@ -26,17 +26,18 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
 - GPU idle is split once, so no two findings claim the same gap (Gap.cause): first the gaps that begin while
   the host is blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break),
   then the CUDA calls the host was inside, then the rest (gpu_waits_on_host: long gaps, by what the host was
-  doing; launch_bound: the host cannot launch fast enough). When the profiled step is more than 3% slower
-  than the unprofiled one, the profiler's own host cost inflated the idle: idle-based costs are scaled to the
-  unprofiled run's idle (unprofiled step - device busy), and the profiler_overhead finding says so.
+  doing; launch_bound: the host cannot launch fast enough). When the profiled step is slower than the
+  unprofiled one, the profiler's own host cost inflated the idle: idle-based costs are scaled to the
+  unprofiled run's idle (unprofiled step - device busy; over 3%, the profiler_overhead finding says so).
+- An idle finding's gain is net of the clock: without the idle, a GPU at its power limit clocks down and its
+  GEMMs and attention slow (power.py, from the GPU state the live capture records).
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
 from profiling.profile import hardware
-from profiling.profile.findings import calls, idle, kernels, settings, unplaced, waste
+from profiling.profile.findings import calls, idle, kernels, power, settings, unplaced, waste
 from profiling.profile.findings.contract import run, unknown
 
-STEP_TOLERANCE = idle.STEP_TOLERANCE
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
 RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
@@ -57,7 +58,7 @@ def diagnose(tl, summary, stacks=False):
                 "GPU idle in a trace recorded with Python stacks (with_stack=True), which slow the host several-"
                 "fold: the idle may be the profiler's own cost, so no idle or launch finding is priced; give the "
                 "unprofiled ms/step (--unprofiled-ms, measured without the profiler) to price them")
-    found = settings.merge(found)
+    found = settings.merge(power.net_of_clock(tl, ctx, found))
     found.sort(key=lambda f: -f["ms_per_step"])
     overhead, _ = run((idle.profiler_overhead,), tl, ctx)
     return {"findings": found + overhead, "unknown": ctx.get("unknown", []), "skipped": skipped}
@@ -69,7 +70,7 @@ def context(tl, s):
     busy = step - idle_ms
     unprofiled = tl.meta.get("unprofiled_step_ms")
     scale = 1.0
-    if isinstance(unprofiled, (int, float)) and unprofiled > 0 and step > unprofiled * (1 + STEP_TOLERANCE):
+    if isinstance(unprofiled, (int, float)) and 0 < unprofiled < step:  # never more idle than the script's own
         scale = max(0.0, min(1.0, (unprofiled - busy) / idle_ms)) if idle_ms > 0 else 1.0
     peak = tl.meta.get("peak_flops") or hardware.peak_flops(s.get("device"))
     return {"step": step, "idle": idle_ms, "busy": busy, "unprofiled": unprofiled, "scale": scale, "peak": peak,

@@ -27,7 +27,6 @@ GRAPH = ("CompiledFunction", "## Call CompiledFxGraph")  # a compiled graph runn
 ENGINE = "autograd::engine::evaluate_function"  # the backward's functions, run by autograd's engine
 UNFUSED_OPS = ("aten::embedding",)  # lookups and their scatter-add: the same work in one graph (as are GEMMs,
                                    # attention and custom operators such as kernels.py's)
-UNDER_LIMIT = 0.95  # NVML's power below this share of the limit: the GPU has power to spare (it idles)
 FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never edits (with profiling/)
 
 
@@ -75,7 +74,7 @@ def host_sync(tl, ctx, found):
     compiled = sum(1 for _, chain in syncs if any(c.startswith(GRAPH) for c in chain))
     if compiled >= len(syncs) / 2:  # syncs inside compiled graphs: the compiler put them there
         evidence += (f"; {compiled / ctx['n']:g}/step made inside compiled graphs (no Python line of yours)"
-                     + _per_kernel(tl, syncs, ctx) + _clocks(tl.meta.get("device_state")))
+                     + _per_kernel(tl, syncs, ctx))
         return attribute(tl, finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
                                      "find what the compiler syncs for: Inductor's debug checks (torch._inductor."
                                      "config.nan_asserts, config.triton.debug_sync_kernel), a value read inside the "
@@ -115,28 +114,6 @@ def _per_kernel(tl, syncs, ctx):
     ratio = inside / kernels
     return (f"; {ratio:.2f} syncs per kernel the compiled code launches ({inside / ctx['n']:g} syncs, "
             f"{kernels / ctx['n']:g} kernels/step)" + ("; the GPU idles between its kernels" if ratio >= 0.5 else ""))
-
-
-def _span(values):
-    lo, hi = min(values), max(values)
-    return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}"
-
-
-def _clocks(state):
-    """NVML's clocks and power when they show the GPU under its power limit: a GPU idle between kernels runs at
-    higher clocks than a busy one, so the idle overstates what removing it saves (the kernels slow down as the
-    power rises); the trace cannot tell by how much. "" without a record or at the limit."""
-    ends = [(state or {}).get(k) or {} for k in ("start", "end")] if isinstance(state, dict) else []
-    try:
-        mhz, watts = [e["sm_mhz"] for e in ends], [e["power_w"] for e in ends]
-        limit = ends[0]["power_limit_w"]
-    except (KeyError, TypeError, IndexError):
-        return ""
-    if not limit or max(watts) >= UNDER_LIMIT * limit:
-        return ""
-    return (f"; NVML: SM {_span(mhz)} MHz at {_span(watts)} W of {limit:.0f}: the idle "
-            "keeps the GPU under its power limit, at higher clocks than a busy one holds, so without the syncs its "
-            "kernels may run slower and the step gain less than this idle (the trace cannot tell how much)")
 
 
 def _sync_line(tl, e):

@@ -118,7 +118,7 @@ def attribute(tl, found, mechanism):
         return dict(found, evidence=f"{found['evidence']}; set in this run: {named}; undo it and compare to tell "
                     "whether it is the cause", fix=f"first {undo}; if the time stays: {found['fix']}")
     return dict(found, kind="setting", evidence=f"{named}; its cost in this trace: {found['evidence']}", fix=undo,
-                _names=tuple(row["name"] for row, _, _ in hits))
+                _names=tuple(row["name"] for row, _, _ in hits), _rule=found["kind"])
 
 
 def merge(found):
