@@ -77,9 +77,8 @@ def _clock(s):
 def bound_settings(previous, current, label=None):
     """A `setting` finding whose setting changed since the reference claims at most the step's growth since
     then: the reference ran without it, so undoing it cannot save more than the step grew (when nothing else made
-    the step faster). The estimate from one trace can be higher: a GPU left idle by the setting runs its kernels
-    at higher clocks (under the power cap; H100, 2026-11-25: 1,845-1,965 MHz against 1,515-1,770 busy), and
-    removing the idle slows them again (issue #33's CUDA_LAUNCH_BLOCKING and debug_sync_kernel plants: +31-36%)."""
+    the step faster). The estimate from one trace can be higher: it models the clock a GPU left idle by the
+    setting gives back once busy (findings/power.py) but not, say, a kernel mix that draws less power."""
     (step_b, how_b), (step_n, how_n) = _step(previous), _step(current)
     if how_b != how_n or not step_b or not step_n or step_n <= step_b:
         return

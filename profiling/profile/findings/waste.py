@@ -170,7 +170,8 @@ def recompute(tl, ctx, found):
         ms = sum(rerun.values()) / ctx["n"] / 1e3
         evidence = ("operators of the compiled forward run again inside the compiled backward: "
                     + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f} ms" for op, us in top(rerun))
-                    + "; gain: their time (re-run elementwise work fused into the backward's kernels not counted)")
+                    + "; gain: at least their time (elementwise work re-run inside the backward's fused kernels cannot "
+                    "be told from the gradient's in the trace: not counted)")
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     memory = ctx.get("peak_memory_mb")
