@@ -18,7 +18,9 @@ GPU state the live capture records (NVML: clock, power and power limit; profilin
 No correction where the GPU would stay under its limit busy throughout (a small model: an H100 training
 GPT-2 at 322 W), or without a GPU state (an older or foreign trace; the gain is then the idle, an upper
 bound). The model ignores the power the idle itself draws (so it errs toward a larger correction) and
-memory-bound kernels' small clock dependence.
+memory-bound kernels' small clock dependence. Checked on fresh H100 plants it was not written against (d35,
+d36 in benchmarks/diagnoses_results.md): the idle findings' claims went from -31..+39% of the measured
+slowdown to -8..+16%, but for a plant whose profiled steps ran faster than its unprofiled ones.
 """
 COMPUTE = ("GEMM", "attention")   # the budget categories whose kernels' time follows the SM clock
 MIN_WINDOW_S = 0.1                # energy readings closer than this give no mean power
