@@ -52,3 +52,15 @@ def test_the_loss_grows_with_the_idle_removed_and_the_power_drawn():
     lost, need, mhz = power.loss(p(600.0), 25.0)
     assert need == pytest.approx(800.0) and mhz == pytest.approx(1900.0 * (700 / 800) ** (1 / 3))
     assert lost == pytest.approx(200.0 * (1900.0 / mhz - 1))
+
+
+def test_unprofiled_steps_slower_than_the_profiled_ones_leave_their_time_unexplained(data_trace):
+    """d36's empty_cache ran 17 ms/step faster profiled than unprofiled: no finding may claim that time, and it is
+    not dropped either: `unknown` carries it."""
+    trace = data_trace("h100-clock-log_40ms")
+    step = summarize(data_trace("h100-clock-log_40ms"))["step_ms"]
+    trace["autoresearch"]["unprofiled_step_ms"] = step + 20.0
+    s = summarize(trace)
+    [u] = [u for u in s["unknown"] if u["rule"] == "profiler_overhead"]
+    assert u["ms_per_step"] == pytest.approx(20.0, abs=0.01) and "did not record" in u["what"]
+    assert "unprofiled steps were slower" in s["findings"][-1]["evidence"]

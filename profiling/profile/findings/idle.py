@@ -347,6 +347,10 @@ def profiler_overhead(tl, ctx, found):
     if change < 0:
         evidence = (f"profiled {ctx['step']:.1f} ms/step vs {u:.1f} unprofiled ({change:+.1f}%): the unprofiled "
                     "steps were slower (a recompile or warm-up in them?); the profiled figures stand")
+        unknown(ctx, "profiler_overhead", [], u - ctx["step"],
+                "the unprofiled steps took longer than the profiled ones: time this trace did not record (a "
+                "recompile or warm-up in them, or work that ran faster under the profiler); the findings price "
+                "the profiled steps only")
     else:
         corrected = max(0.0, u - ctx["busy"])
         evidence = (f"profiled {ctx['step']:.1f} ms/step vs {u:.1f} unprofiled ({change:+.1f}%): the profiler's "
