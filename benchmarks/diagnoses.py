@@ -2,7 +2,7 @@
 the profile's findings name the planted cause. The cases are in benchmarks/diagnoses_cases.py.
 
     python3 benchmarks/diagnoses.py check [--cases ...]        # anywhere: every plant applies and compiles
-    python3 benchmarks/diagnoses.py capture OUT [--cases baseline,new1] [--skip-existing] [--budget S]  # GPU
+    python3 benchmarks/diagnoses.py capture OUT [--cases baseline,new1] [--skip-existing] [--budget S] [--archive F]  # GPU
     uv run python benchmarks/diagnoses.py report OUT [OUT2 ...] [--markdown FILE] [--json FILE]  # anywhere
 
 `--cases` takes case names and group names: `new` (issue #33's plants, NEW_CASES), `new1` and `new2` (its
@@ -26,6 +26,8 @@ price is a fresh compile per case (~30-60 s on an H100). `--skip-existing` skips
 already in OUT, so a second call on the same machine goes on where a first one stopped; `--budget S`
 starts no case that would not end within S seconds of the call's start (the longest case so far, at
 least `--case-estimate`, plus the closing matmul), so a call ends on its own inside a device limit.
+`--archive F` also writes the files this call produced into the tar.gz F (the device returns files of at most
+16 MiB: a call's seven traces fit, every trace of a folder may not).
 
 `report` reads the traces as `research profile` does and writes one row per case (several OUT folders:
 each against its own baseline, measured in the same device call): the unprofiled and profiled ms/step,
@@ -68,6 +70,7 @@ QUIET_PERCENT = 1.0     # issue #33: a quiet case has no finding of 1% of the st
 EARLIER_QUIET_PERCENT = 5.0   # issue #16's rule for the same, kept in the `result` column
 SHARED_INDUCTOR_CACHE = ("cache_first", "cache_shifted")  # cases about the compile cache: they keep the machine's default Inductor cache
 CLOSING_S = 20.0        # the matmul timed after the cases, kept inside --budget
+CASE_FILES = (".trace.json.gz", ".log", ".plant.json")  # what capture writes per case
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -179,9 +182,23 @@ def capture(args):
         ran.append(case)
     device["matmul_tflops_after"] = matmul_tflops()
     device["cases"] = ran
-    with open(os.path.join(args.out, f"device-{ran[0] if ran else todo[0]}.json"), "w") as f:
+    name = f"device-{ran[0] if ran else todo[0]}.json"
+    with open(os.path.join(args.out, name), "w") as f:
         json.dump(device, f, indent=2)
     print(json.dumps(device))
+    if args.archive:
+        archive(args.archive, args.out, [name] + [f"{c}{ext}" for c in ran for ext in CASE_FILES])
+
+
+def archive(path, out, names):
+    """The files this call wrote, in one tar.gz (the device returns files up to a size: every trace so far
+    would not fit): names under OUT's own name, so extracting beside OUT adds them to it."""
+    import tarfile
+    with tarfile.open(path, "w:gz") as tar:
+        for name in names:
+            if os.path.exists(os.path.join(out, name)):
+                tar.add(os.path.join(out, name), arcname=os.path.join(os.path.basename(os.path.normpath(out)), name))
+    print(f"archive: {path}, {os.path.getsize(path) / 2**20:.1f} MiB", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -357,6 +374,9 @@ def main(argv=None):
     c.add_argument("--budget", type=float,
                    help="seconds for the whole call: start no case that would not end within it (the "
                         "longest case so far, at least --case-estimate)")
+    c.add_argument("--archive", metavar="TAR_GZ",
+                   help="also write the files this call produced (not those --skip-existing kept) into this "
+                        "tar.gz, to bring back from a device that returns files up to a size")
     c.add_argument("--case-estimate", type=float, default=90.0,
                    help="seconds a case is assumed to take before one has run (default 90)")
     r = sub.add_parser("report", help="findings per case from the kept traces")

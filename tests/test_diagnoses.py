@@ -92,3 +92,16 @@ def test_quiet_cases_need_no_finding_and_the_setting_listed(diagnoses):
     small = summary([("gpu_waits_on_host", 3.5, "", "")])  # 1.2% of a 300 ms step: not quiet under issue #33
     assert strict("baseline", small, 0.0, None) == "FAIL: gpu_waits_on_host 3.5 ms"
     assert diagnoses.evaluate("baseline", small, 300.0)["result"] == "ok"  # issue #16's 5% rule
+
+
+def test_archive_holds_what_this_call_wrote_under_the_folders_name(diagnoses, tmp_path):
+    """capture --archive: the device returns files of at most 16 MiB, so a call packs only its own cases."""
+    import tarfile
+    out = tmp_path / "d36"
+    out.mkdir()
+    for name in ("old.trace.json.gz", "new.trace.json.gz", "new.log", "device-new.json"):
+        (out / name).write_text(name)
+    path = tmp_path / "d36-call2.tgz"
+    diagnoses.archive(str(path), str(out), ["device-new.json"] + [f"new{ext}" for ext in diagnoses.CASE_FILES])
+    with tarfile.open(path) as tar:
+        assert sorted(tar.getnames()) == ["d36/device-new.json", "d36/new.log", "d36/new.trace.json.gz"]
