@@ -113,7 +113,7 @@ def idle_ms(gaps, ctx):
 
 def scaled(ctx):
     """The evidence's note on that scale, or ""."""
-    return "" if ctx["scale"] == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
+    return "" if round(ctx["scale"], 2) == 1.0 else f" (x{ctx['scale']:.2f}: the unprofiled run's share of the idle)"
 
 
 def made_by(chain, none="?"):
