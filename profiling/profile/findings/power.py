@@ -65,11 +65,12 @@ def loss(p, removed_ms):
 def net_of_clock(tl, ctx, found):
     """The idle findings (those that claimed gaps: Gap.cause is their rule) with their gain net of the clock's
     fall (module docstring), the figures in their evidence; the others unchanged."""
-    p = state(tl, ctx)
-    out = []
+    p, out = None, []
     for f in found:
         rule = f.pop("_rule", f["kind"])
         removed = sum(g.us for g in tl.gaps if g.cause == rule) / tl.n / 1e3
+        if removed > 0 and p is None:
+            p = state(tl, ctx) or {}  # once, and only for a trace with an idle finding
         lost, need, mhz = loss(p, removed) if p and removed > 0 else (0.0, 0.0, 0.0)
         if lost >= 0.05:
             ms = max(0.0, f["ms_per_step"] - lost)
