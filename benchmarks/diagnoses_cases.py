@@ -419,6 +419,7 @@ CASES.update({
           'pretraining script.')]),
 })
 
+
 def logged_loss(ms):
     """The edits of a per-micro-batch log: the loss read with .item() (a host sync) and `ms` ms of Python
     formatting it, so the GPU idles about that long per micro-batch (the clock cases)."""

@@ -14,8 +14,9 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 CASES = {
     "anomaly_mode": ("setting", "anomaly_mode", 36.36),
     "no_caching_allocator": ("setting", "PYTORCH_NO_CUDA_MEMORY_CACHING", 212.63),
-    # its 2 steps here ran faster than its unprofiled ones (343.5 ms/step against 357.7: the churn varies by
-    # step), so its slowdown is these steps' own: the profiled step's growth over the baseline fixture's (314.8)
+    # its 2 steps here ran faster than its unprofiled ones (343.5 ms/step against 357.7: the churn's cost moves
+    # from step to step, e.g. 355, 346, 344 ms in d36's unprofiled steps), so its slowdown is these steps' own:
+    # the profiled step's growth over the baseline fixture's (314.8)
     "empty_cache": ("alloc_churn", "empty_cache()", 343.49 - 314.78),
     "sdp_math": ("setting", "enable_flash_sdp", 105.98),
     "deterministic": ("setting", "use_deterministic_algorithms", 79.18),

@@ -38,7 +38,6 @@ from profiling.profile import hardware
 from profiling.profile.findings import calls, idle, kernels, power, settings, unplaced, waste
 from profiling.profile.findings.contract import run, unknown
 
-
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
 RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
          waste.eager_code, unplaced.sort_scatter, kernels.math_attention, kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
