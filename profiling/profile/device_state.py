@@ -7,6 +7,7 @@ kernels. No torch; never raises: without NVML or a GPU the state says why it is 
                  #  (monotonic): absent where NVML does not say} or {"missing": "why"}
     memory_mb(state)  # the most memory NVML saw in use at either end, None without
     text(state)  # one line for the report's header
+    mean_power_w(state)  # the mean power between the two readings (NVML's energy counter), None without
 """
 import time
 
@@ -76,7 +77,21 @@ def text(state):
     start, end = state.get("start") or {}, state.get("end") or {}
     if "missing" in start or "missing" in end or not start or not end:
         return f"GPU state: not available: {start.get('missing') or end.get('missing') or 'not recorded'}"
-    return f"GPU state (NVML, first → last profiled step): {_one(start)} → {_one(end)}"
+    mean = mean_power_w(state)
+    return (f"GPU state (NVML, first → last profiled step): {_one(start)} → {_one(end)}"
+            + (f" · mean power between them {mean:.0f} W" if mean else ""))
+
+
+def mean_power_w(state, min_seconds=0.1):
+    """The mean power between the two readings, from NVML's energy counter; None without it (older records) or
+    with readings less than min_seconds apart."""
+    try:
+        start, end = state["start"], state["end"]
+        seconds = float(end["time_s"]) - float(start["time_s"])
+        joules = float(end["energy_j"]) - float(start["energy_j"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return joules / seconds if seconds >= min_seconds and joules > 0 else None
 
 
 def slowing(state):

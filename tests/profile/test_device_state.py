@@ -93,3 +93,15 @@ def test_a_real_h100_record():
     md = render.to_markdown(s)
     assert "GPU state (NVML, first → last profiled step): SM 1725/1980 MHz · 650/700 W · 51 °C" in md
     assert [f for f in s["findings"] if f["ms_per_step"] >= 0.01 * s["step_ms"]] == []  # the clean default
+
+
+def test_the_mean_power_between_the_readings_comes_from_the_energy_counter():
+    """NVML's power is a reading at one moment; the energy counter gives the mean over the profiled steps."""
+    start = {"sm_mhz": 1920, "sm_max_mhz": 1980, "power_w": 502.0, "power_limit_w": 700.0, "temperature_c": 50,
+             "events": [], "energy_j": 1000.0, "time_s": 10.0}
+    end = dict(start, power_w=610.0, energy_j=2218.0, time_s=12.0)
+    assert device_state.mean_power_w({"start": start, "end": end}) == 609.0
+    assert device_state.text({"start": start, "end": end}).endswith("mean power between them 609 W")
+    older = {"start": {k: v for k, v in start.items() if k != "energy_j"}, "end": end}
+    assert device_state.mean_power_w(older) is None and "mean power" not in device_state.text(older)
+    assert device_state.mean_power_w({"start": start, "end": dict(end, time_s=10.05)}) is None  # too close

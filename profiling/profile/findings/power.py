@@ -22,8 +22,9 @@ memory-bound kernels' small clock dependence. Checked on fresh H100 plants it wa
 d36 in benchmarks/diagnoses_results.md): the idle findings' claims went from -31..+39% of the measured
 slowdown to -8..+16%, but for a plant whose profiled steps ran faster than its unprofiled ones.
 """
+from profiling.profile import device_state
+
 COMPUTE = ("GEMM", "attention")   # the budget categories whose kernels' time follows the SM clock
-MIN_WINDOW_S = 0.1                # energy readings closer than this give no mean power
 
 
 def state(tl, ctx):
@@ -31,24 +32,19 @@ def state(tl, ctx):
     record = tl.meta.get("device_state")
     if not isinstance(record, dict):
         return None
-    start, end = record.get("start") or {}, record.get("end") or {}
+    end = record.get("end") or {}
     try:
         mhz, watts, limit = float(end["sm_mhz"]), float(end["power_w"]), float(end["power_limit_w"])
     except (KeyError, TypeError, ValueError):
         return None
     if mhz <= 0 or watts <= 0 or limit <= 0 or not 0 < ctx["busy"] < ctx["step"]:
         return None
-    mean = False
-    try:
-        seconds = float(end["time_s"]) - float(start["time_s"])
-        if seconds >= MIN_WINDOW_S:
-            watts, mean = (float(end["energy_j"]) - float(start["energy_j"])) / seconds, True
-    except (KeyError, TypeError, ValueError):
-        pass
+    mean = device_state.mean_power_w(record)
+    watts = mean or watts
     compute = sum(e["dur"] for evs, cats in zip(tl.per_step, tl.labels)
                   for (e, _), cat in zip(evs, cats) if cat in COMPUTE) / tl.n / 1e3
-    return {"mhz": mhz, "watts": watts, "limit": limit, "mean": mean, "busy": ctx["busy"], "step": ctx["step"],
-            "compute": compute}
+    return {"mhz": mhz, "watts": watts, "limit": limit, "mean": mean is not None, "busy": ctx["busy"],
+            "step": ctx["step"], "compute": compute}
 
 
 def loss(p, removed_ms):
