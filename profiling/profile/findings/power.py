@@ -61,12 +61,13 @@ def loss(p, removed_ms):
 def net_of_clock(tl, ctx, found):
     """The idle findings (those that claimed gaps: Gap.cause is their rule) with their gain net of the clock's
     fall (module docstring), the figures in their evidence; the others unchanged."""
-    p, out = None, []
-    for f in found:
-        rule = f.pop("_rule", f["kind"])
-        removed = sum(g.us for g in tl.gaps if g.cause == rule) / tl.n / 1e3
-        if removed > 0 and p is None:
-            p = state(tl, ctx) or {}  # once, and only for a trace with an idle finding
+    idle = {}  # ms/step of the profiled step's idle by the rule that claimed it
+    for g in tl.gaps:
+        idle[g.cause] = idle.get(g.cause, 0.0) + g.us / tl.n / 1e3
+    removals = [idle.get(f.pop("_rule", f["kind"]), 0.0) for f in found]
+    p = state(tl, ctx) if any(removals) else None  # only for a trace with an idle finding
+    out = []
+    for f, removed in zip(found, removals):
         lost, need, mhz = loss(p, removed) if p and removed > 0 else (0.0, 0.0, 0.0)
         if lost >= 0.05:
             ms = max(0.0, f["ms_per_step"] - lost)
