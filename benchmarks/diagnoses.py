@@ -48,6 +48,7 @@ and two verdicts:
   `listed` words. Failing rows stay in the results.
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -148,10 +149,11 @@ def run_case(case, out, timeout):
         if hog:
             hog.kill()
             hog.wait()
-    trace = os.path.join(folder, "profiles", "latest", "trace.json.gz")
-    if code == 0 and os.path.exists(trace):
-        shutil.copy(trace, os.path.join(out, f"{case}.trace.json.gz"))
-    print(f"{case}: exit {code}, {time.time() - t0:.0f} s", flush=True)
+    # the capture writes the trace before it reads it: a run stopped while reading still leaves its trace
+    traces = sorted(glob.glob(os.path.join(folder, "profiles", "*", "trace.json.gz")), key=os.path.getmtime)
+    if traces:
+        shutil.copy(traces[-1], os.path.join(out, f"{case}.trace.json.gz"))
+    print(f"{case}: exit {code}, {time.time() - t0:.0f} s" + ("" if traces or code != 0 else ", no trace"), flush=True)
     return time.time() - t0
 
 

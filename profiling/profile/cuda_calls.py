@@ -3,6 +3,7 @@ CUDA-call findings price (profiling/profile/findings/calls.py): the GPU idle eac
 
     s["cuda_calls"] = table(tl)      # per kind: calls/step, host ms/step, of it with the GPU idle, longest, names
     blocking_launches(tl), alloc_churn(tl), sync_calls(tl), pageable_copies(tl)    # evidence for the rules
+    drained(tl, calls)               # the GPU idle that syncs or pageable copies leave
     calls_during(tl, start, end)     # the CUDA calls the host was in during a stretch (idle with no host sample)
 
 Counted: the trace's `cuda_runtime`/`cuda_driver` events (traceio.index keeps them by correlation id) that start
@@ -103,23 +104,30 @@ class Facts:
             j -= 1
         return us
 
-    def claims(self, e, k, drains):
-        """The gaps call e (of step k) leaves: those that begin while the host is inside it (SYNC_SLACK_US either
-        side) or that it fills for FILLS or more; for a call that drains the queue, also every later gap of its
-        step on the device timeline: with nothing queued, the host's later work in the step shows as GPU idle
-        (as findings.host_sync counts a sync's)."""
-        lo, end = e["ts"] - SYNC_SLACK_US, e["ts"] + e["dur"]
-        hi = max(end + SYNC_SLACK_US, self.tl.windows[k][1]) if drains else end + SYNC_SLACK_US
-        i = bisect.bisect_left(self.gap_starts, lo)
-        out = []
-        if i > 0 and self.gaps[i - 1].end > e["ts"]:
-            g = self.gaps[i - 1]
-            if min(end, g.end) - max(e["ts"], g.start) >= FILLS * g.us:
-                out.append(g)
-        while i < len(self.gaps) and self.gaps[i].start < hi:
-            out.append(self.gaps[i])
-            i += 1
-        return out
+    def claimed(self, calls):
+        """The gaps calls [(call, step, drains)] leave, each once, by start: those that begin while the host is
+        inside a call (SYNC_SLACK_US either side) or that it fills for FILLS or more; for a call that drains the
+        queue, also every later gap of its step on the device timeline: with nothing queued, the host's later work
+        in the step shows as GPU idle (as findings.host_sync counts a sync's). The calls' windows are merged
+        first, so thousands of syncs a step (Inductor's nan_asserts) cost no more than their gaps."""
+        spans, picked = [], set()
+        for e, k, drains in calls:
+            lo, end = e["ts"] - SYNC_SLACK_US, e["ts"] + e["dur"]
+            spans.append((lo, max(end + SYNC_SLACK_US, self.tl.windows[k][1]) if drains else end + SYNC_SLACK_US))
+            i = bisect.bisect_left(self.gap_starts, lo)
+            if i > 0 and self.gaps[i - 1].end > e["ts"]:
+                g = self.gaps[i - 1]
+                if min(end, g.end) - max(e["ts"], g.start) >= FILLS * g.us:
+                    picked.add(i - 1)
+        spans.sort()
+        reach = None  # the end of the merged window so far: every gap starting before it is taken once
+        for lo, hi in spans:
+            i = bisect.bisect_left(self.gap_starts, lo if reach is None else max(lo, reach))
+            while i < len(self.gaps) and self.gaps[i].start < hi:
+                picked.add(i)
+                i += 1
+            reach = hi if reach is None else max(reach, hi)
+        return [self.gaps[i] for i in sorted(picked)]
 
 
 def _start(e):
@@ -275,7 +283,7 @@ def blocking_launches(tl):
 def alloc_churn(tl):
     """The allocation and free calls of the profiled steps (cudaMalloc, cudaFree, cudaHostAlloc, cuMemCreate...):
     how many per step and in how many steps, the host's time in them, who made them, and the GPU idle they leave
-    (Facts.claims; a free waits for the device, so the idle after it to the end of its step counts too).
+    (Facts.claimed; a free waits for the device, so the idle after it to the end of its step counts too).
 
     {calls_per_step, ms_per_step, steps_with: how many steps made any, names: {name: calls/step}, chains:
     [(operator chain, calls/step)] most first (() where no operator was around: torch.cuda.empty_cache() and the
@@ -283,12 +291,7 @@ def alloc_churn(tl):
     while the host was inside them}"""
     f = facts(tl)
     calls = [(e, k, inside) for (e, kd, k), inside in zip(f.calls, f.idle) if kd == "allocation"]
-    gaps, seen = [], set()
-    for e, k, _ in calls:
-        for g in f.claims(e, k, bool(FREES.match(str(e.get("name", ""))))):
-            if id(g) not in seen:
-                seen.add(id(g))
-                gaps.append(g)
+    gaps = f.claimed((e, k, bool(FREES.match(str(e.get("name", ""))))) for e, k, _ in calls)
     n = f.n
     names = Counter(str(e.get("name", "")) for e, _, _ in calls)
     chains = Counter(tl.chain(tl.enclosing(e)) for e, _, _ in calls)
@@ -301,15 +304,15 @@ def alloc_churn(tl):
 def sync_calls(tl):
     """The calls that block the host until the GPU is done: the synchronization kind, and copies that are not
     `Async` (cudaMemcpy, cuMemcpyDtoH_v2); the profiler's own final sync left out. [{call, name, step, chain:
-    the operators around it, innermost first (() for torch.cuda.synchronize() and the like), gaps: the GPU idle
-    it leaves (Facts.claims: the queue drained), idle_us}] by time."""
+    the operators around it, innermost first (() for torch.cuda.synchronize() and the like)}] by time; the GPU
+    idle they leave: drained(tl, calls)."""
     return _each(tl, lambda e, kd: kd == "synchronization" or kd == "copy" and "Async" not in str(e.get("name", "")))
 
 
 def pageable_copies(tl):
     """Copies between the GPU and pageable host memory (their device event says `Pageable`): the driver stages
     them through a pinned buffer and the host waits in the call, so they drain the queue as a sync does.
-    [{call, name, step, chain, gaps, idle_us, direction: the device event's name, bytes, device_us}] by time."""
+    [{call, name, step, chain, direction: the device event's name, bytes, device_us}] by time."""
     f = facts(tl)
     out = _each(tl, lambda e, kd: kd == "copy" and _host_memory(f.device.get(corr(e))) == "pageable")
     for c in out:
@@ -320,10 +323,11 @@ def pageable_copies(tl):
 
 def _each(tl, select):
     f = facts(tl)
-    out = []
-    for e, kd, k in f.calls:
-        if select(e, kd):
-            gaps = f.claims(e, k, True)
-            out.append({"call": e, "name": str(e.get("name", "")), "step": k, "chain": tl.chain(tl.enclosing(e)),
-                        "gaps": gaps, "idle_us": sum(g.us for g in gaps)})
-    return out
+    return [{"call": e, "name": str(e.get("name", "")), "step": k, "chain": tl.chain(tl.enclosing(e))}
+            for e, kd, k in f.calls if select(e, kd)]
+
+
+def drained(tl, calls):
+    """The GPU idle gaps that calls of sync_calls / pageable_copies leave (Facts.claimed: the queue drained),
+    each once, by start."""
+    return facts(tl).claimed((c["call"], c["step"], True) for c in calls)

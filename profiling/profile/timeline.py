@@ -55,6 +55,8 @@ class Timeline:
         self.ops.pop(None, None)
         self.gaps = [g for k in range(self.n) for g in self._gaps(k)]
         self.syncs = self._syncs()
+        reach = 0.0  # the latest end (plus slack) of the syncs so far, by time: sync_at bisects it
+        self.sync_reach = [reach := max(reach, e["ts"] + e["dur"] + SYNC_SLACK_US) for e, _ in self.syncs]
         self.regions = self._regions()
 
     # -- where things are ------------------------------------------------------------------------------
@@ -130,10 +132,12 @@ class Timeline:
         return sorted(out, key=lambda x: x[0]["ts"])
 
     def sync_at(self, gap):
-        """The sync call the host was blocked in when the GPU went idle at gap.start, or None."""
-        for e, chain in self.syncs:
-            if e["ts"] - SYNC_SLACK_US <= gap.start <= e["ts"] + e["dur"] + SYNC_SLACK_US:
-                return e, chain
+        """The sync call the host was blocked in when the GPU went idle at gap.start (the first by time, SYNC_SLACK_US
+        either side), or None. The first sync whose end reaches gap.start is where the running latest end does;
+        it holds gap.start if it began by then."""
+        i = bisect.bisect_left(self.sync_reach, gap.start)
+        if i < len(self.syncs) and self.syncs[i][0]["ts"] - SYNC_SLACK_US <= gap.start:
+            return self.syncs[i]
         return None
 
     # -- compiled regions --------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def cuda_sync(tl, ctx, found):
     them to a line or an operator and priced what they exposed): only the pageable copies are left here."""
     synced = any(g.cause == "host_sync" for g in tl.gaps)  # host_sync's, named as a setting or not
     syncs, copies = [] if synced else cuda_calls.sync_calls(tl), cuda_calls.pageable_copies(tl)
-    gaps = _open(g for c in syncs + copies for g in c["gaps"])
+    gaps = _open(cuda_calls.drained(tl, syncs + copies))
     slow = _pageable_excess(tl, copies) / ctx["n"] / 1e3
     ms = idle_ms(gaps, ctx) + slow
     if not gaps and not slow or ms < FIRE_SHARE * ctx["step"]:

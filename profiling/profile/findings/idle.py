@@ -2,6 +2,7 @@
 host's other work (what its stack samples show it doing). Stdlib only. Rules: profiling/profile/findings/
 contract.py's shape; the GPU idle is split among them once (profiling/profile/findings/__init__.py).
 """
+import math
 import re
 import statistics
 from collections import Counter
@@ -51,12 +52,15 @@ def host_sync(tl, ctx, found):
         if hit and id(hit[0]) in mine and g.launch["ts"] >= hit[0]["ts"] + hit[0]["dur"] - 50.0:
             g.cause = "host_sync"
             claimed.append(g)
-    ends = [(tl.step_of(e["ts"]), e["ts"] + e["dur"]) for e, chain in syncs]
+    first_end = {}  # step -> the end of its first sync to end
+    for e, _ in syncs:
+        j = tl.step_of(e["ts"])
+        first_end[j] = min(first_end.get(j, math.inf), e["ts"] + e["dur"])
     for g in tl.gaps:  # root cause first: a sync drained the queue that hid the host's work after it: the long
         k = tl.step_of(g.launch["ts"])  # gaps of this step and the next, every gap of 0.2 ms or more of this one
-        if g.cause is None and k is not None and any(t <= g.start and (k == j and g.us >= LONG_GAP_US or
-                                                                       0 <= k - j <= 1 and g.us >= FRAGMENT_GAP_US)
-                                                     for j, t in ends):
+        after = first_end.get(k, math.inf), first_end.get(k - 1, math.inf)
+        if g.cause is None and k is not None and (g.us >= LONG_GAP_US and after[0] <= g.start
+                                                  or g.us >= FRAGMENT_GAP_US and min(after) <= g.start):
             g.cause = "host_sync"
             exposed.append(g)
     ops = {}
