@@ -18,6 +18,9 @@ from profiling.profile.traceio import by_thread, find, merge, outer_names, paren
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")  # compiled code's op names
+# a tensor tested for the host, reduced to one boolean; called by compiled code itself, Inductor's debug checks
+# (nan_asserts: `assert not buf.isnan().any().item()` and isinf after every buffer) are the case seen
+CHECK_OPS = ("aten::isnan", "aten::isinf", "aten::isfinite", "aten::any", "aten::all")
 LAUNCH_CALLS = re.compile(r"^(cuda|cu)LaunchKernel|^cudaLaunch|^cuLaunch")
 REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 MAX_LOOKBACK = 400     # operators looked back through for the one around a runtime call
@@ -58,6 +61,7 @@ class Timeline:
         reach = 0.0  # the latest end (plus slack) of the syncs so far, by time: sync_at bisects it
         self.sync_reach = [reach := max(reach, e["ts"] + e["dur"] + SYNC_SLACK_US) for e, _ in self.syncs]
         self.regions = self._regions()
+        self._checks = None
 
     # -- where things are ------------------------------------------------------------------------------
 
@@ -122,6 +126,19 @@ class Timeline:
             before = evs[by_end[bisect.bisect_right(ends, b1) - 1][1]][0]
             gaps.append(Gap(k, b1, g1, before, after[0], after[1]))
         return gaps
+
+    def checks(self):
+        """[(device event, operator)] of the kernels of host checks inside compiled graphs: CHECK_OPS called by
+        the compiled code itself (the outermost operator inside a compiled graph's call). Memoized."""
+        if self._checks is None:
+            self._checks = []
+            for evs in self.per_step:
+                for e, launch in evs:
+                    chain = self.chain(self.op_of(launch))
+                    i = next((i for i, c in enumerate(chain) if c.startswith(COMPILED)), 0)
+                    if i and chain[i - 1] in CHECK_OPS:
+                        self._checks.append((e, chain[i - 1]))
+        return self._checks
 
     # -- syncs -----------------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ machine, same call: base 55.95 ms, blocking 113.83, churn 63.04, pageable 102.46
 """
 import copy
 import os
+import random
 
 import pytest
 
@@ -17,6 +18,7 @@ from profiling.profile.findings import calls as cuda_findings
 from profiling.profile.findings import contract, idle
 from profiling.profile.render import to_json, to_markdown
 from profiling.profile.summary import load_trace, summarize
+from profiling.profile.timeline import SYNC_SLACK_US, Gap, Timeline
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 BASE_STEP_MS = 55.95   # h100-cudacalls-base's profiled step: the others' slowdowns are against it
@@ -305,3 +307,42 @@ def test_the_cuda_calls_table_of_a_new_capture_with_its_settings():
     assert kinds["launch"]["gpu_idle_ms"] < 1 and kinds["set"]["calls_per_step"] == 228
     assert not {f["kind"] for f in s["findings"]} & {"blocking_launch", "alloc_churn", "cuda_sync"}
     assert {r["by"] for r in s["settings"]["differs"]} == {"train.py", "profiler"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Thousands of syncs a step (Inductor's nan_asserts: 5,312): the lookups bisect, with the answers of a scan
+# ---------------------------------------------------------------------------------------------------------
+
+def _random_timeline(seed, syncs=300, gaps=300):
+    rng = random.Random(seed)
+    tl = Timeline.__new__(Timeline)
+    tl.windows = [(0.0, 50_000.0), (50_000.0, 100_000.0)]
+    starts = sorted(rng.uniform(0, 100_000) for _ in range(syncs))
+    tl.syncs = [({"ts": t, "dur": rng.choice((1.0, 30.0, 900.0))}, ()) for t in starts]
+    reach = 0.0
+    tl.sync_reach = [reach := max(reach, e["ts"] + e["dur"] + SYNC_SLACK_US) for e, _ in tl.syncs]
+    edges = sorted(rng.uniform(0, 100_000) for _ in range(2 * gaps))
+    tl.gaps = [Gap(0 if a < 50_000 else 1, a, b, None, None, None) for a, b in zip(edges[::2], edges[1::2])]
+    return tl
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sync_at_is_the_first_sync_around_the_gap(seed):
+    tl = _random_timeline(seed)
+    for g in tl.gaps:
+        first = next(((e, c) for e, c in tl.syncs
+                      if e["ts"] - SYNC_SLACK_US <= g.start <= e["ts"] + e["dur"] + SYNC_SLACK_US), None)
+        assert tl.sync_at(g) == first
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_gaps_many_calls_leave_are_the_union_of_each_calls(seed):
+    """Facts.claimed merges the calls' windows: the same gaps as each call's own, taken once."""
+    tl = _random_timeline(seed, syncs=60)
+    f = cuda_calls.Facts.__new__(cuda_calls.Facts)
+    f.tl, f.gaps = tl, tl.gaps
+    f.gap_starts = [g.start for g in f.gaps]
+    rng = random.Random(seed)
+    calls = [(e, int(e["ts"] >= 50_000), rng.random() < 0.5) for e, _ in tl.syncs]
+    each = {id(g) for call in calls for g in f.claimed([call])}
+    assert [id(g) for g in f.claimed(calls)] == [id(g) for g in f.gaps if id(g) in each]

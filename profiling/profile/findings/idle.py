@@ -77,9 +77,10 @@ def host_sync(tl, ctx, found):
                 + (f"; at {where}" if where else "") + _exposed(tl, exposed, ctx))
     compiled = sum(1 for _, chain in syncs if any(c.startswith(GRAPH) for c in chain))
     if compiled >= len(syncs) / 2:  # syncs inside compiled graphs: the compiler put them there
+        checks_ms, checks = _check_work(tl, ctx)
         evidence += (f"; {compiled / ctx['n']:g}/step made inside compiled graphs (no Python line of yours)"
-                     + _per_kernel(tl, syncs, ctx))
-        return attribute(tl, finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
+                     + _per_kernel(tl, syncs, ctx) + checks)
+        return attribute(tl, finding("host_sync", idle_ms(claimed + exposed, ctx) + checks_ms, ctx, evidence,
                                      "find what the compiler syncs for: Inductor's debug checks (torch._inductor."
                                      "config.nan_asserts, config.triton.debug_sync_kernel), a value read inside the "
                                      "compiled code (.item() captured with capture_scalar_outputs); turn the check "
@@ -118,6 +119,20 @@ def _per_kernel(tl, syncs, ctx):
     ratio = inside / kernels
     return (f"; {ratio:.2f} syncs per kernel the compiled code launches ({inside / ctx['n']:g} syncs, "
             f"{kernels / ctx['n']:g} kernels/step)" + ("; the GPU idles between its kernels" if ratio >= 0.5 else ""))
+
+
+def _check_work(tl, ctx):
+    """(ms/step, evidence) of the device time of the tests whose booleans the compiled code's syncs read
+    (Timeline.checks: isnan, isinf, any... called by the compiled code itself): work that goes with the syncs."""
+    ops = Counter()
+    for e, op in tl.checks():
+        ops[op] += e["dur"]
+    if not ops:
+        return 0.0, ""
+    ms = sum(ops.values()) / ctx["n"] / 1e3
+    return ms, ("; the tests whose result they read, called by the compiled code itself, take "
+                + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f}" for op, us in top(ops)) + f" ms/step of device time "
+                f"({ms:.1f} ms/step, counted here: they go with the syncs)")
 
 
 def _sync_line(tl, e):
