@@ -447,11 +447,10 @@ NEW_CASES = ("anomaly_mode", "launch_blocking", "deterministic", "empty_cache", 
              "cublas_no_workspace", "sdp_math", "memory_budget", "nan_asserts", "fp32_highest",
              "cudnn_benchmark", "expandable_segments")
 CLOCK_CASES = ("launch_blocking", "sync_kernels", "log_10ms", "log_40ms", "log_100ms")
-# issue #33's plants that run (nan_asserts: its profile does not finish), costly ones first: one warm machine,
-# calls with --skip-existing until all are in
-ISSUE33 = ("launch_blocking", "sync_kernels", "anomaly_mode", "empty_cache", "no_caching_allocator", "deterministic",
-           "memory_budget", "sdp_math", "sdp_efficient", "cublas_no_workspace", "eager_attention", "eager_model",
-           "cache_first", "cache_shifted", "fp32_highest", "cudnn_benchmark", "expandable_segments",
+# issue #33's plants, costly ones first: one warm machine, calls with --skip-existing until all are in
+ISSUE33 = ("nan_asserts", "launch_blocking", "sync_kernels", "anomaly_mode", "empty_cache", "no_caching_allocator",
+           "deterministic", "memory_budget", "sdp_math", "sdp_efficient", "cublas_no_workspace", "eager_attention",
+           "eager_model", "cache_first", "cache_shifted", "fp32_highest", "cudnn_benchmark", "expandable_segments",
            "alloc_gc_threshold", "cudnn_disabled", "bf16_full_reduction", "malloc_async", "sync_debug_warn")
 GROUPS = {"all": tuple(CASES), "new": NEW_CASES, "new1": NEW_CASES[:6], "new2": NEW_CASES[6:],
           "clock": CLOCK_CASES, "issue33": ISSUE33}
