@@ -11,6 +11,7 @@
 - Host stack samples from the live run (profiling/profile/sampler.py), placed on the trace's timeline.
 """
 import bisect
+import functools
 import re
 
 from profiling.profile.traceio import by_thread, find, merge, outer_names, parents
@@ -61,7 +62,6 @@ class Timeline:
         reach = 0.0  # the latest end (plus slack) of the syncs so far, by time: sync_at bisects it
         self.sync_reach = [reach := max(reach, e["ts"] + e["dur"] + SYNC_SLACK_US) for e, _ in self.syncs]
         self.regions = self._regions()
-        self._checks = None
 
     # -- where things are ------------------------------------------------------------------------------
 
@@ -127,18 +127,18 @@ class Timeline:
             gaps.append(Gap(k, b1, g1, before, after[0], after[1]))
         return gaps
 
+    @functools.cached_property
     def checks(self):
         """[(device event, operator)] of the kernels of host checks inside compiled graphs: CHECK_OPS called by
-        the compiled code itself (the outermost operator inside a compiled graph's call). Memoized."""
-        if self._checks is None:
-            self._checks = []
-            for evs in self.per_step:
-                for e, launch in evs:
-                    chain = self.chain(self.op_of(launch))
-                    i = next((i for i, c in enumerate(chain) if c.startswith(COMPILED)), 0)
-                    if i and chain[i - 1] in CHECK_OPS:
-                        self._checks.append((e, chain[i - 1]))
-        return self._checks
+        the compiled code itself (the outermost operator inside a compiled graph's call)."""
+        out = []
+        for evs in self.per_step:
+            for e, launch in evs:
+                chain = self.chain(self.op_of(launch))
+                i = next((i for i, c in enumerate(chain) if c.startswith(COMPILED)), 0)
+                if i and chain[i - 1] in CHECK_OPS:
+                    out.append((e, chain[i - 1]))
+        return out
 
     # -- syncs -----------------------------------------------------------------------------------------
 

@@ -125,7 +125,7 @@ def _check_work(tl, ctx):
     """(ms/step, evidence) of the device time of the tests whose booleans the compiled code's syncs read
     (Timeline.checks: isnan, isinf, any... called by the compiled code itself): work that goes with the syncs."""
     ops = Counter()
-    for e, op in tl.checks():
+    for e, op in tl.checks:
         ops[op] += e["dur"]
     if not ops:
         return 0.0, ""

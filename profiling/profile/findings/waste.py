@@ -187,7 +187,7 @@ def _forward_in_backward(tl):
     """{operator or kernel: device us} of the non-GEMM work the compiled backward runs that the compiled forward
     also runs: operators (attention, custom ops) and hand-written kernels by name. Inductor's own fused kernels
     are named per graph, so a re-run fusion is not seen."""
-    fwd, bwd, checks = set(), {}, {id(e) for e, _ in tl.checks()}
+    fwd, bwd, checks = set(), {}, {id(e) for e, _ in tl.checks}
     for evs, cats in zip(tl.per_step, tl.labels):
         for (e, launch), cat in zip(evs, cats):
             if cat in ("GEMM", "memory", "optimizer") or str(e.get("name", "")).startswith("triton_"):
