@@ -60,7 +60,11 @@ def test_profile_through_the_api(model, root, tmp_path, capsys):
     for region in ("embedding", "attention", "MLP", "norms and residuals", "head and loss"):
         assert rows[region] > 0, region
     assert regions["unplaced_parameters_total"] == 0  # every parameter name maps to a region
-    assert regions["attributed_percent"] > 80
+    # Every GEMM is placed by its weight. The rest of the unattributed time is the CPU self time of small ops no
+    # rule owns (view, cat, slice, autograd's wrappers): its share moves with the machine's load (80.0-90.9%
+    # placed over runs on 2-core machines), so the bound below leaves room for it.
+    assert not [r for r in regions["unattributed"] if r["reason"].startswith("GEMM")]
+    assert regions["attributed_percent"] > 70
     assert summary["tokens_per_step"] == 4 * 64
 
 
