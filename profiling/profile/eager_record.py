@@ -14,9 +14,9 @@ train.py that called the optimizer, not the optimizer's code. The tracer's metho
 compiled regions too, where Dynamo's eval-frame hook would try to compile any Python frame (seen: a graph
 break and a warning on `_RecordFunctionFast` before the skip).
 
-Cost: once per profile, about one step (the tracer adds a trace call per Python call and an annotation per own
-line) and the reading of its trace: on the 2-core CPU with the cpu preset, 2.0 s for a 1.9-2.0 s step
-(benchmarks/eager_lines_cost_results.md). AUTORESEARCH_EAGER_LINES=0 turns it off (no extra step).
+Cost: once per profile, one step with a tracer (a trace call per Python call and an annotation per own line)
+and the reading of its trace: on the 2-core CPU with the cpu preset, 0.31-0.37 s for a 169-213 ms step, and
+about 1 s more in all (benchmarks/eager_lines_cost_results.md). AUTORESEARCH_EAGER_LINES=0 turns it off (no extra step).
 """
 import linecache
 import os
