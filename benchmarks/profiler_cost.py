@@ -1,0 +1,272 @@
+"""The profiler's own cost on scripts this project did not write (issue #41): profiled vs unprofiled step time,
+and where the difference goes, one workload per process (a fresh compile each).
+
+Workloads (compiled, bf16 autocast on CUDA; `--size tiny` shrinks each for a CPU smoke run):
+    gpt2      GPT-2 124M as nanoGPT's train.py trains it: batch 12 x 1024 tokens, 4 micro-batches a step, fused
+              AdamW, gradients clipped to 1.0, the batch copied from pinned host memory, and the loss read with
+              .item() every step (nanoGPT's log_interval 1): one sync a step
+    resnet50  torchvision's ResNet-50, batch 128 x 3 x 224 x 224, channels_last, SGD with momentum
+    bert      transformers' BertForMaskedLM at BERT-base size, batch 32 x 512 tokens, fused AdamW
+
+Each repetition times, in the same process and in turn:
+    unprofiled   --timed steps between two device syncs, as the Profiler's timed steps do
+    <variant>    the Profiler's window (profiling.profile.capture.Window: 1 profiler warm-up step, then --active
+                 recorded steps), timed the same way between two syncs, with parts of the capture switched off
+                 to see what each costs: full (as shipped), no_shapes (record_shapes off), no_sampler (the host
+                 stack sampler off), no_syncs (CUDA's sync debug mode not set), bare (all three off)
+and then runs the public Profiler (defaults) --api times: the report's own profiled-vs-unprofiled figures.
+
+    python benchmarks/profiler_cost.py OUT --workloads gpt2 resnet50 bert     # on the GPU
+    python benchmarks/profiler_cost.py OUT --size tiny --device cpu --reps 1  # a smoke run
+
+Writes OUT/<workload>.json (every timing) and OUT/<workload>-report.md (the first API profile's report).
+"""
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("AUTORESEARCH_EAGER_LINES", "0")  # the window variants: no record step after them
+VARIANTS = ("full", "no_shapes", "no_sampler", "no_syncs", "bare")
+
+
+def gpt2(size, device):
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from gpt2_train import GPT2, SIZES
+    cfg = SIZES["124m" if size == "gpu" else "tiny"]
+    batch, accum = (12, 4) if size == "gpu" else (2, 2)
+    model = GPT2(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device.type == "cuda")
+    forward = torch.compile(model)
+    host = torch.randint(cfg.vocab, (accum, batch, cfg.seq_len + 1))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    log = []
+
+    def step():
+        for micro in range(accum):
+            tokens = host[micro].to(device, non_blocking=True)
+            with autocast(device):
+                loss = forward(tokens[:, :-1], tokens[:, 1:]) / accum
+            loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        log.append(loss.item() * accum)  # nanoGPT reads the loss at every log_interval (1)
+
+    return model, step, dict(tokens_per_step=accum * batch * cfg.seq_len, samples_per_step=accum * batch)
+
+
+def resnet50(size, device):
+    import torchvision
+    model = torchvision.models.resnet50().to(device).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    forward = torch.compile(model)
+    batch, side = (128, 224) if size == "gpu" else (2, 64)
+    x = torch.randn(batch, 3, side, side, device=device).to(memory_format=torch.channels_last)
+    y = torch.randint(1000, (batch,), device=device)
+
+    def step():
+        with autocast(device):
+            loss = F.cross_entropy(forward(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, step, dict(samples_per_step=batch)
+
+
+def bert(size, device):
+    from transformers import BertConfig, BertForMaskedLM
+    config = BertConfig() if size == "gpu" else BertConfig(hidden_size=64, num_hidden_layers=2,
+                                                           num_attention_heads=2, intermediate_size=128)
+    model = BertForMaskedLM(config).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    forward = torch.compile(model)
+    batch, seq = (32, 512) if size == "gpu" else (2, 64)
+    ids = torch.randint(config.vocab_size, (batch, seq), device=device)
+    labels = torch.where(torch.rand(batch, seq, device=device) < 0.15, ids, -100)
+
+    def step():
+        with autocast(device):
+            loss = forward(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, step, dict(tokens_per_step=batch * seq, samples_per_step=batch)
+
+
+WORKLOADS = {"gpt2": gpt2, "resnet50": resnet50, "bert": bert}
+
+
+def autocast(device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(step, n, device):
+    """ms/step of n steps between two syncs."""
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    sync(device)
+    return 1e3 * (time.perf_counter() - t0) / n
+
+
+@contextlib.contextmanager
+def variant(name):
+    """The capture with parts switched off (see the module docstring)."""
+    from profiling.profile import capture
+    saved = capture.profile, capture.StackSampler, capture.SyncRecorder.watch
+    if name in ("no_shapes", "bare"):
+        capture.profile = _no_shapes(saved[0])
+    if name in ("no_sampler", "bare"):
+        capture.StackSampler = _IdleSampler
+    if name in ("no_syncs", "bare"):
+        capture.SyncRecorder.watch = lambda self, on: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        capture.profile, capture.StackSampler, capture.SyncRecorder.watch = saved
+
+
+def _no_shapes(profile):
+    def make(*args, **kw):
+        kw["record_shapes"] = False
+        return profile(*args, **kw)
+    return make
+
+
+class _IdleSampler:
+    root = ROOT
+
+    def start(self):
+        pass
+
+    def step(self, index):
+        pass
+
+    def stop(self):
+        pass
+
+    def result(self):
+        return None
+
+
+def window_ms(step, active, device):
+    """ms/step of the Window's recorded steps, timed between two syncs (after its one warm-up step)."""
+    from profiling.profile import capture
+    window = capture.Window(1, active, {"settings": {"recorded": False}}, memory=False)
+    step()
+    window.step()  # the profiler's warm-up step: not recorded, not timed
+    sync(device)
+    t0 = time.perf_counter()
+    trace = None
+    while trace is None:
+        step()
+        trace = window.step()
+    return 1e3 * (window.t_end - t0) / active
+
+
+def api_profile(model, step, sizes, out):
+    import profiling
+    prof = profiling.Profiler(model, out_dir=out, tokens_per_step=sizes.get("tokens_per_step"))
+    while not prof.done:
+        step()
+        prof.step()
+    s = prof.summary
+    return {"step_ms": s["step_ms"], "unprofiled_step_ms": s["unprofiled_step_ms"], "folder": prof.folder,
+            "checks": [c for c in s["checks"] if not c["ok"]], "findings": [
+                {k: f.get(k) for k in ("kind", "ms_per_step", "fix")} for f in s["findings"][:5]]}
+
+
+def run(name, args):
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model, step, sizes = WORKLOADS[name](args.size, device)
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        step()
+    sync(device)
+    print(f"{name}: compiled and warmed in {time.perf_counter() - t0:.1f} s", flush=True)
+    out = {"workload": name, "size": args.size, "device": torch.cuda.get_device_name() if device.type == "cuda"
+           else "cpu", "torch": torch.__version__, **sizes, "unprofiled": [], "api": []}
+    for v in VARIANTS:
+        out[v] = []
+    for rep in range(args.reps):
+        out["unprofiled"].append(timed(step, args.timed, device))
+        for v in VARIANTS:
+            with variant(v):
+                out[v].append(window_ms(step, args.active, device))
+        print(f"{name} rep {rep}: unprofiled {out['unprofiled'][-1]:.2f} ms; "
+              + ", ".join(f"{v} {out[v][-1]:.2f}" for v in VARIANTS), flush=True)
+    os.environ["AUTORESEARCH_EAGER_LINES"] = "1"
+    tmp = tempfile.mkdtemp(prefix="profiler-cost-")
+    for rep in range(args.api):
+        r = api_profile(model, step, sizes, tmp)
+        print(f"{name} api {rep}: profiled {r['step_ms']:.2f} vs unprofiled {r['unprofiled_step_ms']:.2f} ms",
+              flush=True)
+        if rep == 0:
+            shutil.copy(os.path.join(r["folder"], "report.md"), os.path.join(args.out, f"{name}-report.md"))
+        out["api"].append(r)
+    shutil.rmtree(tmp, ignore_errors=True)
+    base = statistics.median(out["unprofiled"])
+    out["median_ms"] = {k: statistics.median(out[k]) for k in ("unprofiled",) + VARIANTS}
+    out["median_excess_percent"] = {v: round(100 * (out["median_ms"][v] / base - 1), 1) for v in VARIANTS}
+    if out["api"]:
+        excess = [100 * (r["step_ms"] / r["unprofiled_step_ms"] - 1) for r in out["api"]]
+        out["api_median_excess_percent"] = round(statistics.median(excess), 1)
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"{name}: excess over unprofiled (median of {args.reps}): {out['median_excess_percent']}; "
+          f"API: {out.get('api_median_excess_percent')}%", flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument("--size", choices=("gpu", "tiny"), default="gpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=8, help="steps before timing (compilation, autotuning)")
+    p.add_argument("--timed", type=int, default=10, help="unprofiled steps per repetition")
+    p.add_argument("--active", type=int, default=5, help="recorded steps per window")
+    p.add_argument("--api", type=int, default=3, help="public Profiler runs per workload")
+    p.add_argument("--in-process", action="store_true", help="run the workloads here, not one process each")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.in_process or len(args.workloads) == 1:
+        for name in args.workloads:
+            run(name, args)
+        return 0
+    import subprocess
+    rc = 0
+    for name in args.workloads:  # one process each: a fresh compile, nothing carried over
+        cmd = [sys.executable, os.path.abspath(__file__), args.out, "--workloads", name, "--size", args.size,
+               "--device", args.device] + [f"--{k}={getattr(args, k)}" for k in ("reps", "warmup", "timed",
+                                                                                   "active", "api")]
+        rc |= subprocess.call(cmd)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
