@@ -23,6 +23,7 @@ Writes OUT/<workload>.json (every timing) and OUT/<workload>-report.md (the firs
 """
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("AUTORESEARCH_EAGER_LINES", "0")  # the window variants: no record step after them
-VARIANTS = ("full", "no_shapes", "no_sampler", "no_syncs", "bare")
+VARIANTS = ("full", "no_shapes", "no_sampler", "no_syncs", "bare", "cuda_only", "cpu_only", "sampler_10ms")
 
 
 def gpt2(size, device):
@@ -136,11 +137,14 @@ def variant(name):
     """The capture with parts switched off (see the module docstring)."""
     from profiling.profile import capture
     saved = capture.profile, capture.StackSampler, capture.SyncRecorder.watch
-    if name in ("no_shapes", "bare"):
-        capture.profile = _no_shapes(saved[0])
-    if name in ("no_sampler", "bare"):
+    bare = name in ("bare", "cuda_only", "cpu_only")
+    if name == "no_shapes" or bare:
+        capture.profile = _options(saved[0], name)
+    if name == "no_sampler" or bare:
         capture.StackSampler = _IdleSampler
-    if name in ("no_syncs", "bare"):
+    if name == "sampler_10ms":
+        capture.StackSampler = functools.partial(saved[1], interval=0.010)
+    if name == "no_syncs" or bare:
         capture.SyncRecorder.watch = lambda self, on: contextlib.nullcontext()
     try:
         yield
@@ -148,9 +152,13 @@ def variant(name):
         capture.profile, capture.StackSampler, capture.SyncRecorder.watch = saved
 
 
-def _no_shapes(profile):
+def _options(profile, name):
+    """torch.profiler.profile without shapes, and for cuda_only/cpu_only with one kind of activity."""
     def make(*args, **kw):
         kw["record_shapes"] = False
+        keep = {"cuda_only": "CUDA", "cpu_only": "CPU"}.get(name)
+        if keep:
+            kw["activities"] = [a for a in kw["activities"] if a.name == keep]
         return profile(*args, **kw)
     return make
 
@@ -171,6 +179,17 @@ class _IdleSampler:
         return None
 
 
+GC = {"ms": 0.0, "t": None}
+
+
+def _gc_clock(phase, info):
+    """Python's garbage collections' time (a collection of the oldest generation can take 100s of ms)."""
+    if phase == "start":
+        GC["t"] = time.perf_counter()
+    elif GC["t"] is not None:
+        GC["ms"] += 1e3 * (time.perf_counter() - GC["t"])
+
+
 def window_ms(step, active, device):
     """ms/step of the Window's recorded steps, timed between two syncs (after its one warm-up step)."""
     from profiling.profile import capture
@@ -179,11 +198,14 @@ def window_ms(step, active, device):
     window.step()  # the profiler's warm-up step: not recorded, not timed
     sync(device)
     t0 = time.perf_counter()
-    trace = None
+    trace, each, t = None, [], t0
     while trace is None:
         step()
         trace = window.step()
-    return 1e3 * (window.t_end - t0) / active
+        each.append(1e3 * (time.perf_counter() - t))
+        t = time.perf_counter()
+    each[-1] = 1e3 * (window.t_end - t0) - sum(each[:-1])  # the last one ends at the window's sync
+    return 1e3 * (window.t_end - t0) / active, each
 
 
 def api_profile(model, step, sizes, out):
@@ -207,17 +229,26 @@ def run(name, args):
         step()
     sync(device)
     print(f"{name}: compiled and warmed in {time.perf_counter() - t0:.1f} s", flush=True)
+    import gc
+    gc.callbacks.append(_gc_clock)
     out = {"workload": name, "size": args.size, "device": torch.cuda.get_device_name() if device.type == "cuda"
            else "cpu", "torch": torch.__version__, **sizes, "unprofiled": [], "api": []}
-    for v in VARIANTS:
-        out[v] = []
+    for v in args.variants:
+        out[v], out[v + "_steps"] = [], []
     for rep in range(args.reps):
+        GC["ms"] = 0.0
         out["unprofiled"].append(timed(step, args.timed, device))
-        for v in VARIANTS:
+        out.setdefault("unprofiled_gc_ms", []).append(round(GC["ms"], 2))
+        for v in args.variants:
+            GC["ms"] = 0.0
             with variant(v):
-                out[v].append(window_ms(step, args.active, device))
+                ms, each = window_ms(step, args.active, device)
+            out.setdefault(v + "_gc_ms", []).append(round(GC["ms"], 2))
+            out[v].append(ms)
+            out[v + "_steps"].append(each)
         print(f"{name} rep {rep}: unprofiled {out['unprofiled'][-1]:.2f} ms; "
-              + ", ".join(f"{v} {out[v][-1]:.2f}" for v in VARIANTS), flush=True)
+              + ", ".join(f"{v} {out[v][-1]:.2f} (median step {statistics.median(out[v + '_steps'][-1]):.2f}, gc {out[v + '_gc_ms'][-1]:.0f})"
+                          for v in args.variants), flush=True)
     os.environ["AUTORESEARCH_EAGER_LINES"] = "1"
     tmp = tempfile.mkdtemp(prefix="profiler-cost-")
     for rep in range(args.api):
@@ -229,14 +260,18 @@ def run(name, args):
         out["api"].append(r)
     shutil.rmtree(tmp, ignore_errors=True)
     base = statistics.median(out["unprofiled"])
-    out["median_ms"] = {k: statistics.median(out[k]) for k in ("unprofiled",) + VARIANTS}
-    out["median_excess_percent"] = {v: round(100 * (out["median_ms"][v] / base - 1), 1) for v in VARIANTS}
+    out["median_ms"] = {k: statistics.median(out[k]) for k in ["unprofiled"] + args.variants}
+    out["median_excess_percent"] = {v: round(100 * (out["median_ms"][v] / base - 1), 1) for v in args.variants}
+    out["median_step_excess_percent"] = {  # each step's own time: an outlier step weighs no more than one
+        v: round(100 * (statistics.median(x for w in out[v + "_steps"] for x in w) / base - 1), 1)
+        for v in args.variants}
     if out["api"]:
         excess = [100 * (r["step_ms"] / r["unprofiled_step_ms"] - 1) for r in out["api"]]
         out["api_median_excess_percent"] = round(statistics.median(excess), 1)
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(f"{name}: excess over unprofiled (median of {args.reps}): {out['median_excess_percent']}; "
+          f"median step: {out['median_step_excess_percent']}; "
           f"API: {out.get('api_median_excess_percent')}%", flush=True)
 
 
@@ -251,6 +286,7 @@ def main(argv=None):
     p.add_argument("--timed", type=int, default=10, help="unprofiled steps per repetition")
     p.add_argument("--active", type=int, default=5, help="recorded steps per window")
     p.add_argument("--api", type=int, default=3, help="public Profiler runs per workload")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--in-process", action="store_true", help="run the workloads here, not one process each")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -262,7 +298,7 @@ def main(argv=None):
     rc = 0
     for name in args.workloads:  # one process each: a fresh compile, nothing carried over
         cmd = [sys.executable, os.path.abspath(__file__), args.out, "--workloads", name, "--size", args.size,
-               "--device", args.device] + [f"--{k}={getattr(args, k)}" for k in ("reps", "warmup", "timed",
+               "--device", args.device, "--variants", *args.variants] + [f"--{k}={getattr(args, k)}" for k in ("reps", "warmup", "timed",
                                                                                    "active", "api")]
         rc |= subprocess.call(cmd)
     return rc

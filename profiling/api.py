@@ -16,13 +16,15 @@
 `Profiler` also works as a context manager (`with profiling.Profiler(...) as prof:`), which says at its exit
 when the loop ended before the profile was done. train.py's `--profile` goes through this same class.
 
-What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 = 15 steps; each trains the model as usual):
+What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 = 16 steps; each trains the model as usual):
     warmup_steps            untimed: compilation, autotuning, the allocator settling
     timed_steps             unprofiled, timed between two device syncs: the step time the report checks the
                             profiled one against (or give `unprofiled_step_ms` and set timed_steps=0)
     profiler_warmup_steps   under torch.profiler, not recorded (its own start-up)
-    active_steps            the profiled window: kernels, shapes, the host's Python stack every 2 ms, the
-                            Python lines of host syncs, the process's settings
+    active_steps            the profiled window: kernels, operators, the host's Python stack every 2 ms, the
+                            process's settings
+    1 more                  operator input shapes and the Python lines of host syncs (recording them in the
+                            profiled steps slowed them: benchmarks/profiler_cost_results.md)
     1 more                  records the lines of the eager operators (off with AUTORESEARCH_EAGER_LINES=0)
     1 more                  CUDA only (off with memory=False): GPU memory at the step's peak by category, and
                             with micro_batch the largest micro-batch predicted to fit
@@ -122,7 +124,7 @@ class Profiler:
     def total_steps(self):
         """Steps the profile takes, the line-record and memory steps included."""
         from profiling.profile import eager_record
-        return (self.warmup + self.timed + self.profiler_warmup + self.active + int(eager_record.enabled())
+        return (self.warmup + self.timed + self.profiler_warmup + self.active + 1 + int(eager_record.enabled())
                 + int(self.memory))
 
     def __enter__(self):
@@ -163,7 +165,7 @@ class Profiler:
             warnings.warn(f"profiling: the loop ended after {self.steps} steps, before the profile was done: it "
                           f"takes {self.total_steps} (warmup_steps {self.warmup} + timed_steps {self.timed} + "
                           f"profiler_warmup_steps {self.profiler_warmup} + active_steps {self.active} + the "
-                          "line-record and memory steps); run more steps or lower those", stacklevel=2)
+                          "shape, line-record and memory steps); run more steps or lower those", stacklevel=2)
             self.done = True
 
     def _sync(self):

@@ -12,6 +12,7 @@ Files, under ./profiles (git-ignored; AUTORESEARCH_PROFILE_DIR names another), o
                                               `cat profiles/latest/report.md`
 """
 import contextlib
+import gc
 import gzip
 import json
 import linecache
@@ -29,8 +30,9 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from profiling.errors import UserError
 from profiling.files import atomic_write
 from profiling.profile import (device_state, eager_record, memory_capture, provenance, regression, render,
-                               settings, summary)
+                               settings, shapes, summary)
 from profiling.profile.sampler import StackSampler, frame_label
+from profiling.profile.traceio import read_json
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
 # repeat=1 there is one cycle, so the warning says nothing here.
@@ -89,16 +91,19 @@ class Window:
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)
         self.sampler, self.syncs, self.state = StackSampler(), SyncRecorder(cuda), None
         self.i, self.t_end, self.trace, self.recorder, self.watch = 0, None, None, None, None
-        self.after = [("eager_lines", lambda: eager_record.Recorder(self.sync))] if eager_record.enabled() else []
+        self.after = [("details", lambda: DetailStep(self.syncs, self.sync))]
+        if eager_record.enabled():
+            self.after.append(("eager_lines", lambda: eager_record.Recorder(self.sync)))
         if memory and cuda:
             self.after.append(("gpu_memory", lambda: memory_capture.MemoryStep(parameters)))
         self.missing = {"gpu_memory": memory_capture.record_missing()} if memory and not cuda else {}
         self.tmp = tempfile.mkdtemp(prefix="autoresearch-trace-")
         self.path = os.path.join(self.tmp, "trace.json")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        self.prof = profile(activities=activities, record_shapes=True,
+        self.prof = profile(activities=activities, record_shapes=False,  # shapes: DetailStep, untimed
                             schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
                             on_trace_ready=lambda p: p.export_chrome_trace(self.path))
+        gc.collect()  # the garbage of what ran before (a collection inside the window would be its cost)
         self.sync()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
@@ -113,17 +118,16 @@ class Window:
             self.sampler.start()
         if i >= self.warmup:
             self.sampler.step(i - self.warmup)
-            self.watch = contextlib.ExitStack()
-            self.watch.enter_context(self.syncs.watch(True))
 
     def step(self):
         """After each step: the trace once the window is done (then nothing more to call), else None."""
         if self.recorder is not None:  # an untimed step after the window is done: its record
-            self.trace["autoresearch"][self.key] = self._guarded(lambda: self._quiet(self.recorder.end))
+            record = self._guarded(lambda: self._quiet(self.recorder.end))
+            if self.key == "details":
+                self._details(record)
+            else:
+                self.trace["autoresearch"][self.key] = record
             return self._next_after()
-        if self.watch is not None:
-            self.watch.close()
-            self.watch = None
         last = self.i == self.warmup + self.active - 1
         if last:
             self.sampler.stop()
@@ -148,9 +152,24 @@ class Window:
         self.recorder = make()
         failed = self._guarded(self.recorder.begin)
         if failed is not None:  # this record is lost, said in the metadata; the next one may still run
-            self.trace["autoresearch"][self.key] = failed
+            if self.key == "details":
+                self._details(failed)
+            else:
+                self.trace["autoresearch"][self.key] = failed
             return self._next_after()
         return None
+
+    def _details(self, record):
+        """The shape step's record into the trace: its shapes given to the profiled steps' operators, its sync
+        lines as the metadata's `syncs` (counted over `syncs_steps` = 1 step); or, when it failed, why not."""
+        meta = self.trace["autoresearch"]
+        if "missing" in record:
+            meta["shapes"] = record
+            return
+        meta["shapes"] = shapes.transplant(self.trace["traceEvents"], record["shapes"])
+        if meta["shapes"]["matched"]:
+            self.trace["record_shapes"] = 1
+        meta.update(syncs=self.syncs.result(self.sampler.root), syncs_steps=1)
 
     def _guarded(self, fn):
         """fn()'s result, or, when it raises, a record saying why: the profile is saved already, so an untimed
@@ -170,8 +189,8 @@ class Window:
                 trace = json.load(f)
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
-        trace["autoresearch"] = dict(self.metadata, host_samples=self.sampler.result(),
-                                     syncs=self.syncs.result(self.sampler.root), dynamo=dynamo_record(),
+        trace["autoresearch"] = dict(self.metadata, host_samples=self.sampler.result(), syncs=None,
+                                     dynamo=dynamo_record(),
                                      provenance=provenance.result(), device_state=self.state,
                                      settings=dict(self.before, profiler=own_settings(self.before, self.cuda)),
                                      **self.missing)
@@ -235,6 +254,42 @@ def stderr_without(pattern):
             if kept:
                 with open(2, "wb", closefd=False) as err:
                     err.writelines(kept)
+
+
+class DetailStep:
+    """One untimed step after the window, recorded for what costs the timed steps most and needs no timing
+    (benchmarks/profiler_cost_results.md): operator input shapes (a CPU-only profile with record_shapes, lent
+    to the profiled steps' operators by profiling/profile/shapes.py) and the Python lines of host syncs (CUDA's
+    sync debug mode, SyncRecorder). begin() before the step, end() after it: {"shapes": signatures}."""
+
+    def __init__(self, syncs, sync):
+        self.syncs, self.sync, self.watch, self.prof = syncs, sync, None, None
+
+    def begin(self):
+        self.tmp = tempfile.mkdtemp(prefix="autoresearch-shapes-")
+        self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+        self.prof.__enter__()
+        self.watch = contextlib.ExitStack()
+        self.watch.enter_context(self.syncs.watch(True))
+
+    def end(self):
+        self.watch.close()
+        self.sync()
+        self.prof.__exit__(None, None, None)
+        path = os.path.join(self.tmp, "shapes.json")
+        try:
+            self.prof.export_chrome_trace(path)
+            events = read_json(path).get("traceEvents") or []
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return {"shapes": shapes.signatures(events)}
+
+    def abandon(self):
+        if self.watch is not None:
+            self.watch.close()
+        if self.prof is not None:
+            self.prof.__exit__(None, None, None)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class SyncRecorder:

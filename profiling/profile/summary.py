@@ -106,7 +106,10 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "gpu_memory": {...},             # the memory step's record (profiling/profile/gpu_memory.py), or
                                          # {"missing": why}
         "host_samples": {...},           # the main thread's Python stack every 2 ms (profiling/profile/sampler.py)
-        "syncs": [{"where": "train.py:702", "line": "...", "count": 10}],  # CUDA sync debug mode's warnings
+        "syncs": [{"where": "train.py:702", "line": "...", "count": 2}],  # CUDA sync debug mode's warnings
+        "syncs_steps": 1,                # the steps those counts are over (the untimed detail step; older
+                                         # traces: absent, the profiled steps)
+        "shapes": {"matched", "unmatched"},  # operators given the detail step's input shapes
         "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8},
         "provenance": {"frames", "stacks", "graphs": [...]}  # source lines of the compiled kernels
                                          # (profiling/profile/provenance.py), None when not recorded

@@ -45,7 +45,7 @@ def setup():
 def test_the_loop_form_profiles_a_model_of_its_own(out):
     model, opt = setup()
     prof = profiling.Profiler(model, tokens_per_step=4 * 16, out_dir=out, **FAST)
-    assert prof.total_steps == 1 + 2 + 1 + 2 + 1
+    assert prof.total_steps == 1 + 2 + 1 + 2 + 1 + 1  # the shape step, the line-record step
     steps = 0
     for _ in range(50):
         x = torch.randint(0, 128, (4, 16))
@@ -90,7 +90,7 @@ def test_the_function_form_and_a_model_of_none(out):
 
 def test_a_loop_shorter_than_the_schedule_warns_and_keeps_nothing_half_written(out):
     model, opt = setup()
-    with pytest.warns(UserWarning, match=r"the loop ended after 4 steps.*it takes 7"):
+    with pytest.warns(UserWarning, match=r"the loop ended after 4 steps.*it takes 8"):
         with profiling.Profiler(model, out_dir=out, **FAST) as prof:
             for _ in range(4):
                 model(torch.randint(0, 128, (2, 8))).sum().backward()

@@ -88,4 +88,39 @@ def test_a_record_after_the_window_that_fails_never_stops_the_training(monkeypat
         steps.append(1)
     trace, _ = capture.capture(step, warmup=1, active=1, metadata={})
     assert trace["autoresearch"]["eager_lines"] == {"missing": "eager_lines failed and was left out: RuntimeError: boom"}
-    assert len(steps) == 1 + 1 + (stage == "end")  # a failed begin adds no step; a failed end had its step
+    assert len(steps) == 1 + 1 + 1 + (stage == "end")  # the shape step; a failed begin adds no step, a failed end had one
+
+
+def test_shapes_come_from_an_untimed_step_after_the_window():
+    """The profiled steps record no shapes (record_shapes slowed them); the step after them does, and its
+    operators lend their shapes to the profiled steps' operators of the same thread, name and rank."""
+    import torch
+
+    from profiling.profile import capture
+
+    lin = torch.nn.Linear(8, 4)
+
+    def step():
+        lin(torch.randn(3, 8)).sum().backward()
+    trace, _ = capture.capture(step, warmup=1, active=2, metadata={})
+    meta = trace["autoresearch"]
+    assert meta["shapes"]["matched"] > 0 and meta["shapes"]["unmatched"] == 0
+    assert meta["syncs_steps"] == 1 and isinstance(meta["syncs"], list)
+    addmm = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"]
+    assert len(addmm) == 2 and all(e["args"]["Input Dims"][1:3] == [[3, 8], [8, 4]] for e in addmm)
+
+
+def test_shapes_are_lent_only_where_the_counts_agree():
+    from profiling.profile import shapes
+
+    def op(name, ts, dims=None):
+        return {"cat": "cpu_op", "name": name, "tid": 1, "ts": ts, "dur": 1,
+                "args": {"Input Dims": dims} if dims else {}}
+    step = {"cat": "user_annotation", "name": "ProfilerStep#0", "tid": 1, "ts": 0, "dur": 100}
+    shaped = shapes.signatures([op("aten::mm", 1, [[2, 3], [3, 4]]), op("aten::mm", 2, [[5, 6], [6, 7]]),
+                                op("aten::add", 3, [[1]])])
+    events = [step, op("aten::mm", 20), op("aten::mm", 10), op("aten::add", 30), op("aten::add", 40),
+              op("aten::mm", 200)]  # outside the step
+    assert shapes.transplant(events, shaped) == {"matched": 2, "unmatched": 2}
+    assert events[2]["args"]["Input Dims"] == [[2, 3], [3, 4]] and events[1]["args"]["Input Dims"] == [[5, 6], [6, 7]]
+    assert "Input Dims" not in events[3]["args"] and "Input Dims" not in events[5]["args"]

@@ -67,7 +67,9 @@ def host_sync(tl, ctx, found):
     for e, chain in syncs:
         name = ([c for c in chain if c.startswith("aten::")] or [chain[0]])[-1] if chain else str(e["name"])
         ops[name] = ops.get(name, 0) + 1
-    lines = [s for s in tl.meta.get("syncs") or () if not s["where"].startswith(SYNC_NOISE + ("torch/",))]
+    per = ctx["n"] / (tl.meta.get("syncs_steps") or ctx["n"])  # sync lines: one untimed step, or (older) the window
+    lines = [dict(s, count=s["count"] * per) for s in tl.meta.get("syncs") or ()
+             if not s["where"].startswith(SYNC_NOISE + ("torch/",))]
     texts = (tl.meta.get("host_samples") or {}).get("lines") or {}
     lines += [{"where": line.rsplit(" ", 1)[0], "line": texts.get(line, "?"), "count": count}
               for line, count in Counter(python[id(e)] for e, chain in syncs if not chain).items()]
