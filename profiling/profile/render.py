@@ -97,7 +97,7 @@ def _unprofiled_view(s):
     idle = max(0.0, u - (step - s["idle_ms"]))
     v = dict(s, step_ms=u, idle_ms=idle, idle_percent=100 * idle / u, categories=dict(s["categories"], idle=idle),
              distorted={"profiled_step_ms": step, "profiled_idle_ms": s["idle_ms"]})
-    for key in ("mfu_percent", "tokens_per_second"):
+    for key in ("mfu_percent", "tokens_per_second", "samples_per_s"):
         v[key] = s[key] * step / u if s.get(key) else s.get(key)
     if s.get("regions"):
         rows = [dict(r, ms_per_step=idle) if r["region"] == "GPU idle" else r for r in s["regions"]["rows"]]
@@ -108,17 +108,28 @@ def _unprofiled_view(s):
 
 
 def _header(s):
-    tokens = s.get("tokens_per_step")
     parts = [s.get("device") or "unknown device", f"torch {s.get('torch') or 'unknown'}",
              "1 window, no step markers" if s.get("window") == "whole trace"
-             else f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled",
-             f"{tokens:,} tokens/step" if isinstance(tokens, int) else "tokens/step unknown"]
+             else f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled"] + _per_step(s)
     if s.get("commit"):
         parts.append(f"commit {s['commit']}")
     if "ranks" in s:
         parts.append(f"rank {s['report_rank']} of {s['world_size']} (every section but Ranks is rank "
                      f"{s['report_rank']}'s)")
     return " · ".join(parts)
+
+
+def _per_step(s):
+    """What one step processes: tokens, samples, both; `tokens/step unknown` when neither was given."""
+    given = [f"{s[key]:,} {what}/step" for key, what in (("tokens_per_step", "tokens"),
+                                                          ("samples_per_step", "samples")) if isinstance(s.get(key), int)]
+    return given or ["tokens/step unknown"]
+
+
+def _throughput(s):
+    """tokens/s and samples/s, those known."""
+    rates = [f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s"] if s.get("tokens_per_second") else []
+    return rates + ([f"{s['samples_per_s']:,.1f} samples/s"] if s.get("samples_per_s") else [])
 
 
 RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host stacks sampled every 2 ms"),
@@ -193,8 +204,7 @@ def _budget(s):
     basis = " (the trace's GEMM and attention FLOPs; no model FLOPs given)" if s.get("mfu_basis") == "trace" else ""
     extras = [f"MFU {_num(s.get('mfu_percent'), '.1f')}%{basis}" if s.get("mfu_percent") is not None else "MFU n/a",
               _peak_memory(s)]
-    if s.get("tokens_per_second"):
-        extras.append(f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s")
+    extras += _throughput(s)
     distorted = s.get("distorted")
     note = [f"note: profiled {_ms(distorted['profiled_step_ms'])} ms/step with {_ms(distorted['profiled_idle_ms'])} "
             "ms of GPU idle: the profiler's host cost; above, the unprofiled step and the idle left after the "

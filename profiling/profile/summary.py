@@ -18,7 +18,8 @@ How the numbers are made (so they add up and can be trusted):
 - Per step: categories = the summed device time of its events by category (classify.py has the rules;
   events launched inside an annotation window whose name starts with "optimizer"/"Optimizer." -- torch's
   own `Optimizer.step#...` and `Optimizer.zero_grad#...` or a `record_function("optimizer")` -- count as
-  optimizer); idle = step time minus the union of its busy intervals; `overlap` (zero or negative) removes
+  optimizer, less the model's forward and backward run inside `optimizer.step(closure)` (Lightning, LBFGS:
+  closures.py)); idle = step time minus the union of its busy intervals; `overlap` (zero or negative) removes
   time counted twice when kernels ran concurrently. categories + idle + overlap = step, exactly.
 - A trace without ProfilerStep markers (profiled without a schedule) is one step: the whole span of its host
   events, so every launch falls inside it (`window` says "whole trace").
@@ -27,7 +28,8 @@ How the numbers are made (so they add up and can be trusted):
 
 The summary (plain JSON data; `render.to_json` writes it as is):
     version, kind ("cuda" or "cpu"), device, torch, commit, tokens_per_step, tokens_per_second,
-    mfu_percent, peak_memory_mb, unprofiled_step_ms   header; None where unknown
+    samples_per_step, samples_per_s, mfu_percent,
+    peak_memory_mb, unprofiled_step_ms                header; None where unknown
     peak_memory_source                                "allocator" (max_memory_allocated), "NVML, device-wide"
                                                       (the allocator read 0 on a GPU run), None: unknown
     gpu_memory                                        GPU memory at the memory step's peak
@@ -92,6 +94,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "version": 1,
         "unprofiled_step_ms": 88.5,      # mean ms/step measured just before profiling, same process
         "tokens_per_step": 131072,       # tokens processed per optimizer step
+        "samples_per_step": 256,         # samples (images, sequences) per optimizer step, for samples/s
         "device": "NVIDIA H100 80GB HBM3",
         "torch": "2.11.0+cu130",
         "commit": "6efc013",             # git commit of train.py (add "-dirty" when modified)
@@ -117,6 +120,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
 from profiling.errors import UserError
 from profiling.profile import (
     bound,
+    closures,
     cuda_calls,
     device_state,
     findings,
@@ -399,7 +403,7 @@ def _metadata(trace):
 
 
 def _header(kind, meta, n, step_ms, each):
-    tokens = meta.get("tokens_per_step")
+    tokens, samples = meta.get("tokens_per_step"), meta.get("samples_per_step")
     mfu = meta.get("mfu_percent")
     flops, peak = meta.get("flops_per_step"), meta.get("peak_flops")
     if mfu is None and num(flops) and num(peak) and peak > 0 and step_ms > 0:
@@ -412,6 +416,8 @@ def _header(kind, meta, n, step_ms, each):
         "version": VERSION, "kind": kind, "device": meta.get("device") or ("CPU" if kind == "cpu" else None),
         "torch": meta.get("torch"), "commit": meta.get("commit"), "tokens_per_step": tokens,
         "tokens_per_second": _r(tokens / (step_ms / 1e3)) if num(tokens) and step_ms > 0 else None,
+        "samples_per_step": samples if num(samples) else None,
+        "samples_per_s": _r(samples / (step_ms / 1e3)) if num(samples) and step_ms > 0 else None,
         "mfu_percent": _r(mfu) if num(mfu) else None, "peak_memory_mb": memory,
         "peak_memory_source": source, "gpu_memory": _gpu_memory(meta),
         "unprofiled_step_ms": meta.get("unprofiled_step_ms"), "device_state": meta.get("device_state"),
@@ -505,6 +511,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
     check_events(trace)
     ix = index(trace["traceEvents"])
     check_content(bool(ix.device or ix.cpu_ops))
+    merged, ix.optimizer = ix.optimizer, closures.own_windows(ix.optimizer_marks, ix.cpu_ops)
     meta = _metadata(trace)
     given = unprofiled_ms is not None
     if given:
@@ -515,6 +522,8 @@ def summarize(trace, top=None, unprofiled_ms=None):
     s["window"] = WHOLE_TRACE if ix.whole else "steps"
     s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {_ms_text(s['step_ms'])}"
                   ] if ix.whole else []
+    if ix.optimizer != merged:
+        s["regions"]["notes"].append(closures.NOTE)
     if top is not None:
         s["kernels"] = s["kernels"][:max(0, top)]
     return s

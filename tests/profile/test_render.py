@@ -62,6 +62,25 @@ def test_report_layout(h100):
     assert len(tables(md)) == 5  # budget, regions, CUDA calls, kernels, checks
 
 
+@pytest.mark.parametrize("given, header, rates", [
+    (dict(tokens_per_step=1024, samples_per_step=16), "1,024 tokens/step · 16 samples/step",
+     r"peak memory [^·]+ · \d\.\d{3}M tokens/s · [\d,]+\.\d samples/s$"),
+    (dict(samples_per_step=16), "16 samples/step", r"peak memory [^·]+ · [\d,]+\.\d samples/s$"),
+    ({}, "tokens/step unknown", r"peak memory [^·]+$"),
+])
+def test_samples_per_second_beside_tokens_per_second(cpu, given, header, rates):
+    s = dict(cpu, **given)
+    step_s = s["step_ms"] / 1e3
+    s.update(tokens_per_second=given.get("tokens_per_step", 0) / step_s or None,
+             samples_per_s=given.get("samples_per_step", 0) / step_s or None)
+    md = to_markdown(s)
+    line = next(x for x in md.splitlines() if x.startswith("CPU · torch"))
+    assert line.endswith(header) and ("tokens/step unknown" in md) == (not given)
+    budget = md.split("## 1. Step budget")[1]
+    assert re.search(r"^MFU n/a · " + rates, budget, re.MULTILINE), budget
+    assert json.loads(to_json(s))["samples_per_s"] == s["samples_per_s"]
+
+
 def test_budget_parts_add_up_to_the_step(h100):
     budget = tables(to_markdown(h100))[0]
     assert budget[0] == ["part", "ms/step", "% of step"]
