@@ -4,8 +4,9 @@ Data flows one way. `capture` (the only module that drives torch.profiler) profi
 run, with `sampler` (the host's Python stack) and `provenance` (which lines of train.py each compiled kernel
 came from) beside it, and exports a Chrome trace. `traceio` and `timeline` read and index any such trace;
 `classify` names kernels and their categories; `summary` makes the per-step numbers, with `closures` (the
-optimizer's own work, not a closure's forward and backward run in optimizer.step), `regions` (the model's parts), `roofline` (FLOPs and bytes against the device's peaks, `hardware`), `lines` (time per
-source line) and `kernel_match` (kernels matched across recompiles for diffs);
+optimizer's own work, not a closure's forward and backward run in optimizer.step), `regions` (the model's
+parts), `roofline` (FLOPs and bytes against the device's peaks, `hardware`), `lines` (time per source line)
+and `kernel_match` (kernels matched across recompiles for diffs);
 the `findings` package turns the summary into causes with evidence, gain and fix; `render` writes the Markdown
 report and its JSON twin. `cli_profile` is `research profile TRACE`, the same path on a saved trace.
 `ranks` reads a profile folder of several ranks (torchrun: `rank-<k>.trace.json.gz`, HTA's `rank-<k>.json`, or
