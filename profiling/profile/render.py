@@ -1,14 +1,16 @@
 """Pure: a profile summary (profiling.profile.summary) -> the Markdown report the agent reads, or JSON.
 
-The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
-header line (device, torch, steps profiled, tokens/step), the GPU's state and the settings that differ from
-torch's defaults (profiling/profile/settings.py: who set each), then 0. the findings (the few causes that cost
-the most, each with its evidence and fix: profiling/profile/findings/), 1. the step budget (parts that add up to
-the step; MFU; peak memory; GPU memory at the peak by category and the largest micro-batch predicted to fit:
-profiling/profile/gpu_memory.py), where the step goes in the model (regions, forward and backward; see
-profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the top kernels, 3. the checks, 4. what
-changed since the previous profile. A profile of several ranks (profiling/profile/ranks.py) adds, after the findings, a
-row per rank and the skew between them; the other sections are rank 0's.
+The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each; a CPU step
+time that the profiler's cost per operator explains is a `note:` instead), a header line (device, torch,
+steps profiled, tokens/step and samples/step), the GPU's state and the settings that differ from torch's
+defaults (profiling/profile/settings.py: who set each), then 0. the findings (the few causes that cost the
+most, each with its evidence and fix: profiling/profile/findings/), 1. the step budget (parts that add up to
+the step; MFU; peak memory; tokens/s and samples/s; GPU memory at the peak by category and the largest
+micro-batch predicted to fit: profiling/profile/gpu_memory.py), where the step goes in the model (regions,
+forward and backward; see profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the
+top kernels, 3. the checks, 4. what changed since the previous profile. A profile of several ranks
+(profiling/profile/ranks.py) adds, after the findings, a row per rank and the skew between them; the other
+sections are rank 0's.
 Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
 """
 import json
@@ -56,10 +58,18 @@ def to_json(summary):
     return json.dumps(summary, indent=2, allow_nan=False)
 
 
+def _failed(check):
+    """A failed check's line at the top: CHECK FAILED, or a note where the failure is explained (the CPU
+    profiler's cost per operator: summary._check_step_time)."""
+    if check.get("explained"):
+        return f"note: {check['name']}: {check['detail']}; {check['explained']}"
+    return f"CHECK FAILED: {check['name']}: {check['detail']}"
+
+
 def to_markdown(summary, previous=None, top=10):
     """The report as Markdown. `previous`: an earlier summary to compare with (section 4), or None."""
     cpu = summary.get("kind") == "cpu"
-    lines = [f"CHECK FAILED: {c['name']}: {c['detail']}" for c in summary.get("checks", []) if not c["ok"]]
+    lines = [_failed(c) for c in summary.get("checks", []) if not c["ok"]]
     if cpu:
         lines.append(CPU_NOTE)
     lines += [f"note: {note}" for note in summary.get("notes") or ()]
@@ -483,7 +493,8 @@ def _kernels(s, top):
 
 
 def _checks(s):
-    rows = [[_cell(c["name"]), "ok" if c["ok"] else "FAILED", _cell(c["detail"])] for c in s.get("checks", [])]
+    rows = [[_cell(c["name"]), "ok" if c["ok"] else "explained" if c.get("explained") else "FAILED",
+             _cell("; ".join(filter(None, (c["detail"], c.get("explained")))))] for c in s.get("checks", [])]
     return ["## 3. Checks", _table(["check", "result", "detail"], rows)]
 
 

@@ -59,7 +59,9 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       ms/step descending (CPU profile: operators by self
                                                       time, no roofline fields)
     not_counted                                       device events left out, by reason
-    checks                                            [{name, ok, detail}]
+    checks                                            [{name, ok, detail, explained?}]: `explained`, on
+                                                      a failed CPU step-time check, says the profiler's
+                                                      cost per operator accounts for the excess
     findings                                          the causes that cost the most (profiling/profile/findings/):
                                                       [{kind, ms_per_step, pct_of_step, evidence, fix}]
     regions                                           where the step goes in the model (profiling/profile/regions.py):
@@ -157,6 +159,12 @@ __all__ = ["META_KEY", "check_trace", "diff", "load_summary", "load_trace", "sum
 VERSION = 1
 META_KEY = "autoresearch"
 STEP_TOLERANCE = 0.03   # profiled vs unprofiled step time
+# The CPU profiler's own cost per operator it records (record_shapes=True, as the capture records): 7.3 and 7.6
+# us (21 once, under load), measured on this project's shared 2-core CPU machine with torch 2.11 as a loop of
+# 2,000 torch.add on 8 floats, profiled against not (median of 5 runs each). A small model's CPU step records
+# thousands of operators (tests/data/cpu-gpt-2steps: 4,671, +17.9 ms profiled = 3.8 us each): a CPU excess
+# within the step's operators x this is the profiler's fixed cost, not a distortion of the program.
+CPU_US_PER_OP = 8.0
 OTHER_LIMIT = 0.01      # at most this share of device time may stay uncategorised
 MIN_KNOWN_PERCENT = 50  # the step's bound is stated only where this share of device time has a known work
 LAUNCH_WORDS = ("launch", "memcpy", "memset")  # runtime calls that must produce a device event
@@ -370,7 +378,7 @@ def _summarize_cpu(ix, meta):
              kernels=_kernel_rows(rows, n, step_ms, readable=False), kernels_total=len(rows),
              not_counted={}, findings=[], regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}),
              lines=lines.cpu_table(ix, placed, meta, step_ms))
-    s["checks"] = [_check_counts(counts, "CPU ops"), _check_step_time(step_ms, meta)]
+    s["checks"] = [_check_counts(counts, "CPU ops"), _check_step_time(step_ms, meta, round(sum(counts) / n))]
     return s
 
 
@@ -452,15 +460,23 @@ def _check_counts(counts, what):
     return _check(f"{what} per step", False, "differ across steps: " + ", ".join(map(str, counts)))
 
 
-def _check_step_time(step_ms, meta):
+def _check_step_time(step_ms, meta, cpu_ops=None):
+    """Profiled against unprofiled step time. On the CPU (`cpu_ops`: operators per step) an excess the
+    profiler's fixed cost per operator accounts for is `explained`: that check cannot hold there."""
     ref = meta.get("unprofiled_step_ms")
     name = "profiled vs unprofiled step time"
     if not num(ref) or ref <= 0:
         return _check(name, True, f"not measured (no {META_KEY}.unprofiled_step_ms in the trace; give your own "
                       "with --unprofiled-ms)")
     change = step_ms / ref - 1
-    return _check(name, abs(change) <= STEP_TOLERANCE, f"{step_ms:.2f} ms profiled vs {ref:.2f} ms "
-                  f"unprofiled ({100 * change:+.1f}%, limit ±{100 * STEP_TOLERANCE:.0f}%)")
+    c = _check(name, abs(change) <= STEP_TOLERANCE, f"{step_ms:.2f} ms profiled vs {ref:.2f} ms "
+               f"unprofiled ({100 * change:+.1f}%, limit ±{100 * STEP_TOLERANCE:.0f}%)")
+    excess = step_ms - ref
+    if not c["ok"] and cpu_ops and 0 < excess <= cpu_ops * CPU_US_PER_OP / 1e3:
+        c["explained"] = (f"{cpu_ops:,} operators/step x {1e3 * excess / cpu_ops:.1f} us = the {excess:.2f} ms "
+                          f"excess, within the CPU profiler's fixed cost per operator (~{CPU_US_PER_OP:g} us "
+                          "measured): on the CPU this check cannot hold")
+    return c
 
 
 def _check_bogus(bogus):

@@ -99,6 +99,17 @@ def with_meta(trace, **meta):
     return trace
 
 
+@pytest.mark.parametrize("unprofiled, explained", [(67.53, True), (40.0, False), (100.0, False)])
+def test_cpu_step_time_excess_within_the_profilers_cost_per_operator(unprofiled, explained):
+    # cpu-gpt-2steps: 85.40 ms profiled, 4,671 operators/step: up to 4,671 x 8 us = 37.4 ms is the profiler's
+    s = summarize(load_trace(os.path.join(DATA, "cpu-gpt-2steps.trace.json.gz")), unprofiled_ms=unprofiled)
+    c = check(s, "profiled vs unprofiled step time")
+    assert not c["ok"] and ("explained" in c) == explained
+    if explained:
+        assert c["explained"].startswith("4,671 operators/step x 3.8 us = the 17.87 ms excess, within the CPU "
+                                         "profiler's fixed cost per operator (~8 us measured)")
+
+
 def test_samples_per_second_beside_tokens():
     s = summarize(with_meta(load_trace(CPU), samples_per_step=256))
     assert s["samples_per_step"] == 256 and s["tokens_per_second"] is None
