@@ -59,6 +59,7 @@ class Profiler:
     model: the nn.Module being trained, several (a list, or a dict of name -> module), or None (then the
         report has no regions of the model, and says so). Its parameters' names and shapes place the GEMMs.
     tokens_per_step: tokens one optimizer step processes (for tokens/s), or None.
+    samples_per_step: samples (images, sequences) one optimizer step processes (for samples/s), or None.
     flops_per_token: model FLOPs per token (for MFU), or None: then MFU is computed from the FLOPs the trace
         shows (GEMMs and attention, from their recorded shapes).
     warmup_steps, timed_steps, profiler_warmup_steps, active_steps: the schedule above.
@@ -74,9 +75,12 @@ class Profiler:
 
     def __init__(self, model=None, *, tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
                  profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None, out_dir=None,
-                 reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None):
+                 reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None,
+                 samples_per_step=None):
         self.parameters = _parameters(model)
         _check_count("tokens_per_step", tokens_per_step, minimum=1, optional=True)
+        _check_count("samples_per_step", samples_per_step, minimum=1, optional=True)
+        self.samples_per_step = samples_per_step
         _check_count("micro_batch", micro_batch, minimum=1, optional=True)
         if memory not in (None, True, False):
             raise ValueError(f"memory must be True, False or None, not {memory!r}")
@@ -191,6 +195,8 @@ class Profiler:
             meta["micro_batch"] = self.micro_batch
         if self.tokens_per_step:
             meta["tokens_per_step"] = self.tokens_per_step // n  # a rank's trace: its share
+        if self.samples_per_step:
+            meta["samples_per_step"] = self.samples_per_step // n
         if self.flops_per_token and self.tokens_per_step:
             meta["flops_per_step"] = self.flops_per_token * self.tokens_per_step / n
         meta.update(self.metadata)

@@ -6,7 +6,8 @@ Categories (the rules, applied in this order; the first that matches wins):
    `ncclKernel_...`: every name starting `nccl`); on the CPU, the c10d and gloo collectives (`c10d::allreduce_`,
    `gloo:all_reduce`, `record_param_comms`, the functional `_c10d_functional::all_reduce` and its
    `wait_tensor`). DDP's own bucket copies and gradient division (`...reducer::...`) stay compute.
-1. `optimizer`: launched inside an optimizer annotation window (decided by the caller, see summary.py),
+1. `optimizer`: launched inside an optimizer annotation window (decided by the caller, see summary.py; a
+   closure's forward and backward inside `optimizer.step(closure)` are not: closures.py),
    or a name that names an optimizer (adam, muon, lamb, lion, sgd, optimizer).
 2. `memory`: device memcpy/memset records (`gpu_memcpy`, `gpu_memset`); on CPU, allocation and copy ops.
 3. `attention`: flex/flash/fused attention kernels, including Triton kernels that fused an attention op.

@@ -1,7 +1,7 @@
 """`research profile TRACE`: where each training step's time goes, from any torch.profiler Chrome trace.
 
-TRACE may be a profile folder: one trace per rank (rank-<k>.trace.json.gz, or rank-<k>.json as Holistic Trace
-Analysis reads) gives one report for all ranks (profiling/profile/ranks.py); a folder with trace.json.gz, that trace.
+TRACE may be a profile folder: one trace per rank (rank-<k>.trace.json.gz, rank-<k>.json as Holistic Trace
+Analysis reads, or tensorboard_trace_handler's <worker>.<time_ns>.pt.trace.json[.gz]) gives one report for all ranks (profiling/profile/ranks.py); a folder with trace.json.gz, that trace.
 A thin layer over profiling.profile.summary, profiling.profile.ranks and profiling.profile.render; the main CLI (profiling/cli.py) registers it with
 `add_subparser` and turns a UserError into `research: error: <message>` and exit status 2.
 """
@@ -40,7 +40,8 @@ def add_subparser(subparsers):
                     "machine): per-step time by category, GPU idle, top kernels and checks, as Markdown. A profile "
                     "folder with one trace per rank (torchrun) gives one report for all ranks.")
     p.add_argument("trace", metavar="TRACE", help="the trace file (.json or .json.gz), or a profile folder: "
-                   "rank-<k>.trace.json.gz or rank-<k>.json[.gz] per rank, or trace.json.gz")
+                   "rank-<k>.trace.json.gz or rank-<k>.json[.gz] per rank, tensorboard_trace_handler's "
+                   "<worker>.<time>.pt.trace.json[.gz], or trace.json.gz")
     p.add_argument("--top", type=_count, metavar="N",
                    help=f"list the top N kernels (default {DEFAULT_TOP} in Markdown, all in JSON)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of Markdown")

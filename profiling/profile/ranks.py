@@ -6,6 +6,12 @@
 The folder holds `rank-<k>.trace.json.gz` (the capture under torchrun) or `rank-<k>.json` / `rank-<k>.json.gz`
 (the names Holistic Trace Analysis reads, so other scripts' traces work), k = 0..N-1, none missing. A folder
 with a single `trace.json.gz` is a single-process profile: its summary, exactly as for the file.
+A folder of torch.profiler's `tensorboard_trace_handler` files, `<worker>.<time_ns>.pt.trace.json[.gz]` (worker
+`<hostname>_<pid>` unless the script names it, often `rank{rank}`), is read too: each worker's latest file
+(several cycles of one worker: the latest, said in a note); its rank the one the trace records (kineto's
+`distributedInfo` when torch.distributed was initialized, or the capture's own), else the number in the worker
+name (rank3, worker_3) where those run 0..N-1, else the workers in the order of those numbers (pids), else in
+name order; said in a note unless the traces recorded it. One worker's file: its summary, as a single trace.
 
 Each rank's trace is summarized on its own (profiling/profile/summary.py). The result is rank 0's summary (rank
 0 speaks, and a --previous comparison diffs the same rank), its findings joined by `exposed_communication` and
@@ -36,6 +42,9 @@ from profiling.profile.findings.contract import finding, rule
 from profiling.profile.traceio import attribute, by_thread, index, merge, num, step_windows, union_length
 
 RANK_FILE = re.compile(r"^rank-(\d+)(\.trace)?\.json(\.gz)?$")
+WORKER_FILE = re.compile(r"^(.+)\.(\d+)\.pt\.trace\.json(\.gz)?$")  # tensorboard_trace_handler: worker.time_ns
+LAST_NUMBER = re.compile(r"(\d+)\D*$")
+SEPARATE_RUNS = "; if these files are separate runs, not ranks, give `research profile` one file"
 SINGLE = ("trace.json.gz", "trace.json")
 STRAGGLER_SHARE = 0.10  # work spread below this share of the step is taken for noise: the two ranks of the
                         # balanced CPU fixture (tests/data/cpu-ddp-2ranks) differ by 9% (cores of unequal speed)
@@ -49,7 +58,8 @@ SHOWN = 3               # collectives, parts and operators named in a finding's 
 # ---------------------------------------------------------------------------------------------------------
 
 def rank_files(folder):
-    """{rank: path} of a profile folder's per-rank traces; None for a single-process folder (trace.json.gz).
+    """{rank: path} of a profile folder's per-rank traces; None for a single-process folder (trace.json.gz) or
+    one of tensorboard_trace_handler files (summarize_folder reads their ranks from the traces).
     UserError (one line) for an empty folder, a rank missing or a rank twice."""
     try:
         names = sorted(os.listdir(folder))
@@ -65,11 +75,12 @@ def rank_files(folder):
                                 "keep one")
             files[k] = os.path.join(folder, name)
     if not files:
-        if any(n in names for n in SINGLE):
+        if any(n in names for n in SINGLE) or worker_files(names)[0]:
             return None
         raise UserError(f"{folder}: no traces in this folder; expected rank-<k>.trace.json.gz (one per rank, "
                         "as train.py --profile under torchrun writes), rank-<k>.json[.gz] (as Holistic Trace "
-                        "Analysis reads) or trace.json.gz")
+                        "Analysis reads), <worker>.<time>.pt.trace.json[.gz] (as tensorboard_trace_handler "
+                        "writes) or trace.json.gz")
     missing = sorted(set(range(max(files) + 1)) - set(files))
     if missing:
         raise UserError(f"{folder}: no trace for rank {_list(missing)} (found rank {_list(sorted(files))}); every "
@@ -91,7 +102,9 @@ def summarize_folder(folder, top=None, unprofiled_ms=None):
     summary as is. Traces are read one at a time. `top`: as summary.summarize (rank 0's kernel rows)."""
     files = rank_files(folder)
     if files is None:
-        single = next(os.path.join(folder, n) for n in SINGLE if os.path.exists(os.path.join(folder, n)))
+        single = next((os.path.join(folder, n) for n in SINGLE if os.path.exists(os.path.join(folder, n))), None)
+        if single is None:
+            return _summarize_workers(folder, *worker_files(sorted(os.listdir(folder))), top, unprofiled_ms)
         return summary.summarize(summary.load_trace(single), top, unprofiled_ms)
     sums, rows = [], []
     for k, path in sorted(files.items()):
@@ -102,6 +115,106 @@ def summarize_folder(folder, top=None, unprofiled_ms=None):
         rows.append(rank_row(k, trace, s))
         del trace
     return combine(sums, rows, top)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A folder of tensorboard_trace_handler files
+# ---------------------------------------------------------------------------------------------------------
+
+def worker_files(names):
+    """({worker: file name}, the number of older files left out): the latest tensorboard_trace_handler file
+    (`<worker>.<time_ns>.pt.trace.json[.gz]`) of each worker among `names`, workers in name order."""
+    latest, older = {}, 0
+    for name in names:
+        m = WORKER_FILE.match(name)
+        if not m:
+            continue
+        worker, ns = m.group(1), int(m.group(2))
+        older += worker in latest
+        if worker not in latest or ns > latest[worker][0]:
+            latest[worker] = (ns, name)
+    return {w: latest[w][1] for w in sorted(latest)}, older
+
+
+def worker_ranks(workers, recorded):
+    """(each worker's rank, how they were found: None when the traces recorded them). `workers`: the worker
+    names; `recorded`: the rank each one's trace records, or None. UserError when the recorded ranks leave
+    one out."""
+    n = len(workers)
+    if all(num(r) for r in recorded):
+        twice = sorted({r for r in recorded if recorded.count(r) > 1})
+        if twice:
+            raise UserError(f"several workers' traces record rank {_list(twice)}: files of different runs; keep "
+                            "one run's files")
+        missing = sorted(set(range(max(recorded) + 1)) - set(recorded))
+        if missing:
+            raise UserError(f"no trace for rank {_list(missing)} (the traces record rank {_list(sorted(recorded))}); "
+                            "copy every rank's trace here or profile again")
+        return list(recorded), None
+    numbers = [LAST_NUMBER.search(w) for w in workers]
+    values = [int(m.group(1)) for m in numbers] if all(numbers) else []
+    if sorted(values) == list(range(n)):
+        return values, "ranks read from the worker names (the traces record none)"
+    if len(set(values)) == n:
+        return _order(values), ("ranks numbered in the order of the numbers in the worker names (not 0..N-1: "
+                                "process ids?), the traces recording none" + SEPARATE_RUNS)
+    return _order(workers), "ranks numbered in file-name order: neither the traces nor the names give them" \
+        + SEPARATE_RUNS
+
+
+def _order(keys):
+    """Each key's position when the keys are sorted."""
+    by = sorted(range(len(keys)), key=lambda i: keys[i])
+    return [by.index(i) for i in range(len(keys))]
+
+
+def _recorded_rank(trace):
+    """(rank, world size) the trace records: kineto's `distributedInfo` (torch.distributed initialized), else
+    this capture's metadata; None where absent."""
+    for key in ("distributedInfo", summary.META_KEY):
+        info = trace.get(key)
+        if isinstance(info, dict) and num(info.get("rank")):
+            return info["rank"], info.get("world_size") if num(info.get("world_size")) else None
+    return None, None
+
+
+def _summarize_workers(folder, workers, older, top, unprofiled_ms):
+    """The result of a folder of tensorboard_trace_handler files (module docstring); one worker's: its summary."""
+    sums, rows, recorded, worlds = [], [], [], set()
+    for name in workers.values():
+        trace = summary.load_trace(os.path.join(folder, name))
+        rank, world = _recorded_rank(trace)
+        recorded.append(rank)
+        worlds.add(world)
+        sums.append(summary.summarize(trace, unprofiled_ms=unprofiled_ms))
+        rows.append(rank_row(rank, trace, sums[-1]))
+        del trace
+    notes = [f"{older} older tensorboard_trace_handler file{'s' * (older > 1)} of the same worker{'s' * (older > 1)} "
+             "left out: each worker's latest is read"] if older else []
+    if len(sums) == 1:
+        rank, world = recorded[0], next(iter(worlds))
+        one = [f"the folder holds one worker's trace: rank {rank} of {world}"] if world and world > 1 else []
+        return _with_notes(sums[0], notes + one, top)
+    try:
+        ranks, how = worker_ranks(list(workers), recorded)
+    except UserError as e:
+        raise UserError(f"{folder}: {e}") from None
+    world = max((w for w in worlds if w and w != len(sums)), default=None)
+    if world:
+        raise UserError(f"{folder}: the run had {world} ranks (recorded in the traces) but the folder holds "
+                        f"{len(sums)} workers' traces; copy every rank's trace here or profile again")
+    for row, rank in zip(rows, ranks):
+        row["rank"] = rank
+    order = sorted(range(len(ranks)), key=lambda i: ranks[i])
+    result = combine([sums[i] for i in order], [rows[i] for i in order], top)
+    return _with_notes(result, notes + ([how] if how else []), top)
+
+
+def _with_notes(result, notes, top):
+    result = dict(result, notes=list(result.get("notes") or []) + notes)
+    if top is not None:
+        result["kernels"] = result["kernels"][:max(0, top)]
+    return result
 
 
 def _check_meta(trace, k, n, path):

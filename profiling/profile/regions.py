@@ -8,10 +8,11 @@ unattributed) are split into forward and backward.
 
 Each device event (CPU profile: each operator's self time) is placed by the first rule that applies:
 
-1. The step budget's own categories: `optimizer` (launched inside the optimizer annotation window, or
-   named for an optimizer), `memory` (memcpy/memset records) and `communication` (NCCL kernels, c10d/gloo
-   collectives) -> optimizer, data movement, communication; `attention`
-   kernels (flex/flash/fused attention) -> attention. So these rows match the budget.
+1. The step budget's own categories: `optimizer` (launched inside the optimizer annotation window but not
+   by a closure's forward or backward run in it (closures.py), or named for an optimizer), `memory`
+   (memcpy/memset records) and `communication` (NCCL kernels, c10d/gloo collectives) -> optimizer, data
+   movement, communication; `attention` kernels (flex/flash/fused attention) -> attention. So these rows
+   match the budget.
 2. GEMMs (the budget's GEMM kernels, or launched by aten::mm/addmm/bmm/linear/...): by the weight they
    multiply. The launching operator is found by the launch's `External id`; with record_shapes=True it
    has its input shapes. Every matrix operand (not addmm's bias: [768] is also every norm's shape), and the

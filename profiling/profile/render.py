@@ -1,14 +1,16 @@
 """Pure: a profile summary (profiling.profile.summary) -> the Markdown report the agent reads, or JSON.
 
-The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each), a
-header line (device, torch, steps profiled, tokens/step), the GPU's state and the settings that differ from
-torch's defaults (profiling/profile/settings.py: who set each), then 0. the findings (the few causes that cost
-the most, each with its evidence and fix: profiling/profile/findings/), 1. the step budget (parts that add up to
-the step; MFU; peak memory; GPU memory at the peak by category and the largest micro-batch predicted to fit:
-profiling/profile/gpu_memory.py), where the step goes in the model (regions, forward and backward; see
-profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the top kernels, 3. the checks, 4. what
-changed since the previous profile. A profile of several ranks (profiling/profile/ranks.py) adds, after the findings, a
-row per rank and the skew between them; the other sections are rank 0's.
+The report, in the order the agent needs it: failed checks first (one `CHECK FAILED:` line each; a CPU step
+time that the profiler's cost per operator explains is a `note:` instead), a header line (device, torch,
+steps profiled, tokens/step and samples/step), the GPU's state and the settings that differ from torch's
+defaults (profiling/profile/settings.py: who set each), then 0. the findings (the few causes that cost the
+most, each with its evidence and fix: profiling/profile/findings/), 1. the step budget (parts that add up to
+the step; MFU; peak memory; tokens/s and samples/s; GPU memory at the peak by category and the largest
+micro-batch predicted to fit: profiling/profile/gpu_memory.py), where the step goes in the model (regions,
+forward and backward; see profiling/profile/regions.py) and by source line (profiling/profile/lines.py), 2. the
+top kernels, 3. the checks, 4. what changed since the previous profile. A profile of several ranks
+(profiling/profile/ranks.py) adds, after the findings, a row per rank and the skew between them; the other
+sections are rank 0's.
 Tables are GitHub Markdown (tabulate, tablefmt="github"); every number is per step.
 """
 import json
@@ -56,10 +58,18 @@ def to_json(summary):
     return json.dumps(summary, indent=2, allow_nan=False)
 
 
+def _failed(check):
+    """A failed check's line at the top: CHECK FAILED, or a note where the failure is explained (the CPU
+    profiler's cost per operator: summary._check_step_time)."""
+    if check.get("explained"):
+        return f"note: {check['name']}: {check['detail']}; {check['explained']}"
+    return f"CHECK FAILED: {check['name']}: {check['detail']}"
+
+
 def to_markdown(summary, previous=None, top=10):
     """The report as Markdown. `previous`: an earlier summary to compare with (section 4), or None."""
     cpu = summary.get("kind") == "cpu"
-    lines = [f"CHECK FAILED: {c['name']}: {c['detail']}" for c in summary.get("checks", []) if not c["ok"]]
+    lines = [_failed(c) for c in summary.get("checks", []) if not c["ok"]]
     if cpu:
         lines.append(CPU_NOTE)
     lines += [f"note: {note}" for note in summary.get("notes") or ()]
@@ -97,7 +107,7 @@ def _unprofiled_view(s):
     idle = max(0.0, u - (step - s["idle_ms"]))
     v = dict(s, step_ms=u, idle_ms=idle, idle_percent=100 * idle / u, categories=dict(s["categories"], idle=idle),
              distorted={"profiled_step_ms": step, "profiled_idle_ms": s["idle_ms"]})
-    for key in ("mfu_percent", "tokens_per_second"):
+    for key in ("mfu_percent", "tokens_per_second", "samples_per_s"):
         v[key] = s[key] * step / u if s.get(key) else s.get(key)
     if s.get("regions"):
         rows = [dict(r, ms_per_step=idle) if r["region"] == "GPU idle" else r for r in s["regions"]["rows"]]
@@ -108,17 +118,28 @@ def _unprofiled_view(s):
 
 
 def _header(s):
-    tokens = s.get("tokens_per_step")
     parts = [s.get("device") or "unknown device", f"torch {s.get('torch') or 'unknown'}",
              "1 window, no step markers" if s.get("window") == "whole trace"
-             else f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled",
-             f"{tokens:,} tokens/step" if isinstance(tokens, int) else "tokens/step unknown"]
+             else f"{s['steps']} step{'s' * (s['steps'] != 1)} profiled"] + _per_step(s)
     if s.get("commit"):
         parts.append(f"commit {s['commit']}")
     if "ranks" in s:
         parts.append(f"rank {s['report_rank']} of {s['world_size']} (every section but Ranks is rank "
                      f"{s['report_rank']}'s)")
     return " · ".join(parts)
+
+
+def _per_step(s):
+    """What one step processes: tokens, samples, both; `tokens/step unknown` when neither was given."""
+    given = [f"{s[key]:,} {what}/step" for key, what in (("tokens_per_step", "tokens"),
+                                                          ("samples_per_step", "samples")) if isinstance(s.get(key), int)]
+    return given or ["tokens/step unknown"]
+
+
+def _throughput(s):
+    """tokens/s and samples/s, those known."""
+    rates = [f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s"] if s.get("tokens_per_second") else []
+    return rates + ([f"{s['samples_per_s']:,.1f} samples/s"] if s.get("samples_per_s") else [])
 
 
 RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host stacks sampled every 2 ms"),
@@ -193,8 +214,7 @@ def _budget(s):
     basis = " (the trace's GEMM and attention FLOPs; no model FLOPs given)" if s.get("mfu_basis") == "trace" else ""
     extras = [f"MFU {_num(s.get('mfu_percent'), '.1f')}%{basis}" if s.get("mfu_percent") is not None else "MFU n/a",
               _peak_memory(s)]
-    if s.get("tokens_per_second"):
-        extras.append(f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s")
+    extras += _throughput(s)
     distorted = s.get("distorted")
     note = [f"note: profiled {_ms(distorted['profiled_step_ms'])} ms/step with {_ms(distorted['profiled_idle_ms'])} "
             "ms of GPU idle: the profiler's host cost; above, the unprofiled step and the idle left after the "
@@ -473,7 +493,8 @@ def _kernels(s, top):
 
 
 def _checks(s):
-    rows = [[_cell(c["name"]), "ok" if c["ok"] else "FAILED", _cell(c["detail"])] for c in s.get("checks", [])]
+    rows = [[_cell(c["name"]), "ok" if c["ok"] else "explained" if c.get("explained") else "FAILED",
+             _cell("; ".join(filter(None, (c["detail"], c.get("explained")))))] for c in s.get("checks", [])]
     return ["## 3. Checks", _table(["check", "result", "detail"], rows)]
 
 

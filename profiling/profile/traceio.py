@@ -92,6 +92,7 @@ class Index:
     def __init__(self):
         self.steps = []        # (start, end, name), sorted by start
         self.optimizer = []    # (start, end) of optimizer annotation windows, merged
+        self.optimizer_marks = []  # the optimizer annotations themselves (closures.own_windows cuts closures out)
         self.launches = {}     # correlation -> launch event
         self.device = []       # device events
         self.cpu_ops = []
@@ -119,7 +120,7 @@ def corr(e):
 
 def index(events):
     """One pass over the events: steps, optimizer windows, launches by correlation, device events, CPU ops."""
-    ix, optimizer, lo, hi = Index(), [], None, None
+    ix, lo, hi = Index(), None, None
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -144,7 +145,7 @@ def index(events):
         elif name.startswith(STEP_PREFIX):
             ix.steps.append((ts, ts + dur, name))
         elif name.lower().startswith("optimizer"):
-            optimizer.append((ts, ts + dur))
+            ix.optimizer_marks.append(e)
         elif cat == "cpu_op":
             ix.cpu_ops.append(e)
         elif name.startswith(GRAPH_CALL_PREFIX):
@@ -154,7 +155,7 @@ def index(events):
     ix.steps.sort()
     if not ix.steps and lo is not None and (ix.device or ix.cpu_ops):  # no markers (a trace made without a
         ix.steps, ix.whole = [(lo, hi, WHOLE_TRACE)], True          # schedule): the host's whole span, one step
-    ix.optimizer = merge(optimizer)
+    ix.optimizer = merge((m["ts"], m["ts"] + m["dur"]) for m in ix.optimizer_marks)
     if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
         ix.span = (lo, hi + max(hi - lo, 1e6))
     return ix

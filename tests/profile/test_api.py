@@ -82,10 +82,11 @@ def test_the_function_form_and_a_model_of_none(out):
         opt.step()
         opt.zero_grad()
 
-    result = profiling.profile_steps(step, None, out_dir=out, **FAST)
+    result = profiling.profile_steps(step, None, out_dir=out, samples_per_step=4, **FAST)
     assert isinstance(result, profiling.ProfileResult) and os.path.isdir(result.folder)
     assert result.summary["regions"]["parameters"] == 0
-    assert "no parameter shapes" in result.report and "tokens/step unknown" in result.report
+    assert "no parameter shapes" in result.report and " · 4 samples/step" in result.report
+    assert result.summary["samples_per_step"] == 4 and result.summary["samples_per_s"] > 0
 
 
 def test_a_loop_shorter_than_the_schedule_warns_and_keeps_nothing_half_written(out):
@@ -103,6 +104,7 @@ def test_a_loop_shorter_than_the_schedule_warns_and_keeps_nothing_half_written(o
     (dict(model=[nn.Linear(2, 2), "x"]), "model must be a torch.nn.Module"),
     (dict(tokens_per_step=0), "tokens_per_step must be an integer of at least 1"),
     (dict(tokens_per_step=2.5), "tokens_per_step must be an integer"),
+    (dict(samples_per_step=0), "samples_per_step must be an integer of at least 1"),
     (dict(flops_per_token=-1), "flops_per_token must be a positive number"),
     (dict(active_steps=0), "active_steps must be an integer of at least 1"),
     (dict(warmup_steps=-1), "warmup_steps must be an integer of at least 0"),

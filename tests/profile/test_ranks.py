@@ -70,7 +70,8 @@ def test_both_namings_and_the_single_trace_folder(tmp_path, results):
 
 
 def test_folder_errors_name_the_problem(tmp_path):
-    with pytest.raises(UserError, match="no traces in this folder; expected rank-<k>.trace.json.gz"):
+    with pytest.raises(UserError, match="no traces in this folder; expected rank-<k>.trace.json.gz.*"
+                                        r"<worker>.<time>.pt.trace.json\[.gz\] \(as tensorboard_trace_handler"):
         summarize_folder(str(tmp_path))
     for k in (0, 2):
         shutil.copy(os.path.join(BALANCED, "rank-0.trace.json.gz"), tmp_path / f"rank-{k}.trace.json.gz")
@@ -149,6 +150,83 @@ def test_cli_reads_a_folder(capsys):
     assert main(["profile", COMM, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["world_size"] == 2 and len(data["ranks"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A folder of tensorboard_trace_handler files: <worker>.<time_ns>.pt.trace.json[.gz]
+
+@pytest.fixture(scope="module")
+def balanced_traces():
+    return [load_trace(os.path.join(BALANCED, f"rank-{k}.trace.json.gz")) for k in (0, 1)]
+
+
+def unranked(trace):
+    """The trace as a script without torch.distributed's record or this capture's metadata writes it."""
+    return {k: v for k, v in trace.items() if k not in ("distributedInfo", "autoresearch")}
+
+
+def write_workers(folder, files):
+    folder.mkdir()
+    for name, trace in files.items():
+        data = json.dumps(trace).encode()
+        (folder / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    return str(folder)
+
+
+def same_rows(got, want):
+    return [dict(r, rank=None) for r in got] == [dict(r, rank=None) for r in want]
+
+
+def test_worker_files_ranks_from_the_traces_latest_cycle(tmp_path, results, balanced_traces):
+    r0, r1 = balanced_traces
+    folder = write_workers(tmp_path / "log", {  # the name order is the opposite of the ranks'
+        "host_200.1700000000000000002.pt.trace.json.gz": r0, "host_100.1700000000000000001.pt.trace.json.gz": r1,
+        "host_100.1600000000000000000.pt.trace.json.gz": r0})  # an older cycle: read, it would be rank 0 twice
+    r = summarize_folder(folder)
+    assert r["world_size"] == 2 and r["ranks"] == results["balanced"]["ranks"]
+    assert r["notes"] == ["1 older tensorboard_trace_handler file of the same worker left out: each worker's "
+                          "latest is read"]
+
+
+@pytest.mark.parametrize("files, note, order", [  # file name -> which trace; which trace is rank 0, rank 1
+    ({"a_rank1.5.pt.trace.json": 1, "b_rank0.6.pt.trace.json.gz": 0}, "ranks read from the worker names", (0, 1)),
+    ({"node_1200.1.pt.trace.json.gz": 0, "node_900.2.pt.trace.json.gz": 1}, "order of the numbers in the", (1, 0)),
+    ({"beta.1.pt.trace.json.gz": 0, "alpha.2.pt.trace.json.gz": 1}, "ranks numbered in file-name order", (1, 0)),
+])
+def test_worker_files_ranks_from_the_names(tmp_path, results, balanced_traces, files, note, order):
+    r = summarize_folder(write_workers(tmp_path / "log", {n: unranked(balanced_traces[k]) for n, k in files.items()}))
+    assert [x["rank"] for x in r["ranks"]] == [0, 1] and any(note in n for n in r["notes"])
+    want = results["balanced"]["ranks"]
+    assert same_rows(r["ranks"], [want[k] for k in order])
+    assert ("separate runs" in " ".join(r["notes"])) == ("worker names" not in note)
+
+
+def test_one_worker_is_a_single_trace(tmp_path, balanced_traces):
+    folder = write_workers(tmp_path / "log", {"rank0.1.pt.trace.json.gz": balanced_traces[0]})
+    r = summarize_folder(folder)
+    assert "ranks" not in r and r["notes"] == ["the folder holds one worker's trace: rank 0 of 2"]
+    assert dict(r, notes=[]) == summarize(balanced_traces[0])
+
+
+def test_worker_files_errors_name_the_problem(tmp_path, balanced_traces):
+    r0, r1 = balanced_traces
+    with pytest.raises(UserError, match="several workers' traces record rank 0: files of different runs"):
+        summarize_folder(write_workers(tmp_path / "twice", {"a_1.1.pt.trace.json.gz": r0,
+                                                             "a_2.1.pt.trace.json.gz": r0}))
+    r2 = dict(r1, distributedInfo=dict(r1["distributedInfo"], rank=2, world_size=3))
+    with pytest.raises(UserError, match=r"no trace for rank 1 \(the traces record rank 0, 2\)"):
+        summarize_folder(write_workers(tmp_path / "gap", {"a.1.pt.trace.json.gz": r0, "b.1.pt.trace.json.gz": r2}))
+    r3 = dict(r1, distributedInfo=dict(r1["distributedInfo"], world_size=3))
+    with pytest.raises(UserError, match="the run had 3 ranks .* holds 2 workers' traces"):
+        summarize_folder(write_workers(tmp_path / "few", {"a.1.pt.trace.json.gz": r0, "b.1.pt.trace.json.gz": r3}))
+
+
+def test_cli_reads_a_worker_folder(tmp_path, capsys, balanced_traces):
+    folder = write_workers(tmp_path / "log", {f"rank{k}.{k}.pt.trace.json.gz": unranked(t)
+                                              for k, t in enumerate(balanced_traces)})
+    assert main(["profile", folder]) == 0
+    out = capsys.readouterr().out
+    assert "## Ranks (2): the step on each rank" in out and "note: ranks read from the worker names" in out
 
 
 # ---------------------------------------------------------------------------------------------------------

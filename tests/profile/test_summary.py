@@ -99,6 +99,23 @@ def with_meta(trace, **meta):
     return trace
 
 
+@pytest.mark.parametrize("unprofiled, explained", [(67.53, True), (40.0, False), (100.0, False)])
+def test_cpu_step_time_excess_within_the_profilers_cost_per_operator(unprofiled, explained):
+    # cpu-gpt-2steps: 85.40 ms profiled, 4,671 operators/step: up to 4,671 x 8 us = 37.4 ms is the profiler's
+    s = summarize(load_trace(os.path.join(DATA, "cpu-gpt-2steps.trace.json.gz")), unprofiled_ms=unprofiled)
+    c = check(s, "profiled vs unprofiled step time")
+    assert not c["ok"] and ("explained" in c) == explained
+    if explained:
+        assert c["explained"].startswith("4,671 operators/step x 3.8 us = the 17.87 ms excess, within the CPU "
+                                         "profiler's fixed cost per operator (~8 us measured)")
+
+
+def test_samples_per_second_beside_tokens():
+    s = summarize(with_meta(load_trace(CPU), samples_per_step=256))
+    assert s["samples_per_step"] == 256 and s["tokens_per_second"] is None
+    assert s["samples_per_s"] == pytest.approx(256 / (s["step_ms"] / 1e3), rel=1e-3)
+
+
 def test_metadata_header_and_step_time_check():
     trace = load_trace(H100)
     s = summarize(with_meta(trace, unprofiled_step_ms=88.5, tokens_per_step=131072, torch="2.11.0",
@@ -108,6 +125,7 @@ def test_metadata_header_and_step_time_check():
     assert s["mfu_percent"] == pytest.approx(100 * 4e13 / (s["step_ms"] / 1e3) / 989.5e12, abs=1e-3)
     assert s["tokens_per_second"] == pytest.approx(131072 / (s["step_ms"] / 1e3), rel=1e-6)
     assert check(s, "profiled vs unprofiled step time")["ok"]
+    assert s["samples_per_step"] is None and s["samples_per_s"] is None  # not given: not made up
     slow = summarize(with_meta(trace, unprofiled_step_ms=80.0, mfu_percent=40.0))
     c = check(slow, "profiled vs unprofiled step time")
     assert not c["ok"] and "+10.6%" in c["detail"]
