@@ -199,7 +199,7 @@ class Eager:
             return None, f"eager{via}, not in the recorded step's sequence of operators"
         i = self.recorded_lines[k]
         if not 0 <= i < len(self.lines):
-            return None, f"eager{via}, called from no line of the project's files"
+            return None, f"eager{via}, from no line of your code (its folder: Profiler(code_roots=[...]))"
         return (self.lines[i],), None
 
     def _backward(self, node):
