@@ -43,6 +43,8 @@ import time
 import warnings
 from typing import NamedTuple
 
+from profiling.profile import whose
+
 PROFILER_WARMUP = 1   # torch.profiler's own start-up step, not recorded
 
 
@@ -69,6 +71,7 @@ class Profiler:
     metadata: more JSON-able facts for the trace's metadata (e.g. {"commit": "abc123"}).
     micro_batch: sequences per forward/backward (for what fits), or None.
     memory: the GPU-memory step after the window (None: on with CUDA; never without it).
+    code_roots: folders of your own code besides the script's folder (profiling/profile/whose.py), or None.
     top: rows of the kernel table. ranks: an object with rank, world_size, first, barrier(), from_first(obj)
         for a several-process run (default: torch.distributed's world when it is initialized).
     """
@@ -76,7 +79,7 @@ class Profiler:
     def __init__(self, model=None, *, tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
                  profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None, out_dir=None,
                  reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None,
-                 samples_per_step=None):
+                 samples_per_step=None, code_roots=None):
         self.parameters = _parameters(model)
         _check_count("tokens_per_step", tokens_per_step, minimum=1, optional=True)
         _check_count("samples_per_step", samples_per_step, minimum=1, optional=True)
@@ -99,6 +102,7 @@ class Profiler:
             raise ValueError(f"metadata must be a dict, not {type(metadata).__name__}")
         if isinstance(reference, (str, os.PathLike)) and not os.path.isfile(reference):
             raise ValueError(f"reference {reference!r} is not a file; give a profile's summary.json")
+        whose.use(code_roots)  # whose lines the report names; ValueError for anything but folders
 
         import torch
         from profiling.profile import provenance
@@ -190,7 +194,8 @@ class Profiler:
         meta = dict(device=device, torch=torch.__version__, peak_flops=hardware.peak_flops(device) if self.cuda
                     else None, unprofiled_step_ms=self.unprofiled_ms,
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
-                    parameters=self.parameters, compiled_before_profiler=self.compiled_before)
+                    parameters=self.parameters, compiled_before_profiler=self.compiled_before,
+                    code_roots=whose.current().roots)
         if self.micro_batch:
             meta["micro_batch"] = self.micro_batch
         if self.tokens_per_step:

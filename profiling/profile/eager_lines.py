@@ -4,15 +4,15 @@ Inductor's provenance places the kernels of compiled graphs (profiling/profile/l
 uncompiled model or part of it (an attention left out of torch.compile), the optimizer's eager operators, copies,
 and the autograd engine's backward of all these. Naming their lines needs the Python stack at each operator, and
 recording stacks during the profiled steps inflates the host (DESIGN.md pitfall 12). So the capture runs one more
-step, untimed, after the profiled ones, with the lines of the project's own files marked in a second, short
+step, untimed, after the profiled ones, with the lines of own code (whose.py) marked in a second, short
 profile (profiling/profile/eager_record.py), and `reduce` keeps of it a small record, the trace metadata's
 `eager_lines`:
 
     {"version": 1,
      "tid": the main thread's id (the trace's tid),
-     "lines": [[file, line, text], ...],   # file relative to the run's folder, as provenance names it
+     "lines": [[file, line, text], ...],   # file as provenance names it (profiling/profile/whose.py)
      "ops": [[name, line index], ...],     # the step's top-level eager operators on the main thread, in call
-                                           # order; line -1: no line of the project's own files around it
+                                           # order; line -1: no own line (whose.py) around it
      "backward": [line index, ...],        # the lines that ran the autograd engine (`loss.backward()`)
      "seconds": wall seconds of that step and its reduction}
 
@@ -199,7 +199,7 @@ class Eager:
             return None, f"eager{via}, not in the recorded step's sequence of operators"
         i = self.recorded_lines[k]
         if not 0 <= i < len(self.lines):
-            return None, f"eager{via}, called from no line of the project's files"
+            return None, f"eager{via}, from no line of your code (its folder: Profiler(code_roots=[...]))"
         return (self.lines[i],), None
 
     def _backward(self, node):

@@ -2,15 +2,17 @@
 
 torch.profiler's own stacks (`with_stack=True`) are no use here: they inflate the host in the timed steps
 (DESIGN.md pitfall 12), and a `python_function` event names its function's first line, not the line that
-called the operator. So the capture runs one more step of training with a line tracer (`sys.settrace`, the
-project's own files only) that wraps the operators each Python line calls in a profiler annotation
+called the operator. So the capture runs one more step of training with a line tracer (`sys.settrace`, own
+files only) that wraps the operators each Python line calls in a profiler annotation
 (`autoresearch line N`), under a second, short, CPU-only profile; eager_lines.reduce keeps of that trace only
 the step's top-level eager operators and their lines (the trace metadata's `eager_lines`, which
 profiling/profile/lines.py reads). The timed trace is untouched.
 
-Own files: under the run's folder, not an installed package and not this package (profiling/): the line of
-train.py that called the optimizer, not the optimizer's code. The tracer's methods call no other Python code
-(only C methods and attribute reads) and TorchDynamo is told to skip them: a trace function runs inside
+Own files: the user's code and installed model code as profiling/profile/whose.py decides (the script's folder
+and Profiler(code_roots=...); a `forward` of an installed package, a transformers `modeling_*.py`), never this
+package (profiling/): the line of train.py that called the optimizer, not the optimizer's code. The tracer's
+methods call no other Python code than whose.Code.kind (only C methods, attribute reads and string operations)
+and TorchDynamo is told to skip them all: a trace function runs inside
 compiled regions too, where Dynamo's eval-frame hook would try to compile any Python frame (seen: a graph
 break and a warning on `_RecordFunctionFast` before the skip).
 
@@ -27,11 +29,10 @@ import tempfile
 import threading
 import time
 
-from profiling.profile import eager_lines
-from profiling.profile.sampler import frame_label
+from profiling.profile import eager_lines, whose
 from profiling.profile.traceio import read_json
 
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # profiling/: never the user's line
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # profiling/: never a line
 MAX_TEXT = 100   # characters of a source line kept
 
 
@@ -72,7 +73,8 @@ class Recorder:
         from torch.profiler import ProfilerActivity, profile
 
         self.t0 = time.perf_counter()
-        self.tracer = LineTracer(self.root or os.getcwd(), torch._C._profiler._RecordFunctionFast)
+        code = whose.current() if self.root is None else whose.of(self.root)
+        self.tracer = LineTracer(code, torch._C._profiler._RecordFunctionFast)
         self.tmp = tempfile.mkdtemp(prefix="autoresearch-lines-")
         self.prof = profile(activities=[ProfilerActivity.CPU])
         self.prof.__enter__()
@@ -104,7 +106,7 @@ class LineTracer:
     `line` events and, when a frame returns, at its caller's (the innermost own frame further out)."""
 
     def __init__(self, root, annotation):
-        self.root = os.path.abspath(root) + os.sep
+        self.code = whose.of(root)   # whose code each frame is
         self.cwd = os.getcwd() + os.sep
         self.annotation = annotation
         self.own = {}      # code object -> whether it is the project's own
@@ -116,7 +118,7 @@ class LineTracer:
     def start(self, running=None):
         """Trace from now on; `running`: the innermost frame already running whose own frames (outward) are
         traced too (a training loop that called the profiler), else only frames called from now on."""
-        _skip_in_dynamo(self._call, self._local, self._switch, self._is_own)
+        _skip_in_dynamo(self._call, self._local, self._switch, self._is_own, self.code.kind, self.code._kind)
         self.previous = sys.gettrace()  # a debugger's or coverage's: back after the step
         self.hooked = []
         while running is not None:
@@ -138,8 +140,8 @@ class LineTracer:
         if own is None:  # string operations only (see the module's docstring)
             path = code.co_filename  # `<frozen os>`, `<string>`: no file
             path = path if path.startswith((os.sep, "<")) else self.cwd + path
-            own = self.own[code] = (path.startswith(self.root) and not path.startswith(PACKAGE)
-                                    and "site-packages" not in path and "dist-packages" not in path)
+            own = self.own[code] = (not path.startswith(PACKAGE)
+                                    and self.code.kind(path, code.co_name) is not None)
         return own
 
     def _call(self, frame, event, arg):
@@ -172,12 +174,10 @@ class LineTracer:
         self.open.__enter__()
 
     def lines(self):
-        """[[file relative to the root, line, text]] by index."""
-        root = self.root.rstrip(os.sep)
+        """[[file as whose.py names it, line, text]] by index."""
         out = [None] * len(self.ids)
         for (path, line), i in self.ids.items():
-            name = frame_label(path, line, "", root).rsplit(":", 1)[0]
-            out[i] = [name, line, linecache.getline(path, line).strip()[:MAX_TEXT]]
+            out[i] = [self.code.name(path), line, linecache.getline(path, line).strip()[:MAX_TEXT]]
         return out
 
 

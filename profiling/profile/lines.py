@@ -14,8 +14,9 @@ Placing one device event (CPU profile: one operator's self time):
    `graph_0_cpp_fused_..._1`), `aten::mm` for `extern_kernels.mm`, `ns::op` for a custom op. The k-th call of
    a name in one graph call is the graph's k-th recorded call of that name (kernel names are unique only
    within a graph, and a graph may call one kernel or extern op from several lines).
-3. The lines: each source stack's innermost frame in the project's own files (train.py, prepare.py; a
-   frame in torch is passed over for the user line that called it). A call whose nodes came from several
+3. The lines: each source stack's innermost own frame: the user's code or installed model code
+   (profiling/profile/whose.py: train.py, or transformers' modeling_llama.py under `trainer.train()`; a frame
+   in torch is passed over for the line that called it). A call whose nodes came from several
    lines (a fused kernel) is one row against all its lines, never counted twice.
 
 Eager work (outside every graph call: an uncompiled model or part of it, the optimizer's eager operators, copies,

@@ -43,8 +43,8 @@ import os
 import re
 from collections import Counter
 
+from profiling.profile import whose
 from profiling.profile.relocate import relocate
-from profiling.profile.sampler import frame_label, is_own
 
 VERSION = 1
 TAG = "autoresearch-provenance"   # torch.compiler.config.cache_key_tag while provenance is recorded
@@ -95,7 +95,7 @@ def start(root=None):
         return
     for change in settings:
         _change(*change)
-    _collector = Collector(root or os.getcwd())
+    _collector = Collector(root)
     log = logging.getLogger("torch.__trace")
     log.addHandler(_collector)
     if log.level == logging.NOTSET or log.level > logging.DEBUG:
@@ -118,8 +118,9 @@ def result():
     """What was collected, as plain data for the trace metadata (None when `start` was never called):
 
         {"version": 1,
-         "frames": [[file, line, function, text, own], ...],   # file relative to the run's folder (own files)
-                                                               # or its installed package; own: the project's
+         "frames": [[file, line, function, text, own], ...],   # file relative to its code root, or from its
+                                                               # installed package; own: the user's code or
+                                                               # installed model code (whose.py)
          "stacks": [[frame index, ...], ...],                  # one source stack, innermost frame first
          "graphs": [{"key": fx graph cache key,
                      "kernels": [[name, [stack index, ...]], ...]}],  # the graph's calls, in call order;
@@ -144,11 +145,12 @@ def result():
 class Collector(logging.Handler):
     """Reads the provenance artifacts of each compiled graph off the structured-trace logger. running=False
     for records read away from the run they came from (a replayed TORCH_TRACE log): their frames are kept as
-    recorded, not checked against this process's code."""
+    recorded, not checked against this process's code. root: whose code the frames are (whose.Code, or its
+    folders); None: this process's (whose.current()) when the record is made."""
 
-    def __init__(self, root, running=True):
+    def __init__(self, root=None, running=True):
         super().__init__(logging.DEBUG)
-        self.root, self.running = os.path.abspath(root), running
+        self.root, self.running = root, running
         self.handles = None   # the NAME:N of the graph being compiled, from its wrapper code
         self.entries = UNSEEN  # its [(N, name, [stack trace])] from the stack-trace artifact; None: empty
         self.graphs, self.without, self.breaks = [], 0, {}
@@ -253,13 +255,15 @@ class Collector(logging.Handler):
         """(frames as the record names them, the index of each recorded frame among them, the frames not
         found in the running code, how many frames moved to another file or line)."""
         frames, ids, frame_of, unmapped, moved = [], {}, [], [], 0
-        placed = (relocate(self.frames, self.root) if self.running
+        code = whose.current() if self.root is None else whose.of(self.root)
+        placed = (relocate(self.frames, code) if self.running
                   else [(path, n, True) for path, n, _, _ in self.frames])
         for (path, line, function, text), (where, n, found) in zip(self.frames, placed):
-            name = frame_label(where, n, "", self.root).rsplit(":", 1)[0]
+            name = code.name(where)
             # a frame not found keeps its place as the user's code unless it is an installed package's: it
             # names the lines of another checkout's compile, which the report must show as such, not skip
-            own = is_own(where, self.root) or not found and "site-packages" not in where.split(os.sep)
+            installed = any(p in where.split(os.sep) for p in whose.INSTALLED)
+            own = code.owns(where, function) or not found and not installed
             row = (name, n, function, text[:MAX_TEXT], own)
             if row not in ids:
                 ids[row] = len(frames)

@@ -22,6 +22,8 @@ import os
 import sys
 from collections import Counter
 
+from profiling.profile import whose
+
 
 def running_files():
     """The absolute paths of the Python files this process has loaded (its modules and the script)."""
@@ -39,8 +41,9 @@ def running_files():
 def relocate(frames, root, files=None):
     """For each recorded frame (path, line, function, text): (path, line, found) in the running code.
     found is False where the text is in no running file (the recorded path and line kept); frames that name
-    no file (`<string>`) pass as they are. files: the running files (default: this process's)."""
-    src = Sources(running_files() if files is None else files, os.path.abspath(root))
+    no file (`<string>`) pass as they are. root: the user's code roots (a whose.Code, a folder or folders);
+    files: the running files (default: this process's)."""
+    src = Sources(running_files() if files is None else files, whose.of(root))
     hits = [src.locate(*frame) for frame in frames]
     shifts = {}  # recorded path -> Counter of line shifts that only one line could explain
     for (path, line, _, _), hit in zip(frames, hits):
@@ -61,8 +64,8 @@ def relocate(frames, root, files=None):
 class Sources:
     """The running files, indexed by file name, with their lines and function spans read once each."""
 
-    def __init__(self, files, root):
-        self.files, self.root = set(files), root
+    def __init__(self, files, code):
+        self.files, self.code = set(files), code
         self.by_name, self.texts, self.spans = {}, {}, {}
         for path in self.files:
             self.by_name.setdefault(os.path.basename(path), []).append(path)
@@ -83,14 +86,14 @@ class Sources:
 
     def candidates(self, path):
         """Running files of the same name, the one sharing most trailing path parts first, then those under
-        the run's folder (the checkout that runs)."""
+        the user's code roots (the checkout that runs)."""
         parts = path.split(os.sep)
 
         def rank(other):
             theirs, same = other.split(os.sep), 0
             while same < min(len(parts), len(theirs)) and parts[-1 - same] == theirs[-1 - same]:
                 same += 1
-            return -same, not other.startswith(self.root + os.sep), other
+            return -same, self.code.kind(other) != whose.USER, other
 
         return sorted(self.by_name.get(os.path.basename(path), []), key=rank)
 

@@ -19,35 +19,22 @@ Cost: one sample walks the main thread's frames under the GIL, about 10-30 us; a
 about 1% of a busy host thread, measured as the profiled-vs-unprofiled step check (profiling/profile/summary.py).
 """
 import linecache
-import os
 import sys
 import threading
 import time
 
+from profiling.profile import whose
+
 INTERVAL_S = 0.002   # 500 samples a second: a 1 ms wait is seen about every other time
 MAX_FRAMES = 12      # frames kept per sample
-INNERMOST = 3        # innermost frames kept whatever their file; further out, only the project's own
+INNERMOST = 3        # innermost frames kept whatever their file; further out, only own ones (whose.py)
 MAX_TEXT = 100       # characters of a source line kept
 
 
 def frame_label(code_file, line, function, root):
-    """`file:line function`: a file inside `root` (not an installed package) relative to it, an installed
-    package's file from its package folder (`torch/nn/modules/linear.py`), else the last two parts."""
-    path = os.path.abspath(code_file)
-    parts = path.split(os.sep)
-    if "site-packages" in parts:
-        name = "/".join(parts[len(parts) - parts[::-1].index("site-packages"):])
-    elif path.startswith(root + os.sep):
-        name = os.path.relpath(path, root)
-    else:
-        name = "/".join(parts[-2:]) if code_file.startswith(os.sep) else code_file
-    return f"{name}:{line} {function}".strip()
-
-
-def is_own(code_file, root):
-    """True for the project's own files (train.py, prepare.py, ...), not installed packages."""
-    path = os.path.abspath(code_file)
-    return path.startswith(root + os.sep) and "site-packages" not in path.split(os.sep)
+    """`file:line function`, the file named as profiling/profile/whose.py does (relative to its code root,
+    from its installed package's folder, else its last two parts). root: a whose.Code, a folder or folders."""
+    return whose.of(root).label(code_file, line, function)
 
 
 class StackSampler:
@@ -56,7 +43,7 @@ class StackSampler:
     def __init__(self, interval=INTERVAL_S, thread_id=None, root=None):
         self.interval = interval
         self.thread_id = thread_id if thread_id is not None else threading.get_ident()
-        self.root = os.path.abspath(root or os.getcwd())
+        self.root = whose.current() if root is None else whose.of(root)  # whose code each frame is
         self.stacks, self.ids, self.samples, self.texts, self.own = [], {}, [], {}, set()
         self.current = None           # (step, perf_counter at its start)
         self._stop = threading.Event()
@@ -86,13 +73,13 @@ class StackSampler:
             del frame
 
     def _stack_id(self, frame):
-        """The id of this stack: its INNERMOST frames, then the project's own frames further out."""
+        """The id of this stack: its INNERMOST frames, then own frames (whose.py) further out."""
         labels, depth = [], 0
         while frame is not None and len(labels) < MAX_FRAMES:
             code = frame.f_code
-            own = is_own(code.co_filename, self.root)
+            own = self.root.owns(code.co_filename, code.co_name)
             if depth < INNERMOST or own:
-                label = frame_label(code.co_filename, frame.f_lineno, code.co_name, self.root)
+                label = self.root.label(code.co_filename, frame.f_lineno, code.co_name)
                 if own:
                     self.own.add(label)
                 if label not in self.texts:
@@ -107,8 +94,8 @@ class StackSampler:
 
     def result(self):
         """{"interval_ms", "stacks": [[frame label, innermost first]], "samples": [[step, us, stack id]],
-        "lines": {frame label: its source line}, "own": [labels of the project's own files]}: plain data for
-        the trace metadata."""
+        "lines": {frame label: its source line}, "own": [labels of the user's code and of installed model
+        code (profiling/profile/whose.py)]}: plain data for the trace metadata."""
         used = {label for stack in self.stacks for label in stack}
         return {"interval_ms": self.interval * 1e3, "stacks": self.stacks, "samples": self.samples,
                 "lines": {label: text for label, text in self.texts.items() if label in used and text},
