@@ -48,6 +48,7 @@ class StackSampler:
         self.current = None           # (step, perf_counter at its start)
         self._stop = threading.Event()
         self._thread = None
+        self._kinds, self._labels = {}, {}   # code -> own?, (code, line) -> label
 
     def step(self, index):
         """Mark the start of profiled step `index` (0 = the first one recorded)."""
@@ -73,17 +74,19 @@ class StackSampler:
             del frame
 
     def _stack_id(self, frame):
-        """The id of this stack: its INNERMOST frames, then own frames (whose.py) further out."""
-        labels, depth = [], 0
+        """The id of this stack: its INNERMOST frames, then own frames (whose.py) further out. Each code
+        object's kind and each (code, line)'s label are worked out once: the walk holds the GIL, and the main
+        thread waits for it (benchmarks/profiler_cost_results.md)."""
+        labels, depth, kinds, known = [], 0, self._kinds, self._labels
         while frame is not None and len(labels) < MAX_FRAMES:
             code = frame.f_code
-            own = self.root.owns(code.co_filename, code.co_name)
+            own = kinds.get(code)
+            if own is None:
+                own = kinds[code] = self.root.owns(code.co_filename, code.co_name)
             if depth < INNERMOST or own:
-                label = self.root.label(code.co_filename, frame.f_lineno, code.co_name)
-                if own:
-                    self.own.add(label)
-                if label not in self.texts:
-                    self.texts[label] = linecache.getline(code.co_filename, frame.f_lineno).strip()[:MAX_TEXT]
+                label = known.get((code, frame.f_lineno))
+                if label is None:
+                    label = known[(code, frame.f_lineno)] = self._label(code, frame.f_lineno, own)
                 labels.append(label)
             frame, depth = frame.f_back, depth + 1
         key = tuple(labels)
@@ -91,6 +94,14 @@ class StackSampler:
             self.ids[key] = len(self.stacks)
             self.stacks.append(labels)
         return self.ids[key]
+
+    def _label(self, code, line, own):
+        label = self.root.label(code.co_filename, line, code.co_name)
+        if own:
+            self.own.add(label)
+        if label not in self.texts:
+            self.texts[label] = linecache.getline(code.co_filename, line).strip()[:MAX_TEXT]
+        return label
 
     def result(self):
         """{"interval_ms", "stacks": [[frame label, innermost first]], "samples": [[step, us, stack id]],
