@@ -120,12 +120,11 @@ class _HFHooks:
         self.folder = self.report = None  # the last profile's, once train ends
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        import transformers
         self.close()  # a second train() call profiles afresh
         samples = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
         self.run = ProfiledRun(model, self.options, out_dir=os.path.join(args.output_dir, "profiles"),
                                samples_per_step=samples, seq_len=None, micro_batch=args.per_device_train_batch_size,
-                               first=state.is_world_process_zero, framework=f"transformers {transformers.__version__}")
+                               first=state.is_world_process_zero, framework=_framework("transformers"))
         if model is not None and "tokens_per_step" not in self.options:
             self._hook = model.register_forward_pre_hook(self._see_batch, with_kwargs=True)
 
@@ -174,13 +173,12 @@ class _LightningHooks:
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.run is not None:
             return
-        import lightning_fabric  # lightning and pytorch_lightning both bring it, at their own version
         per_device, seq_len = batch_shape(batch)
         samples = per_device * trainer.accumulate_grad_batches * trainer.world_size if per_device else None
         self.run = ProfiledRun(pl_module, self.options,
                                out_dir=os.path.join(trainer.default_root_dir, "profiles"),
                                samples_per_step=samples, seq_len=seq_len, micro_batch=per_device,
-                               first=trainer.is_global_zero, framework=f"lightning {lightning_fabric.__version__}")
+                               first=trainer.is_global_zero, framework=_framework(type(trainer).__module__.split(".")[0]))
         self._optimizer_steps = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -200,6 +198,15 @@ class _LightningHooks:
         if self.run:
             self.folder, self.report = self.run.close()
             self.run = None
+
+
+def _framework(package):
+    """'package version' for the trace's metadata, read without importing it."""
+    from importlib import metadata
+    try:
+        return f"{package} {metadata.version(package)}"
+    except (metadata.PackageNotFoundError, ValueError):
+        return package
 
 
 def _hf_class():
