@@ -1,7 +1,7 @@
 """A Llama trained by Hugging Face's `Trainer` on random tokens, profiled by adding one callback:
 `Trainer(..., callbacks=[profiling.HFCallback()])`. The model is `transformers.LlamaForCausalLM` built from a
 `LlamaConfig` (nothing downloaded); the Trainer is used as its documentation shows, so the profile is what an
-outside Hugging Face user gets. Sizes: `tiny` (CPU tests) and `gpu` (~134M parameters: 12 layers, 768 wide,
+outside Hugging Face user gets. Sizes: `tiny` (CPU tests) and `gpu` (~125M parameters: 12 layers, 768 wide,
 12 heads, 4 key/value heads, SwiGLU 2048, Llama 2's vocab of 32000; batch 16 x 1024 tokens, bf16).
 
     python examples/hf_trainer.py --size tiny --steps 3 --device cpu
@@ -70,7 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--compile", action="store_true", help="TrainingArguments(torch_compile=True)")
     p.add_argument("--profile", metavar="DIR", help="add profiling.HFCallback, writing into DIR")
-    p.add_argument("--output-dir", default=os.path.join("runs", "hf_trainer"), help="the Trainer's output_dir")
+    p.add_argument("--output-dir", default=os.path.join("out", "hf_trainer"), help="the Trainer's output_dir")
     args = p.parse_args(argv)
     if args.steps < 1 or args.accumulation < 1:
         p.error("--steps and --accumulation need 1 or more")

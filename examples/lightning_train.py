@@ -40,38 +40,55 @@ SIZES = {
 }
 
 
-class Block(nn.Module):
+class SelfAttention(nn.Module):
     def __init__(self, size):
         super().__init__()
         self.heads = size.heads
-        self.norm1, self.norm2 = nn.LayerNorm(size.dim), nn.LayerNorm(size.dim)
         self.qkv, self.proj = nn.Linear(size.dim, 3 * size.dim), nn.Linear(size.dim, size.dim)
-        self.fc, self.out = nn.Linear(size.dim, 4 * size.dim), nn.Linear(4 * size.dim, size.dim)
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in self.qkv(self.norm1(x)).split(C, 2))
+        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in self.qkv(x).split(C, 2))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.out(F.gelu(self.fc(self.norm2(x))))
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.fc, self.proj = nn.Linear(size.dim, 4 * size.dim), nn.Linear(4 * size.dim, size.dim)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.attn_norm, self.attn = nn.LayerNorm(size.dim), SelfAttention(size)
+        self.mlp_norm, self.mlp = nn.LayerNorm(size.dim), MLP(size)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
 
 
 class GPT(nn.Module):
     def __init__(self, size):
         super().__init__()
-        self.embed, self.pos = nn.Embedding(size.vocab, size.dim), nn.Embedding(size.seq_len, size.dim)
+        self.tok_emb, self.pos_emb = nn.Embedding(size.vocab, size.dim), nn.Embedding(size.seq_len, size.dim)
         self.blocks = nn.ModuleList(Block(size) for _ in range(size.layers))
         self.norm = nn.LayerNorm(size.dim)
         self.head = nn.Linear(size.dim, size.vocab, bias=False)
-        self.head.weight = self.embed.weight
-        for p in self.parameters():  # GPT-2's initialization: N(0, 0.02) weights, zero biases
-            nn.init.normal_(p, std=0.02) if p.dim() == 2 else nn.init.zeros_(p)
-        for block in self.blocks:
-            nn.init.ones_(block.norm1.weight), nn.init.ones_(block.norm2.weight)
-        nn.init.ones_(self.norm.weight)
+        self.head.weight = self.tok_emb.weight
+        for name, p in self.named_parameters():  # GPT-2's initialization: N(0, 0.02) weights, zero biases
+            if "norm" in name:
+                nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
+            else:
+                nn.init.normal_(p, std=0.02) if p.dim() == 2 else nn.init.zeros_(p)
 
     def forward(self, ids):
-        x = self.embed(ids) + self.pos(torch.arange(ids.size(1), device=ids.device))
+        x = self.tok_emb(ids) + self.pos_emb(torch.arange(ids.size(1), device=ids.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
@@ -84,11 +101,12 @@ def lightning_module(size, compile_model):
         def __init__(self):
             super().__init__()
             self.model = GPT(size)
-            self.forward_fn = torch.compile(self.model) if compile_model else self.model
+            if compile_model:
+                self.model.compile()  # in place: the parameters keep their names
 
         def training_step(self, batch, batch_idx):
             inputs, targets = batch
-            loss = F.cross_entropy(self.forward_fn(inputs).flatten(0, 1), targets.flatten())
+            loss = F.cross_entropy(self.model(inputs).flatten(0, 1), targets.flatten())
             self.log("loss", loss, prog_bar=False)
             return loss
 
@@ -108,7 +126,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--profile", metavar="DIR", help="add profiling.LightningCallback, writing into DIR")
-    p.add_argument("--output-dir", default=os.path.join("runs", "lightning"), help="default_root_dir")
+    p.add_argument("--output-dir", default=os.path.join("out", "lightning"), help="default_root_dir")
     args = p.parse_args(argv)
     if args.steps < 1 or args.accumulation < 1:
         p.error("--steps and --accumulation need 1 or more")
