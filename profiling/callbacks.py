@@ -116,7 +116,7 @@ class _HFHooks:
 
     def __init__(self, **profiler_options):
         self.options = check_options(type(self).__name__, profiler_options)
-        self.run, self._hook, self._seq_len = None, None, None
+        self.run, self._hook, self._ids = None, None, None
         self.folder = self.report = None  # the last profile's, once train ends
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -129,23 +129,15 @@ class _HFHooks:
             self._hook = model.register_forward_pre_hook(self._see_batch, with_kwargs=True)
 
     def _see_batch(self, module, args, kwargs):
-        """The first forward's inputs: their sequence length (a compiled model traces this hook once; it
-        mutates only this object, and is removed at the first step's end, outside the model)."""
-        self._seq_len = batch_shape(kwargs if "input_ids" in kwargs else list(args))[1]
-
-    def _unhook(self):
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-            self.run.learn_seq_len(self._seq_len)
-
-    def on_substep_end(self, args, state, control, **kwargs):
-        if self.run:
-            self._unhook()
+        """Each forward's token ids, kept for the first step's end to read. A compiled model traces this hook:
+        it only stores a reference (nothing dynamo cannot trace: no graph break), and it stays until train end
+        (removing it would change the module's hooks, which dynamo guards: a recompilation)."""
+        self._ids = kwargs.get("input_ids", args[0] if args else None)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.run:
-            self._unhook()
+            if self._ids is not None:
+                self.run.learn_seq_len(batch_shape(self._ids)[1])
             self.run.step()
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -153,10 +145,10 @@ class _HFHooks:
 
     def close(self):
         """Stop the profile (train end; safe to call any time)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook, self._ids = None, None
         if self.run:
-            if self._hook is not None:
-                self._hook.remove()
-                self._hook = None
             self.folder, self.report = self.run.close()
             self.run = None
 

@@ -135,15 +135,13 @@ def test_hf_learns_the_sequence_length_from_the_first_forward(fake):
     cb = callbacks._HFHooks()
     cb.on_train_begin(args, state, None, model=model)
     for _ in range(3):
-        model(torch.zeros(2, 10, dtype=torch.long))
-        cb.on_substep_end(args, state, None)
-    assert not model._forward_pre_hooks  # removed after the first micro-batch
+        model(torch.zeros(2, 10, dtype=torch.long))  # 3 micro-batches: one optimizer step
     cb.on_step_end(args, state, None)
     (prof,) = fake
     assert prof.tokens_per_step == 2 * 3 * 10 and prof.steps == 1
     assert prof.metadata["framework"].startswith("transformers")
     cb.on_train_end(args, state, None)
-    assert prof.closed
+    assert prof.closed and not model._forward_pre_hooks  # the hook goes at train end
 
 
 # The real trainers. Each framework's worker runs once per test session (~1-2 min on a 2-core CPU).
@@ -227,3 +225,24 @@ def test_example_script_profiles_through_its_callback(ran, framework):
     assert last.startswith("profile: "), last
     summary = json.loads(open(os.path.join(last.removeprefix("profile: "), "summary.json")).read())
     assert summary["tokens_per_step"] == 4 * 2 * 64  # the tiny size: batch 4, accumulation 2, 64 tokens
+
+
+@pytest.mark.slow  # dynamo's first compile: ~10 s on a 2-core CPU
+def test_hf_hook_under_torch_compile_adds_no_graph_break(fake):
+    """Trainer(torch_compile=True) compiles the model the hook is on: dynamo traces the hook, which must
+    neither break the graph nor cause a recompilation when it is removed."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.nn.Embedding(16, 4)
+    args = SimpleNamespace(train_batch_size=2, gradient_accumulation_steps=1, world_size=1,
+                           per_device_train_batch_size=2, output_dir="/out")
+    state = SimpleNamespace(is_world_process_zero=False)
+    cb = callbacks._HFHooks()
+    cb.on_train_begin(args, state, None, model=model)
+    compiled = torch.compile(model, backend="eager")
+    for _ in range(3):
+        compiled(torch.zeros(2, 10, dtype=torch.long)).sum().backward()
+        cb.on_step_end(args, state, None)
+    assert fake[0].tokens_per_step == 2 * 10
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
