@@ -88,9 +88,9 @@ def main(argv=None):
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=batch,
         gradient_accumulation_steps=args.accumulation, learning_rate=3e-4, weight_decay=0.1, warmup_steps=0,
-        bf16=cuda, use_cpu=not cuda, torch_compile=args.compile, optim="adamw_torch_fused" if cuda else "adamw_torch",
-        report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-        seed=0)
+        bf16=cuda, use_cpu=not cuda, torch_compile=args.compile, seed=0,
+        optim="adamw_torch_fused" if cuda else "adamw_torch", report_to="none", save_strategy="no",
+        logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
     callbacks = []
     if args.profile:
         import profiling
@@ -99,7 +99,8 @@ def main(argv=None):
                       callbacks=callbacks)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"Llama {args.size} (transformers Trainer): {params:.1f}M parameters, batch {batch} x "
-          f"{args.accumulation} x {size.seq_len} tokens on {args.device}" + (", compiled" if args.compile else ""))
+          f"{args.accumulation} x {size.seq_len} tokens on {args.device}"
+          + (", compiled" if args.compile else ""))
     t0 = time.perf_counter()
     out = trainer.train()
     ms = 1e3 * (time.perf_counter() - t0) / max(out.global_step, 1)

@@ -8,7 +8,7 @@ a 4x GELU MLP), learned positions, the head tied to the embedding. Sizes: `tiny`
 (GPT-2 small's shape: 12 layers, 768 wide, 12 heads, 1024 tokens, vocab 50304; batch 16, bf16-mixed).
 
     python examples/lightning_train.py --size tiny --steps 3 --device cpu
-    python examples/lightning_train.py --size gpu --profile profiles            # the report via LightningCallback
+    python examples/lightning_train.py --size gpu --profile profiles   # the report via LightningCallback
     python examples/lightning_train.py --size gpu --compile --accumulation 2 --profile profiles
 
 With --profile the last line printed is `profile: <folder>` (report.md, summary.json and the trace).
@@ -148,7 +148,8 @@ def main(argv=None):
         import profiling
         callbacks.append(profiling.LightningCallback(out_dir=args.profile))
     trainer = L.Trainer(accelerator="gpu" if cuda else "cpu", devices=1, max_steps=args.steps,
-                        accumulate_grad_batches=args.accumulation, precision="bf16-mixed" if cuda else "32-true",
+                        accumulate_grad_batches=args.accumulation,
+                        precision="bf16-mixed" if cuda else "32-true",
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=args.output_dir, callbacks=callbacks)
     params = sum(p.numel() for p in module.parameters()) / 1e6

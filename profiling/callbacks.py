@@ -6,16 +6,18 @@
     import lightning as L
     trainer = L.Trainer(max_steps=100, callbacks=[profiling.LightningCallback()])
 
-Each one drives a `profiling.Profiler` (profiling/api.py) the way the framework drives its step
-(DESIGN.md, pitfall 15): a step is an optimizer step, never a micro-batch. Hugging Face's `on_step_end` runs once
-per optimizer step, after gradient accumulation; Lightning's `on_train_batch_end` runs after every micro-batch, so
-the Lightning callback steps the profile when `trainer.global_step` (optimizer steps) moves. What it takes from the
-framework: the model; samples per step = per-device batch x gradient accumulation x processes; tokens per step =
-samples x the sequence length of the first batch's `input_ids` (a dict's, or a 2-D integer tensor's), where the
-batch shows one; the output folder (`args.output_dir` / `trainer.default_root_dir`) + "profiles". The Profiler
-is created at train begin (Lightning: the first batch's start), before the first call of a compiled model; it
-is closed at train end (Lightning: and on an exception; Hugging Face has no exception event, the Profiler's
-own exit handling covers it). Rank 0 prints where the report is.
+Each one drives a `profiling.Profiler` (profiling/api.py) the way the framework drives its step (DESIGN.md,
+pitfall 15): a step is an optimizer step, never a micro-batch. Hugging Face's `on_step_end` runs once per
+optimizer step, after gradient accumulation; Lightning's `on_train_batch_end` runs after every micro-batch, so
+the Lightning callback steps the profile when `trainer.global_step` (optimizer steps) moves.
+
+What it takes from the framework: the model; samples per step = per-device batch x gradient accumulation x
+processes; tokens per step = samples x the sequence length of the batch's `input_ids` (a dict's, or a 2-D
+integer tensor's) where the batch shows one; the output folder (`args.output_dir` or
+`trainer.default_root_dir`) + "profiles". The Profiler is created at train begin (Lightning: the first
+batch's start), before the first call of a compiled model, and closed at train end (Lightning: and on an
+exception; Hugging Face has no exception event, the Profiler's own exit handling covers it). Rank 0 prints
+where the report is.
 
 Keyword arguments go to the Profiler unchanged (warmup_steps, active_steps, out_dir, tokens_per_step, ...): a
 name it does not take is a ValueError at construction. The classes are made on first use, from the
@@ -24,8 +26,6 @@ pytorch_lightning's), so `import profiling` imports neither framework, nor torch
 """
 import inspect
 import os
-
-__all__ = ["HFCallback", "LightningCallback"]
 
 OWN = ("model",)  # what the callback gives the Profiler itself
 
@@ -123,15 +123,16 @@ class _HFHooks:
         self.close()  # a second train() call profiles afresh
         samples = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
         self.run = ProfiledRun(model, self.options, out_dir=os.path.join(args.output_dir, "profiles"),
-                               samples_per_step=samples, seq_len=None, micro_batch=args.per_device_train_batch_size,
+                               samples_per_step=samples, seq_len=None,
+                               micro_batch=args.per_device_train_batch_size,
                                first=state.is_world_process_zero, framework=_framework("transformers"))
         if model is not None and "tokens_per_step" not in self.options:
             self._hook = model.register_forward_pre_hook(self._see_batch, with_kwargs=True)
 
     def _see_batch(self, module, args, kwargs):
-        """Each forward's token ids, kept for the first step's end to read. A compiled model traces this hook:
-        it only stores a reference (nothing dynamo cannot trace: no graph break), and it stays until train end
-        (removing it would change the module's hooks, which dynamo guards: a recompilation)."""
+        """Each forward's token ids, kept for the first step's end to read. A compiled model traces this
+        hook: it only stores a reference (nothing dynamo cannot trace: no graph break), and it stays until
+        train end (removing it would change the module's hooks, which dynamo guards: a recompilation)."""
         self._ids = kwargs.get("input_ids", args[0] if args else None)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -154,8 +155,9 @@ class _HFHooks:
 
 
 class _LightningHooks:
-    """Profile the steps of a Lightning `Trainer`: `L.Trainer(..., callbacks=[profiling.LightningCallback()])`.
-    Keyword arguments go to profiling.Profiler (see profiling/callbacks.py)."""
+    """Profile the steps of a Lightning `Trainer`:
+    `L.Trainer(..., callbacks=[profiling.LightningCallback()])`. Keyword arguments go to profiling.Profiler
+    (see profiling/callbacks.py)."""
 
     def __init__(self, **profiler_options):
         self.options = check_options(type(self).__name__, profiler_options)
@@ -170,7 +172,8 @@ class _LightningHooks:
         self.run = ProfiledRun(pl_module, self.options,
                                out_dir=os.path.join(trainer.default_root_dir, "profiles"),
                                samples_per_step=samples, seq_len=seq_len, micro_batch=per_device,
-                               first=trainer.is_global_zero, framework=_framework(type(trainer).__module__.split(".")[0]))
+                               first=trainer.is_global_zero,
+                               framework=_framework(type(trainer).__module__.split(".")[0]))
         self._optimizer_steps = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

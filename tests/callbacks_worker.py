@@ -1,11 +1,11 @@
 """Runs the framework callbacks' cases for tests/test_callbacks.py, each in a process of its own, as a user's
 script would end: `python tests/callbacks_worker.py hf|lightning OUT`.
 
-Importing transformers or lightning takes ~10 s, so the parent imports once, then forks one child per case and
-waits for it. A child goes back to the module's top level and runs its case as a script's last statement, so its
-exit is a script's: 0 at the end, 1 with the traceback for an exception, -11 for a segmentation fault (139 in a
-shell), with atexit and finalization run. OUT gets <case>.log (the child's output), <case>.json (what the case
-returned) and results.json ({case: exit code}).
+Importing transformers or lightning takes ~10 s, so the parent imports once, then forks one child per case
+and waits for it. A child goes back to the module's top level and runs its case as a script's last
+statement, so its exit is a script's: 0 at the end, 1 with the traceback for an exception, -11 for a
+segmentation fault (139 in a shell), with atexit and finalization run. OUT gets <case>.log (the child's
+output), <case>.json (what the case returned) and results.json ({case: exit code}).
 """
 import importlib.util
 import json
@@ -45,12 +45,12 @@ def hf_train(out, steps, save_at=None, raise_at=None):
 
     args = TrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=BATCH,
                              gradient_accumulation_steps=ACCUMULATION, use_cpu=True, report_to="none",
-                             disable_tqdm=True, logging_strategy="no", save_strategy="steps" if save_at else "no",
-                             save_steps=save_at or 500, seed=0)
+                             disable_tqdm=True, logging_strategy="no", seed=0,
+                             save_strategy="steps" if save_at else "no", save_steps=save_at or 500)
     callback = profiling.HFCallback(**QUICK)
     data = example.RandomTokens(steps * BATCH * ACCUMULATION, size.seq_len, size.vocab)
-    Trainer(model=example.build_model(size), args=args, train_dataset=data, data_collator=default_data_collator,
-            callbacks=[callback, Raise()]).train()
+    Trainer(model=example.build_model(size), args=args, train_dataset=data,
+            data_collator=default_data_collator, callbacks=[callback, Raise()]).train()
     return {"folder": callback.folder, "seq_len": size.seq_len, "checkpoints": sorted(os.listdir(out))}
 
 
@@ -74,8 +74,8 @@ def lightning_train(out, steps, save_at=None, raise_at=None):
     tokens = torch.randint(size.vocab, (steps * BATCH * ACCUMULATION, size.seq_len + 1))
     data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
     callback = profiling.LightningCallback(**QUICK)
-    saver = [L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "checkpoints"),
-                                                 every_n_train_steps=save_at, save_top_k=-1)] if save_at else []
+    saver = [L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "checkpoints"), save_top_k=-1,
+                                                 every_n_train_steps=save_at)] if save_at else []
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=ACCUMULATION,
                         logger=False, enable_checkpointing=bool(save_at), enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=out, callbacks=[callback] + saver)

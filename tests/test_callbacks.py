@@ -1,5 +1,5 @@
-"""The framework callbacks (profiling/callbacks.py). Fast: what a callback reads from a batch, its options, and
-its counting of optimizer steps, against stand-ins for the trainers and the Profiler. Slow: the real
+"""The framework callbacks (profiling/callbacks.py). Fast: what a callback reads from a batch, its options,
+and its counting of optimizer steps, against stand-ins for the trainers and the Profiler. Slow: the real
 transformers Trainer and Lightning Trainer on tiny models (tests/callbacks_worker.py, one process per
 framework forking one child per case): a full profile with gradient accumulation, max_steps ending inside the
 profiled window, an exception raised inside it, a checkpoint saved inside it, and the example scripts."""
@@ -17,7 +17,7 @@ from profiling import api, callbacks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-import callbacks_worker as worker  # noqa: E402
+import callbacks_worker as worker
 
 
 def test_import_profiling_imports_no_framework():
@@ -53,7 +53,8 @@ class FakeProfiler:
 
     def __init__(self, model=None, *, tokens_per_step=None, out_dir=None, micro_batch=None, metadata=None,
                  active_steps=5):
-        self.model, self.tokens_per_step, self.out_dir, self.micro_batch = model, tokens_per_step, out_dir, micro_batch
+        self.model, self.tokens_per_step, self.out_dir = model, tokens_per_step, out_dir
+        self.micro_batch = micro_batch
         self.metadata, self.steps, self.done, self.closed = metadata, 0, False, False
         self.folder = self.report = None
         FakeProfiler.made.append(self)
@@ -68,8 +69,8 @@ class FakeProfiler:
 
 
 class FakeProfilerWithSamples(FakeProfiler):
-    def __init__(self, model=None, *, samples_per_step=None, tokens_per_step=None, out_dir=None, micro_batch=None,
-                 metadata=None):
+    def __init__(self, model=None, *, samples_per_step=None, tokens_per_step=None, out_dir=None,
+                 micro_batch=None, metadata=None):
         super().__init__(model, tokens_per_step=tokens_per_step, out_dir=out_dir, micro_batch=micro_batch,
                          metadata=metadata)
         self.samples_per_step = samples_per_step
@@ -167,9 +168,15 @@ def case(ran, framework, name):
     return codes[name], log, facts
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def operators_per_step(folder):
     """CPU operators inside each ProfilerStep of a profile's trace."""
-    events = json.loads(gzip.decompress(open(os.path.join(folder, "trace.json.gz"), "rb").read()))["traceEvents"]
+    with gzip.open(os.path.join(folder, "trace.json.gz")) as f:
+        events = json.load(f)["traceEvents"]
     steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
     ops = [e["ts"] for e in events if e.get("cat") == "cpu_op"]
     return [sum(s["ts"] <= t < s["ts"] + s["dur"] for t in ops) for s in steps]
@@ -185,7 +192,7 @@ def test_full_profile_counts_optimizer_steps(ran, framework):
     assert code == 0, log
     folder = facts["folder"]
     assert f"profiling: report in {folder}/report.md" in log
-    summary = json.loads(open(os.path.join(folder, "summary.json")).read())
+    summary = read_json(os.path.join(folder, "summary.json"))
     assert summary["tokens_per_step"] == worker.BATCH * worker.ACCUMULATION * facts["seq_len"]
     counts = operators_per_step(folder)
     assert len(counts) == worker.QUICK["active_steps"]
@@ -223,7 +230,7 @@ def test_example_script_profiles_through_its_callback(ran, framework):
     assert code == 0, log
     last = log.strip().splitlines()[-1]
     assert last.startswith("profile: "), last
-    summary = json.loads(open(os.path.join(last.removeprefix("profile: "), "summary.json")).read())
+    summary = read_json(os.path.join(last.removeprefix("profile: "), "summary.json"))
     assert summary["tokens_per_step"] == 4 * 2 * 64  # the tiny size: batch 4, accumulation 2, 64 tokens
 
 
@@ -246,3 +253,12 @@ def test_hf_hook_under_torch_compile_adds_no_graph_break(fake):
         cb.on_step_end(args, state, None)
     assert fake[0].tokens_per_step == 2 * 10
     assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("name", ["hf_trainer", "lightning_train"])
+def test_example_arguments_are_checked(name):
+    example = worker.load(name)  # the frameworks load only in main()
+    assert example.parse_args(["--size", "gpu", "--accumulation", "2"]).accumulation == 2
+    for bad in (["--steps", "0"], ["--accumulation", "0"], ["--size", "huge"]):
+        with pytest.raises(SystemExit):
+            example.parse_args(bad)
