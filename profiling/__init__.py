@@ -7,16 +7,20 @@
   plumbing: flags, run.json, the gate and the profile), `runfile` (run.json), `files` (atomic writes) and
   `errors`. The wings never import each other; only `cli` and `runner` import both.
 
-The public profiling API (profiling/api.py): `Profiler`, `profile_steps`, `ProfileResult`, importable from
-here without importing torch (they load on first use).
+The public profiling API (profiling/api.py): `Profiler`, `profile_steps`, `ProfileResult`, and the framework
+callbacks (profiling/callbacks.py): `HFCallback` (Hugging Face Trainer), `LightningCallback` (Lightning),
+importable from here without importing torch or the frameworks (they load on first use).
 
-Everything here except `api`, `profile.capture` and `runner` is pure Python and never imports torch.
+Everything here except `api`, `callbacks`, `profile.capture` and `runner` is pure Python and never imports torch.
 """
 
-__all__ = ["Profiler", "profile_steps", "ProfileResult"]
+__all__ = ["Profiler", "profile_steps", "ProfileResult", "HFCallback", "LightningCallback"]
 
 
 def __getattr__(name):
+    if name in ("HFCallback", "LightningCallback"):
+        from profiling import callbacks
+        return getattr(callbacks, name)
     if name in __all__:
         from profiling import api
         return getattr(api, name)

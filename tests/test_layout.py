@@ -65,4 +65,4 @@ def test_no_import_cycle():
 
 def test_top_level_stays_small():
     top = [n for n in os.listdir(os.path.join(ROOT, "profiling")) if n.endswith(".py")]
-    assert len(top) <= 8, sorted(top)
+    assert len(top) <= 9, sorted(top)  # 8, and callbacks.py: the framework callbacks beside api (issue #41)
