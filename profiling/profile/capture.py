@@ -63,7 +63,9 @@ def capture(step_fn, warmup, active, metadata, memory=False, parameters=()):
 
 class Window:
     """The profiled window of a training loop that calls `step()` after each of its steps: `warmup` steps
-    under torch.profiler unrecorded, `active` recorded, then one more that records the lines of the eager
+    under torch.profiler unrecorded, `active` recorded (no input shapes), then one more that records the
+    operators' input shapes and the Python lines of the host syncs (`DetailStep`: both slowed the recorded
+    steps when recorded in them), then one that records the lines of the eager
     operators (`eager_record.Recorder`; none with AUTORESEARCH_EAGER_LINES=0), then with `memory` (CUDA only)
     one more with the allocator's history recorded (`memory_capture.MemoryStep`: the metadata's `gpu_memory`;
     without CUDA the metadata says why there is none, and no step is added). `parameters`: the model's
@@ -74,7 +76,7 @@ class Window:
     everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
     the summary gives each kernel to the step that launched it. During the active steps the capture also
     records what the trace cannot show (profiling/profile/findings/ reads it): the main thread's Python stack
-    every few ms (profiling/profile/sampler.py), the Python lines of the host syncs (CUDA's sync debug mode), the
+    every few ms (profiling/profile/sampler.py), the
     graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
     profiling.profile.provenance.start() ran before compilation (profiling/profile/lines.py reads them).
     Before anything else it records the process's settings (profiling/profile/settings.py), unless
@@ -215,11 +217,11 @@ class Window:
 
 def own_settings(record, cuda):
     """The settings the profiler itself changes (profiling/profile/settings.py's `profiler` entries):
-    provenance.start()'s compiler settings, and CUDA's sync debug mode, "warn" during the profiled steps
-    (SyncRecorder)."""
+    provenance.start()'s compiler settings, and CUDA's sync debug mode, "warn" during the untimed shape step
+    after the profiled steps (DetailStep, SyncRecorder)."""
     changed = provenance.changes()
     if cuda:
-        changed["sync_debug_mode"] = {"value": "warn", "during": "profiled steps",
+        changed["sync_debug_mode"] = {"value": "warn", "during": "shape step",
                                       "before": settings.value(record, "sync_debug_mode", "default")}
     return changed
 

@@ -46,7 +46,7 @@ The record (`snapshot`'s keys, then what the capture and the runner add):
      "notes": ["what could not be read, and why"],
      "train.py": {name: value},          # train.py's own deliberate choices (profiling/runner.py)
      "profiler": {name: {"value", "before", "during"}}}  # what the profiler itself sets: "compile" or
-                                                         # "profiled steps" (profiling/profile/capture.py)
+                                                         # "shape step" (profiling/profile/capture.py)
 Every read is guarded: another torch version loses that part with a note instead of failing the capture.
 """
 import os
@@ -327,7 +327,7 @@ def differing(record):
      "by": "user" | "torchrun" | "train.py" | "profiler",
      "source": "environment" (a variable set before the process started, or a compiler entry read from
                one) | "process" (set by code in the process) | None (unknown: global modes and flags),
-     "during": "compile" | "profiled steps" for the profiler's, else None}.
+     "during": "compile" | "shape step" ("profiled steps" in older traces) for the profiler's, else None}.
     "train.py": equal to a choice train.py makes on purpose (record["train.py"]); "torchrun": a variable
     torchrun sets in its workers; "profiler": what the capture itself turns on; "user": anything else (the
     user's code or environment). [] for no record."""
@@ -400,8 +400,9 @@ def text(s):
 
 def _who(r):
     if r["by"] == "profiler":
-        return "profiler, " + ("during the profiled steps only" if r["during"] == "profiled steps" else
-                               f"at {r['during'] or 'capture'}")
+        during = {"profiled steps": "during the profiled steps only",  # older traces
+                  "shape step": "during the untimed step after the profiled steps only"}
+        return "profiler, " + during.get(r["during"], f"at {r['during'] or 'capture'}")
     if r["name"].startswith("env."):
         return r["by"] + (", set in the process" if r["source"] == "process" else ", environment")
     return r["by"]

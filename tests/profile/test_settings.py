@@ -80,7 +80,7 @@ def test_each_planted_setting_is_listed_with_who_set_it(live):
     assert "cuda.matmul.allow_tf32" not in rows and "inductor.deterministic" not in rows
     profiler = {n: r["during"] for n, r in rows.items() if r["by"] == "profiler"}
     assert profiler == {"inductor.trace.provenance_tracking_level": "compile", "compiler.cache_key_tag": "compile",
-                        "inductor.cpp.enable_kernel_profile": "compile", "sync_debug_mode": "profiled steps"}
+                        "inductor.cpp.enable_kernel_profile": "compile", "sync_debug_mode": "shape step"}
     assert rows["sync_debug_mode"]["value"] == "warn"
     assert settings.value(live["planted"], "inductor.trace.provenance_tracking_level") == 0  # the user's
 
@@ -93,7 +93,7 @@ def test_header_line_of_a_live_record(live):
                            "environment) · PYTORCH_NO_CUDA_MEMORY_CACHING=1 (user, set in the process) · "
                            "float32 matmul precision high, gc disabled and frozen (train.py) · ")
     assert "inductor provenance tracking 1" in line and "(profiler, at compile)" in line
-    assert line.endswith("sync debug mode warn (profiler, during the profiled steps only)")
+    assert line.endswith("sync debug mode warn (profiler, during the untimed step after the profiled steps only)")
 
 
 def record(values, defaults=None, **extra):
