@@ -11,10 +11,13 @@ Workloads (compiled, bf16 autocast on CUDA; `--size tiny` shrinks each for a CPU
 Each repetition times, in the same process and in turn:
     unprofiled   --timed steps between two device syncs, as the Profiler's timed steps do
     <variant>    the Profiler's window (profiling.profile.capture.Window: 1 profiler warm-up step, then --active
-                 recorded steps), timed the same way between two syncs, with parts of the capture switched off
-                 to see what each costs: full (as shipped), no_shapes (record_shapes off), no_sampler (the host
-                 stack sampler off), no_syncs (CUDA's sync debug mode not set), bare (all three off)
+                 recorded steps), timed the same way between two syncs, with parts of the capture switched on or
+                 off to see what each costs: full (as shipped), before (record_shapes and CUDA's sync debug mode
+                 in the recorded steps, as the capture did before issue #41; now they are the untimed step
+                 after them), no_sampler (the host stack sampler off), bare (the sampler off: torch.profiler
+                 alone), cuda_only and cpu_only (bare with one kind of activity), sampler_5ms (every 5 ms, not 2)
 and then runs the public Profiler (defaults) --api times: the report's own profiled-vs-unprofiled figures.
+--fresh K runs each workload in K processes: a script profiles once per process, so its first profile counts.
 
     python benchmarks/profiler_cost.py OUT --workloads gpt2 resnet50 bert     # on the GPU
     python benchmarks/profiler_cost.py OUT --size tiny --device cpu --reps 1  # a smoke run
@@ -25,6 +28,7 @@ import argparse
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -39,7 +43,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("AUTORESEARCH_EAGER_LINES", "0")  # the window variants: no record step after them
-VARIANTS = ("full", "no_shapes", "no_sampler", "no_syncs", "bare", "cuda_only", "cpu_only", "sampler_10ms")
+VARIANTS = ("full", "before", "no_sampler", "bare", "cuda_only", "cpu_only", "sampler_5ms")
 
 
 def gpt2(size, device):
@@ -134,33 +138,50 @@ def timed(step, n, device):
 
 @contextlib.contextmanager
 def variant(name):
-    """The capture with parts switched off (see the module docstring)."""
+    """The capture with parts switched on or off (see the module's docstring)."""
     from profiling.profile import capture
-    saved = capture.profile, capture.StackSampler, capture.SyncRecorder.watch
-    bare = name in ("bare", "cuda_only", "cpu_only")
-    if name == "no_shapes" or bare:
+    saved = capture.profile, capture.StackSampler, capture.Window._before_step, capture.Window.step
+    if name == "before":  # shapes and the sync debug mode in the recorded steps, as before issue #41
         capture.profile = _options(saved[0], name)
-    if name == "no_sampler" or bare:
+        capture.Window._before_step, capture.Window.step = _watched(saved[2], saved[3])
+    if name in ("no_sampler", "bare", "cuda_only", "cpu_only"):
         capture.StackSampler = _IdleSampler
-    if name == "sampler_10ms":
-        capture.StackSampler = functools.partial(saved[1], interval=0.010)
-    if name == "no_syncs" or bare:
-        capture.SyncRecorder.watch = lambda self, on: contextlib.nullcontext()
+    if name in ("cuda_only", "cpu_only"):
+        capture.profile = _options(saved[0], name)
+    if name == "sampler_5ms":
+        capture.StackSampler = functools.partial(saved[1], interval=0.005)
     try:
         yield
     finally:
-        capture.profile, capture.StackSampler, capture.SyncRecorder.watch = saved
+        capture.profile, capture.StackSampler, capture.Window._before_step, capture.Window.step = saved
 
 
 def _options(profile, name):
-    """torch.profiler.profile without shapes, and for cuda_only/cpu_only with one kind of activity."""
+    """torch.profiler.profile with shapes (before), or with one kind of activity (cuda_only, cpu_only)."""
     def make(*args, **kw):
-        kw["record_shapes"] = False
+        kw["record_shapes"] = name == "before"
         keep = {"cuda_only": "CUDA", "cpu_only": "CPU"}.get(name)
         if keep:
             kw["activities"] = [a for a in kw["activities"] if a.name == keep]
         return profile(*args, **kw)
     return make
+
+
+def _watched(before_step, step):
+    """Window methods that keep CUDA's sync debug mode on during each recorded step."""
+    def before(self):
+        before_step(self)
+        if self.warmup <= self.i < self.warmup + self.active:
+            self._bench_watch = contextlib.ExitStack()
+            self._bench_watch.enter_context(self.syncs.watch(True))
+
+    def after(self):
+        watch = getattr(self, "_bench_watch", None)
+        if watch is not None:
+            watch.close()
+            self._bench_watch = None
+        return step(self)
+    return before, after
 
 
 class _IdleSampler:
@@ -256,19 +277,20 @@ def run(name, args):
         print(f"{name} api {rep}: profiled {r['step_ms']:.2f} vs unprofiled {r['unprofiled_step_ms']:.2f} ms",
               flush=True)
         if rep == 0:
-            shutil.copy(os.path.join(r["folder"], "report.md"), os.path.join(args.out, f"{name}-report.md"))
+            shutil.copy(os.path.join(r["folder"], "report.md"), os.path.join(args.out, f"{name}{args.tag}-report.md"))
         out["api"].append(r)
     shutil.rmtree(tmp, ignore_errors=True)
-    base = statistics.median(out["unprofiled"])
-    out["median_ms"] = {k: statistics.median(out[k]) for k in ["unprofiled"] + args.variants}
-    out["median_excess_percent"] = {v: round(100 * (out["median_ms"][v] / base - 1), 1) for v in args.variants}
+    base = statistics.median(out["unprofiled"] or [math.nan])
+    out["median_ms"] = {k: statistics.median(out[k]) for k in ["unprofiled"] + args.variants if out[k]}
+    out["median_excess_percent"] = {v: round(100 * (out["median_ms"][v] / base - 1), 1) for v in args.variants
+                                    if out[v]}
     out["median_step_excess_percent"] = {  # each step's own time: an outlier step weighs no more than one
         v: round(100 * (statistics.median(x for w in out[v + "_steps"] for x in w) / base - 1), 1)
-        for v in args.variants}
+        for v in args.variants if out[v]}
     if out["api"]:
         excess = [100 * (r["step_ms"] / r["unprofiled_step_ms"] - 1) for r in out["api"]]
         out["api_median_excess_percent"] = round(statistics.median(excess), 1)
-    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+    with open(os.path.join(args.out, f"{name}{args.tag}.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(f"{name}: excess over unprofiled (median of {args.reps}): {out['median_excess_percent']}; "
           f"median step: {out['median_step_excess_percent']}; "
@@ -281,26 +303,31 @@ def main(argv=None):
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--size", choices=("gpu", "tiny"), default="gpu")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3, help="repetitions of the window variants (0: none)")
     p.add_argument("--warmup", type=int, default=8, help="steps before timing (compilation, autotuning)")
     p.add_argument("--timed", type=int, default=10, help="unprofiled steps per repetition")
     p.add_argument("--active", type=int, default=5, help="recorded steps per window")
     p.add_argument("--api", type=int, default=3, help="public Profiler runs per workload")
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--in-process", action="store_true", help="run the workloads here, not one process each")
+    p.add_argument("--fresh", type=int, default=1,
+                   help="processes per workload (each compiles afresh and profiles as a user's script would)")
+    p.add_argument("--tag", default="", help=argparse.SUPPRESS)  # a process's own suffix for its files
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    if args.in_process or len(args.workloads) == 1:
+    if args.in_process:
         for name in args.workloads:
             run(name, args)
         return 0
     import subprocess
     rc = 0
     for name in args.workloads:  # one process each: a fresh compile, nothing carried over
-        cmd = [sys.executable, os.path.abspath(__file__), args.out, "--workloads", name, "--size", args.size,
-               "--device", args.device, "--variants", *args.variants] + [f"--{k}={getattr(args, k)}" for k in ("reps", "warmup", "timed",
-                                                                                   "active", "api")]
-        rc |= subprocess.call(cmd)
+        for k in range(args.fresh):
+            cmd = [sys.executable, os.path.abspath(__file__), args.out, "--workloads", name, "--size", args.size,
+                   "--device", args.device, "--in-process", "--tag", f"-{k}" if args.fresh > 1 else ""]
+            cmd += ["--variants", *args.variants] if args.variants else []
+            cmd += [f"--{a}={getattr(args, a)}" for a in ("reps", "warmup", "timed", "active", "api")]
+            rc |= subprocess.call(cmd)
     return rc
 
 
