@@ -64,7 +64,7 @@ def build_model(size):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=SIZES, default="tiny")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps (max_steps; a profile takes 15-16)")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps (max_steps; a profile takes 16-17)")
     p.add_argument("--batch", type=int, help="sequences per device per micro-batch (default: the size's)")
     p.add_argument("--accumulation", type=int, default=1, help="gradient accumulation steps")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -120,7 +120,7 @@ def lightning_module(size, compile_model):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=SIZES, default="tiny")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps (max_steps; a profile takes 15-16)")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps (max_steps; a profile takes 16-17)")
     p.add_argument("--batch", type=int, help="sequences per device per micro-batch (default: the size's)")
     p.add_argument("--accumulation", type=int, default=1, help="accumulate_grad_batches")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
