@@ -146,10 +146,10 @@ def index(events):
             ix.steps.append((ts, ts + dur, name))
         elif name.lower().startswith("optimizer"):
             ix.optimizer_marks.append(e)
+        elif name.startswith(GRAPH_CALL_PREFIX):  # a user_annotation, or a cpu_op in a trace without shapes
+            ix.graph_calls.append(e)
         elif cat == "cpu_op":
             ix.cpu_ops.append(e)
-        elif name.startswith(GRAPH_CALL_PREFIX):
-            ix.graph_calls.append(e)
         elif cat == "python_function" and name.startswith(MODULE_PREFIX):
             ix.modules.append(e)
     ix.steps.sort()

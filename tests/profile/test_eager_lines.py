@@ -72,7 +72,7 @@ def captured():
         mp.chdir(ROOT)  # the project's own files: those under the folder the run starts in
         mp.delenv("AUTORESEARCH_EAGER_LINES", raising=False)
         trace, _ = capture.capture(step, warmup=2, active=2, metadata={})
-    assert len(calls) == 2 + 2 + 1  # the line-record step trains like any other
+    assert len(calls) == 2 + 2 + 1 + 1  # the shape step and the line-record step train like any other
     return trace
 
 
