@@ -128,6 +128,7 @@ from profiling.profile import (
     roofline,
     settings,
 )
+from profiling.profile import irregular
 from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.timeline import Timeline
 from profiling.profile.traceio import (
@@ -515,6 +516,9 @@ def summarize(trace, top=None, unprofiled_ms=None):
     s["window"] = WHOLE_TRACE if ix.whole else "steps"
     s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {_ms_text(s['step_ms'])}"
                   ] if ix.whole else []
+    s["notes"] += irregular.notes(meta)  # timed steps left out, a loop that ended early
+    if not ix.whole:
+        s["checks"].append(irregular.profiled_check(s["step_ms_each"], ix.steps, ix.cpu_ops, meta.get("host_samples")))
     if top is not None:
         s["kernels"] = s["kernels"][:max(0, top)]
     return s
