@@ -371,11 +371,13 @@ def save_trace(trace, ranks=None, root=None):
 
 def run_identity(meta):
     """What makes two profiles comparable: the script that ran (its path) and the model's kind (its
-    parameters' names, layer numbers aside: a deeper or wider model of the same code still compares)."""
+    parameters' names and dimensions, layer numbers and sizes aside: a deeper or wider model of the same code
+    still compares)."""
     params = meta.get("parameters")
     model = None
     if isinstance(params, dict) and params:
-        names = sorted({re.sub(r"\d+", "N", name) for name in params})
+        names = sorted({f"{re.sub(r'[0-9]+', 'N', name)}:{len(shape) if isinstance(shape, list) else '?'}"
+                        for name, shape in params.items()})
         model = hashlib.sha1("\n".join(names).encode()).hexdigest()[:12]
     return {"script": meta.get("script"), "model": model}
 

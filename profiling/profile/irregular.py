@@ -9,7 +9,8 @@ a check, with what ran only in it. Pure, stdlib only: the Profiler (profiling/ap
 """
 import statistics
 
-OUTLIER_RATIO = 1.5   # over the median: clearly another kind of step, not jitter (steps vary by a few %)
+OUTLIER_RATIO = 2.0   # over the median: the saves of issue #41 were 3.5x and 5x; a loaded 2-core host
+                      # jitters single CPU steps by 1.5x, so 2x is clearly another kind of step
 OUTLIER_MIN_MS = 1.0  # and this much over it: a sub-ms CPU step's scheduler hiccup is no checkpoint save
 MIN_STEPS = 3         # fewer steps have no median to speak of
 SHOWN = 3             # operators or frames named in the check
