@@ -13,8 +13,29 @@
     result = profiling.profile_steps(lambda: train_step(next(batches)), model, tokens_per_step=...)
     print(result.report)             # the function form: it calls the step function itself
 
-`Profiler` also works as a context manager (`with profiling.Profiler(...) as prof:`), which says at its exit
-when the loop ended before the profile was done. train.py's `--profile` goes through this same class.
+`Profiler` also works as a context manager (`with profiling.Profiler(...) as prof:`), which closes the profile
+at its exit however the block ends. train.py's `--profile` goes through this same class.
+
+What it guarantees about the run it measures (DESIGN.md pitfall 14, STYLE.md habit 17), whatever way the loop
+ends -- done, stopped early (step() no longer called, close() or not), an exception, KeyboardInterrupt, the
+interpreter exiting, the `with` block left by an exception, the Profiler dropped:
+    - nothing it started runs on: torch.profiler, the stack-sampler thread, CUDA's sync debug mode, the line
+      tracer (sys.settrace), the allocator's history; an atexit hook (registered when the window opens, through
+      weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
+    - the run ends as it would without the profiler: the same exception, traceback and exit code (0; 1; a
+      KeyboardInterrupt as Python ends it), never a crash; close() and the exit hooks never raise: a failure of
+      their own is one line on stderr;
+    - what was recorded is kept once one profiled step was complete: close() (or `with` ending without an
+      exception) writes the report of the steps recorded, noting what is missing; on an exception or at exit
+      only the trace is written (quick; `research profile <trace>` makes the report), said in one stderr line;
+      a loop that ended before the profiled steps warns and writes nothing;
+    - the settings it changed are put back when its steps end (provenance.start()'s compiler settings; the
+      sync debug mode after each profiled step);
+    - an out_dir it could not write fails at construction, before any step.
+Timed steps are timed one by one (CUDA events, no extra sync); a step over twice their median is left out of
+the unprofiled step time and named in the report (profiling/profile/irregular.py), as is one among the
+profiled steps. The report compares itself with profiles/latest only when that one is of the same script and
+model (capture.run_identity).
 
 What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 = 15 steps; each trains the model as usual):
     warmup_steps            untimed: compilation, autotuning, the allocator settling
