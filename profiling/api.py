@@ -207,13 +207,11 @@ class Profiler:
             self._guard = None
         steps = self.steps
         try:
-            if window is None:
-                pass
-            elif cause is None:
+            if window is not None and cause is None:
                 trace = window.end_early(f"the loop stopped after step {steps}")
                 if trace is not None:
                     self._finish(trace, time.perf_counter())
-            else:
+            elif window is not None:
                 _keep(window, self.out_dir, self.ranks, f"{cause} in step {steps + 1}")
         except Exception as e:  # noqa: BLE001 (the profiler must never change how the run ends)
             _say(f"could not save what it recorded ({type(e).__name__}: {e})")
