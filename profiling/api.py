@@ -20,11 +20,11 @@ What it guarantees about the run it measures (DESIGN.md pitfall 14, STYLE.md hab
 ends -- done, stopped early (step() no longer called, close() or not), an exception, KeyboardInterrupt, the
 interpreter exiting, the `with` block left by an exception, the Profiler dropped:
     - nothing it started runs on: torch.profiler, the stack-sampler thread, CUDA's sync debug mode, the line
-      tracer (sys.settrace), the allocator's history; an atexit hook (registered when the window opens, through
-      weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
+      tracer (sys.settrace), the allocator's history; an atexit hook (registered when the window opens,
+      through weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
     - the run ends as it would without the profiler: the same exception, traceback and exit code (0; 1; a
-      KeyboardInterrupt as Python ends it), never a crash; close() and the exit hooks never raise: a failure of
-      their own is one line on stderr;
+      KeyboardInterrupt as Python ends it), never a crash; close() and the exit hooks never raise: a failure
+      of their own is one line on stderr;
     - what was recorded is kept once one profiled step was complete: close() (or `with` ending without an
       exception) writes the report of the steps recorded, noting what is missing; on an exception or at exit
       only the trace is written (quick; `research profile <trace>` makes the report), said in one stderr line;
@@ -189,8 +189,8 @@ class Profiler:
                 self._finish(trace, self._window.t_end)
 
     def close(self):
-        """End a profile the loop left unfinished; the context manager's exit calls it. What the profiled steps
-        recorded is saved with a note of what is missing (a report once one active step was recorded); a loop
+        """End a profile the loop left unfinished; the context manager's exit calls it. What the profiled
+        steps recorded is saved with a note of what is missing (a report once one active step was recorded); a loop
         that ended before them warns how many steps the profile needed. Never raises: a failure of its own is
         one line on stderr."""
         if not self.done:
@@ -250,7 +250,7 @@ class Profiler:
         self._marks = [self._mark()]
 
     def _stop_timing(self):
-        """The unprofiled step time from the timed steps, the outliers left out (profiling/profile/irregular.py)."""
+        """The unprofiled step time from the timed steps, outliers left out (profiling/profile/irregular.py)."""
         from profiling.profile import irregular
         self._sync()
         marks = self._marks
@@ -281,7 +281,8 @@ class Profiler:
         meta = dict(device=device, torch=torch.__version__, peak_flops=hardware.peak_flops(device) if self.cuda
                     else None, unprofiled_step_ms=self.unprofiled_ms,
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
-                    parameters=self.parameters, compiled_before_profiler=self.compiled_before, script=_script())
+                    parameters=self.parameters, compiled_before_profiler=self.compiled_before,
+                    script=_script())
         if self.micro_batch:
             meta["micro_batch"] = self.micro_batch
         if self.tokens_per_step:
@@ -386,8 +387,8 @@ def _check_out_dir(path):
     while not os.path.lexists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
-        raise ValueError(f"out_dir {os.fspath(path)!r} cannot be a folder: {probe!r} is a file; give a folder "
-                         "path")
+        raise ValueError(f"out_dir {os.fspath(path)!r} cannot be a folder: {probe!r} is a file; give a "
+                         "folder path")
     try:
         tempfile.TemporaryFile(dir=probe).close()
     except OSError as e:

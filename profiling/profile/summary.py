@@ -518,7 +518,9 @@ def summarize(trace, top=None, unprofiled_ms=None):
                   ] if ix.whole else []
     s["notes"] += irregular.notes(meta)  # timed steps left out, a loop that ended early
     if not ix.whole:
-        s["checks"].append(irregular.profiled_check(s["step_ms_each"], ix.steps, ix.cpu_ops, meta.get("host_samples")))
+        check = irregular.profiled_check(s["step_ms_each"], ix.steps, ix.cpu_ops, meta.get("host_samples"))
+        s["checks"].append(check)
+        s["notes"] += [check["detail"]] if check.get("outliers") else []
     if top is not None:
         s["kernels"] = s["kernels"][:max(0, top)]
     return s
