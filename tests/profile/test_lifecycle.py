@@ -61,6 +61,9 @@ def test_ending_inside_and_around_the_window_exits_as_without_the_profiler(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("AUTORESEARCH_LIFECYCLE_MATRIX") != "1",
+                    reason="the whole 1-20 matrix (160 forked runs, ~15 min on a loaded 2-core CPU): "
+                           "AUTORESEARCH_LIFECYCLE_MATRIX=1")
 def test_every_step_count_from_1_to_20(tmp_path):
     check_matrix(tmp_path, "1-20")
 
