@@ -13,8 +13,29 @@
     result = profiling.profile_steps(lambda: train_step(next(batches)), model, tokens_per_step=...)
     print(result.report)             # the function form: it calls the step function itself
 
-`Profiler` also works as a context manager (`with profiling.Profiler(...) as prof:`), which says at its exit
-when the loop ended before the profile was done. train.py's `--profile` goes through this same class.
+`Profiler` also works as a context manager (`with profiling.Profiler(...) as prof:`), which closes the profile
+at its exit however the block ends. train.py's `--profile` goes through this same class.
+
+What it guarantees about the run it measures (DESIGN.md pitfall 14, STYLE.md habit 17), whatever way the loop
+ends -- done, stopped early (step() no longer called, close() or not), an exception, KeyboardInterrupt, the
+interpreter exiting, the `with` block left by an exception, the Profiler dropped:
+    - nothing it started runs on: torch.profiler, the stack-sampler thread, CUDA's sync debug mode, the line
+      tracer (sys.settrace), the allocator's history; an atexit hook (registered when the window opens,
+      through weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
+    - the run ends as it would without the profiler: the same exception, traceback and exit code (0; 1; a
+      KeyboardInterrupt as Python ends it), never a crash; close() and the exit hooks never raise: a failure
+      of their own is one line on stderr;
+    - what was recorded is kept once one profiled step was complete: close() (or `with` ending without an
+      exception) writes the report of the steps recorded, noting what is missing; on an exception or at exit
+      only the trace is written (quick; `research profile <trace>` makes the report), said in one stderr line;
+      a loop that ended before the profiled steps warns and writes nothing;
+    - the settings it changed are put back when its steps end (provenance.start()'s compiler settings; the
+      sync debug mode after each profiled step);
+    - an out_dir it could not write fails at construction, before any step.
+Timed steps are timed one by one (CUDA events, no extra sync); a step over twice their median is left out of
+the unprofiled step time and named in the report (profiling/profile/irregular.py), as is one among the
+profiled steps. The report compares itself with profiles/latest only when that one is of the same script and
+model (capture.run_identity).
 
 What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 = 16 steps; each trains the model as usual):
     warmup_steps            untimed: compilation, autotuning, the allocator settling
@@ -37,15 +58,22 @@ report says when it was not). Without torch.compile everything works the same, f
 Every argument is checked on creation: a bad one raises ValueError naming it. Importing `profiling` does not
 import torch; creating a Profiler does.
 """
+import atexit
+import contextlib
 import os
 import sys
+import tempfile
 import time
 import warnings
+import weakref
 from typing import NamedTuple
 
 from profiling.profile import whose
 
 PROFILER_WARMUP = 1   # torch.profiler's own start-up step, not recorded
+
+_guards = set()       # weakref.finalize of each open window's Profiler: what interpreter exit must close
+_exiting = []         # non-empty once the interpreter exits (a window then closes as "the program exited")
 
 
 class ProfileResult(NamedTuple):
@@ -104,6 +132,9 @@ class Profiler:
             raise ValueError(f"reference {reference!r} is not a file; give a profile's summary.json")
         whose.use(code_roots)  # whose lines the report names; ValueError for anything but folders
 
+        from profiling.profile import capture
+        _check_out_dir(out_dir if out_dir is not None else capture.profile_dir())
+
         import torch
         from profiling.profile import provenance
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
@@ -114,14 +145,17 @@ class Profiler:
         self.metadata = dict(metadata or {})
         self.ranks = ranks if ranks is not None else _dist_ranks(torch)
         self.compiled_before = 0 if provenance.started() or not provenance.enabled() else _graphs_compiled()
+        self._started_provenance = not provenance.started()  # then its settings are ours to put back
         provenance.start()  # before the first compile: the lines of compiled kernels
         self.cuda = torch.cuda.is_available()
         self.micro_batch, self.memory_asked = micro_batch, memory is not False  # without CUDA: said, not run
         self.memory = self.memory_asked and self.cuda
         self.model = model
-        self.steps, self.done, self.result, self._window = 0, False, None, None
+        self.steps, self.done, self.result, self._window, self._guard = 0, False, None, None, None
+        if warmup_steps == 0 and timed_steps:  # the timed steps begin with the next step
+            self._start_timing()
         if warmup_steps + timed_steps == 0:  # the window begins with the next step
-            self._window = self._open_window()
+            self._open()
 
     # the results, once done
     report = property(lambda self: self.result.report if self.result else None)
@@ -139,8 +173,9 @@ class Profiler:
         return self
 
     def __exit__(self, kind, value, tb):
-        if kind is None and not self.done:
-            self.close()
+        """Close the profile however the block ends; the block's own exception goes on unchanged."""
+        if not self.done:
+            self._end(None if kind is None else _cause(kind))
         return False
 
     def step(self):
@@ -151,30 +186,92 @@ class Profiler:
         self.steps += 1
         start = self.warmup  # the timed steps begin after the warm-up
         if self.steps == start and self.timed:
-            self._sync()
-            self._t0 = time.perf_counter()
+            self._start_timing()
+        elif start < self.steps <= start + self.timed:
+            self._marks.append(self._mark())
         if self.steps == start + self.timed:
             if self.timed:
-                self._sync()
-                self.unprofiled_ms = 1e3 * (time.perf_counter() - self._t0) / self.timed
-            self._window = self._open_window()
+                self._stop_timing()
+            self._open()
         elif self._window is not None:
             trace = self._window.step()
             if trace is not None:
                 self._finish(trace, self._window.t_end)
 
     def close(self):
-        """Stop a profile the loop left unfinished (warns how many steps it needed); the context manager's
-        exit calls it."""
-        if self._window is not None:
-            self._window.abandon()
-            self._window = None
+        """End a profile the loop left unfinished; the context manager's exit calls it. What the profiled
+        steps recorded is saved with a note of what is missing (a report once one active step was recorded); a loop
+        that ended before them warns how many steps the profile needed. Never raises: a failure of its own is
+        one line on stderr."""
         if not self.done:
-            warnings.warn(f"profiling: the loop ended after {self.steps} steps, before the profile was done: it "
+            self._end(None)
+
+    def _end(self, cause):
+        """Stop everything the profile runs and keep what it recorded. cause: None when the loop simply
+        stopped (the report is written), else the exception that ended it, in words (only the trace is
+        written: quick, and nothing that can fail on the way out)."""
+        window, self._window = self._window, None
+        if self._guard is not None:
+            self._guard.detach()
+            _guards.discard(self._guard)
+            self._guard = None
+        steps = self.steps
+        try:
+            if window is not None and cause is None:
+                trace = window.end_early(f"the loop stopped after step {steps}")
+                if trace is not None:
+                    self._finish(trace, time.perf_counter())
+            elif window is not None:
+                _keep(window, self.out_dir, self.ranks, f"{cause} in step {steps + 1}")
+        except Exception as e:  # noqa: BLE001 (the profiler must never change how the run ends)
+            _say(f"could not save what it recorded ({type(e).__name__}: {e})")
+        finally:
+            self.done = True
+            _restore(self._started_provenance)
+        if self.result is None and cause is None:
+            warnings.warn(f"profiling: the loop ended after {steps} steps, before the profile was done: it "
                           f"takes {self.total_steps} (warmup_steps {self.warmup} + timed_steps {self.timed} + "
                           f"profiler_warmup_steps {self.profiler_warmup} + active_steps {self.active} + the "
-                          "shape, line-record and memory steps); run more steps or lower those", stacklevel=2)
-            self.done = True
+                          "shape, line-record and memory steps); run more steps or lower those", stacklevel=3)
+        elif self.result is not None and cause is None:
+            _say(f"the loop ended after {steps} steps, before the profile was done: {self.folder} holds what "
+                 "was recorded (its report says what is missing)")
+
+    def _open(self):
+        """Open the profiled window, guarded: closed at interpreter exit, or when the Profiler is dropped,
+        if the loop never closes it."""
+        self._window = self._open_window()
+        self._guard = weakref.finalize(self, _left_open, self._window, self.out_dir, self.ranks,
+                                       self._started_provenance)
+        _guards.add(self._guard)
+        _hook_exit()
+
+    def _mark(self):
+        """A timed step's boundary, without a sync: a CUDA event (read after the last), else the clock."""
+        if self.cuda:
+            import torch
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _start_timing(self):
+        self._sync()
+        self._marks = [self._mark()]
+
+    def _stop_timing(self):
+        """The unprofiled step time from the timed steps, outliers left out (profiling/profile/irregular.py)."""
+        from profiling.profile import irregular
+        self._sync()
+        marks = self._marks
+        if self.cuda:
+            each = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        else:
+            each = [1e3 * (b - a) for a, b in zip(marks, marks[1:])]
+        self.unprofiled_ms, self.timed_outliers = irregular.timed(each)
+        self.metadata.setdefault("timed_step_ms_each", [round(x, 4) for x in each])
+        if self.timed_outliers:
+            self.metadata.setdefault("timed_outliers", self.timed_outliers)
 
     def _sync(self):
         if self.cuda:
@@ -195,7 +292,7 @@ class Profiler:
                     else None, unprofiled_step_ms=self.unprofiled_ms,
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
                     parameters=self.parameters, compiled_before_profiler=self.compiled_before,
-                    code_roots=whose.current().roots)
+                    script=_script())
         if self.micro_batch:
             meta["micro_batch"] = self.micro_batch
         if self.tokens_per_step:
@@ -214,11 +311,101 @@ class Profiler:
     def _finish(self, trace, t_end):
         from profiling.profile import capture
         self._window = None
+        if self._guard is not None:
+            self._guard.detach()
+            _guards.discard(self._guard)
+            self._guard = None
         reference = (self.reference, f"the profile {self.reference}") if isinstance(self.reference, str) \
             else self.reference  # train.py's: (path, "the best kept run, ...")
-        report, folder, summary = capture.save(trace, self.ranks, reference, self.top, self.out_dir)
-        self.result = ProfileResult(report, summary, folder, time.perf_counter() - t_end)
-        self.done = True
+        try:
+            report, folder, summary = capture.save(trace, self.ranks, reference, self.top, self.out_dir)
+            self.result = ProfileResult(report, summary, folder, time.perf_counter() - t_end)
+        finally:
+            self.done = True
+            _restore(self._started_provenance)
+
+
+def _hook_exit():
+    """Register the exit hook once, when the first window opens: after torch's own (atexit runs last first),
+    so it runs before them."""
+    if not _exiting and not getattr(_hook_exit, "done", False):
+        atexit.register(_at_exit)
+        _hook_exit.done = True
+
+
+def _at_exit():
+    """The interpreter is exiting with a window still open (the loop stopped or raised, nothing closed it):
+    torch.profiler left running then ends the process with a segmentation fault (DESIGN.md pitfall 14)."""
+    _exiting.append(True)
+    for guard in list(_guards):
+        guard()
+
+
+def _left_open(window, out_dir, ranks, started_provenance):
+    """A Profiler whose window is open is dropped or outlived by the interpreter: stop it, keep the trace."""
+    _guards.difference_update([g for g in list(_guards) if not g.alive])
+    if _exiting:
+        error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
+        cause = "the program exited" + (f" on {_cause(type(error))}" if error is not None else "")
+    else:
+        cause = "the Profiler was dropped"
+    try:
+        _keep(window, out_dir, ranks, f"{cause} before the profile was done")
+    except Exception as e:  # noqa: BLE001 (never change how the run ends)
+        _say(f"could not save what it recorded ({type(e).__name__}: {e})")
+    finally:
+        _restore(started_provenance)
+
+
+def _keep(window, out_dir, ranks, how):
+    """Stop the window and write what it recorded, the trace only (no summary: this runs on the way out, on
+    an exception or at exit), with one line on stderr saying where."""
+    from profiling.profile import capture
+    trace = window.end_early(how)
+    if trace is None:
+        _say(f"{how}: stopped before any profiled step was recorded; nothing saved")
+        return
+    path = capture.save_trace(trace, ranks, out_dir)
+    n = trace["autoresearch"]["ended_early"]["active_steps"]
+    _say(f"{how}: the {n} profiled step{'s' * (n != 1)} recorded {'are' if n != 1 else 'is'} in {path}; "
+         f"`research profile {path}` reads {'them' if n != 1 else 'it'}")
+
+
+def _say(text):
+    """One line on stderr, the profiler's only voice on the way out."""
+    with contextlib.suppress(Exception):
+        print(f"profiling: {text}", file=sys.stderr, flush=True)
+
+
+def _restore(started_provenance):
+    """Put back the settings the Profiler changed (profiling/profile/provenance.py), if it changed them."""
+    if started_provenance:
+        from profiling.profile import provenance
+        with contextlib.suppress(Exception):
+            provenance.stop()
+
+
+def _cause(kind):
+    """An exception type in words, for the notes: `an exception (RuntimeError)`, `KeyboardInterrupt`."""
+    if kind is KeyboardInterrupt:
+        return "KeyboardInterrupt"
+    return f"an exception ({getattr(kind, '__name__', kind)})"
+
+
+def _check_out_dir(path):
+    """ValueError unless `path` is a folder this process can write, or one it can create: said now, not after
+    the profiled steps."""
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError(f"out_dir {os.fspath(path)!r} cannot be a folder: {probe!r} is a file; give a "
+                         "folder path")
+    try:
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError as e:
+        raise ValueError(f"out_dir {os.fspath(path)!r} cannot be written ({e.strerror} in {probe!r}); give a "
+                         "folder you can write") from None
 
 
 def profile_steps(step_fn, model=None, **options):
@@ -276,6 +463,12 @@ def _check_number(name, value):
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
         raise ValueError(f"{name} must be a positive number or None, not {value!r}")
+
+
+def _script():
+    """The path of the script that runs (what a later profile must share to be compared with), or None."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return os.path.abspath(path) if path else None
 
 
 def _graphs_compiled():

@@ -14,6 +14,7 @@ Files, under ./profiles (git-ignored; AUTORESEARCH_PROFILE_DIR names another), o
 import contextlib
 import gc
 import gzip
+import hashlib
 import json
 import linecache
 import os
@@ -92,7 +93,7 @@ class Window:
         self.before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)
         self.sampler, self.syncs, self.state = StackSampler(), SyncRecorder(cuda), None
-        self.i, self.t_end, self.trace, self.recorder, self.watch = 0, None, None, None, None
+        self.i, self.t_end, self.trace, self.recorder = 0, None, None, None
         self.after = [("details", lambda: DetailStep(self.syncs, self.sync))]
         if eager_record.enabled():
             self.after.append(("eager_lines", lambda: eager_record.Recorder(self.sync)))
@@ -186,33 +187,78 @@ class Window:
     def _export(self):
         self.prof.step()
         self.prof.stop()
+        self.trace = self._recorded(self.active)
+
+    def _recorded(self, steps, missing=None):
+        """The exported trace of the first `steps` active steps (None if there is none), with the capture's
+        metadata; `missing`: records of the steps after the window that were not made, and why."""
         try:
             with open(self.path, encoding="utf-8") as f:
-                trace = json.load(f)
+                trace = json.load(f) if steps > 0 else None
+        except FileNotFoundError:
+            trace = None
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
-        trace["autoresearch"] = dict(self.metadata, host_samples=self.sampler.result(), syncs=None,
-                                     dynamo=dynamo_record(),
+        if trace is None:
+            return None
+        samples = self.sampler.result()
+        if steps < self.active:  # the step the loop was in when it ended is no step: its marker goes
+            trace["traceEvents"] = [e for e in trace.get("traceEvents") or []
+                                    if e.get("name") != f"ProfilerStep#{self.warmup + steps}"]
+            samples["samples"] = [s for s in samples["samples"] if s[0] < steps]
+        trace["autoresearch"] = dict(self.metadata, host_samples=samples,
+                                     syncs=None, dynamo=dynamo_record(),
                                      provenance=provenance.result(), device_state=self.state,
                                      settings=dict(self.before, profiler=own_settings(self.before, self.cuda)),
-                                     **self.missing)
-        self.trace = trace
+                                     **self.missing, **(missing or {}))
+        return trace
 
     def _quiet(self, fn):
         """fn(), with kineto's no-GPU error line dropped on a machine without CUDA (see NO_GPU_LINE)."""
         with stderr_without(NO_GPU_LINE) if not self.cuda else contextlib.nullcontext():
             return fn()
 
+    def end_early(self, how):
+        """Stop a window the loop left before its end, in whatever state (nothing left running: torch.profiler,
+        the sampler thread, the sync debug mode, the line tracer, the memory history), and return what it
+        recorded: the trace of its complete active steps, with the records it could not make marked missing
+        and `ended_early` in its metadata (profiling/profile/irregular.py words it); None when no active step
+        was complete. how: why the loop ended, in words ("an exception (RuntimeError)")."""
+        pending = [_record_name(key) for key, _ in self.after]
+        self.after = []
+        if self.trace is not None:  # in a record step after the window: the profile itself is whole
+            if self.recorder is not None:
+                pending.insert(0, _record_name(self.key))
+                with contextlib.suppress(Exception):
+                    self.recorder.abandon()
+                self.recorder = None
+            trace, steps = self.trace, self.active
+        else:
+            steps = max(0, self.i - self.warmup)
+            self.sampler.stop()
+            with contextlib.suppress(Exception):  # a device left broken by the user's error must not stop this
+                self.sync()
+            self._quiet(self.prof.stop)  # exports the steps recorded so far (torch.profiler does, mid-window)
+            missing = {key: {"missing": f"the loop ended before its step ({how})"} for key in pending}
+            trace = self._recorded(steps, missing) if steps else None
+            pending = list(missing)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if trace is not None:
+            for key in pending:
+                trace["autoresearch"][key] = {"missing": f"the loop ended before its step ({how})"}
+            trace["autoresearch"]["ended_early"] = {"how": how, "active_steps": steps, "of": self.active,
+                                                   "missing": pending}
+        self.trace = None
+        return trace
+
     def abandon(self):
         """Stop a window the loop left before its end: nothing recorded, nothing left running."""
-        if self.watch is not None:
-            self.watch.close()
-        if self.recorder is not None:
-            self.recorder.abandon()
-        elif self.trace is None:
-            self.sampler.stop()
-            self._quiet(self.prof.stop)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.end_early("abandoned")
+
+
+def _record_name(key):
+    """The metadata key of an after-window step's record (the detail step's is its shapes)."""
+    return "shapes" if key == "details" else key
 
 
 def own_settings(record, cuda):
@@ -370,13 +416,50 @@ def new_folder(root, stem):
             name = f"{stem}-{n}"
 
 
+def save_trace(trace, ranks=None, root=None):
+    """Write the trace alone into a new profile folder (the way out of an exception or of interpreter exit:
+    no summary, no collective call); return its path. Under torchrun each rank writes a folder of its own."""
+    root = root or profile_dir()
+    stem = time.strftime("%Y%m%d-%H%M%S") + "-" + (trace["autoresearch"].get("commit") or "nocommit")
+    if ranks and ranks.world_size > 1:
+        stem += f"-rank{ranks.rank}"
+    path = os.path.join(root, new_folder(root, stem), "trace.json.gz")
+    atomic_write(path, gzip.compress(json.dumps(trace).encode(), compresslevel=1, mtime=0))
+    return path
+
+
+def run_identity(meta):
+    """What makes two profiles comparable: the script that ran (its path) and the model's kind (its
+    parameters' names and dimensions, layer numbers and sizes aside: a deeper or wider model of the same code
+    still compares)."""
+    params = meta.get("parameters")
+    model = None
+    if isinstance(params, dict) and params:
+        names = sorted({f"{re.sub(r'[0-9]+', 'N', name)}:{len(shape) if isinstance(shape, list) else '?'}"
+                        for name, shape in params.items()})
+        model = hashlib.sha1("\n".join(names).encode()).hexdigest()[:12]
+    return {"script": meta.get("script"), "model": model}
+
+
+def comparable(previous, result):
+    """The previous profile, when it is of the same script and model as this one (else None: its diff would
+    compare two different programs), and the note saying why not."""
+    if previous is None:
+        return None, None
+    if previous.get("run") != result.get("run"):
+        return None, ("the previous profile (profiles/latest) is of another script or model: no changes section; "
+                      "compare two profiles of one script with `research profile`")
+    return previous, None
+
+
 def save(trace, ranks=None, reference=None, top=10, root=None):
     """Summarize, render and write one captured trace (the files of the module's docstring); return (the
     Markdown report, the folder, the summary), the report and summary None on ranks other than 0.
     reference: (summary.json path, label) of the profile to look for a regression against, or None. ranks:
     in a several-process run, every rank writes rank-<k>.trace.json.gz into one folder, and rank 0 makes the
     one report of all ranks (profiling.profile.ranks) once all are written. root: where the folder goes
-    (default: profile_dir())."""
+    (default: profile_dir()). The previous profile (root/latest) is compared with only when it is of the same
+    script and model (run_identity)."""
     n = ranks.world_size if ranks else 1
     root = root or profile_dir()
     previous = previous_summary(root)
@@ -399,6 +482,10 @@ def save(trace, ranks=None, reference=None, top=10, root=None):
             regression.add(result, summary.load_summary(reference[0]), reference[1])
         except UserError as e:  # an unreadable reference costs the finding, not the profile
             print(f"profile: no regression check against {reference[0]}: {e}", file=sys.stderr)
+    result["run"] = run_identity(trace["autoresearch"])
+    previous, note = comparable(previous, result)
+    if note:
+        result.setdefault("notes", []).append(note)
     report = render.to_markdown(result, previous=previous, top=top)
     atomic_write(os.path.join(folder, "summary.json"), render.to_json(result))
     atomic_write(os.path.join(folder, "report.md"), report + "\n")

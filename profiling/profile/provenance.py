@@ -60,6 +60,7 @@ UNSEEN = object()  # no stack-trace artifact yet for the graph being compiled
 _collector = None
 _unavailable = None  # why `start` could not run on this torch
 _changes = {}   # the settings `start` changed, for the trace's settings record (profiling/profile/settings.py)
+_undo = []      # (object, attribute, value before) of each setting `start` changed; the logger's level before
 
 
 def enabled():
@@ -98,13 +99,33 @@ def start(root=None):
     _collector = Collector(root)
     log = logging.getLogger("torch.__trace")
     log.addHandler(_collector)
+    _undo.append((log, "level", log.level))
     if log.level == logging.NOTSET or log.level > logging.DEBUG:
         log.setLevel(logging.DEBUG)
+
+
+def stop():
+    """Put back every setting `start` changed and stop collecting (what was collected is dropped): the
+    profile that needed them is done, and a guest leaves the house as it found it (STYLE.md habit 17).
+    Graphs compiled from now on have no record; `start` may run again."""
+    global _collector
+    if _collector is None:
+        return
+    logging.getLogger("torch.__trace").removeHandler(_collector)
+    for obj, attr, before in reversed(_undo):
+        if isinstance(obj, logging.Logger):
+            obj.setLevel(before)
+        else:
+            setattr(obj, attr, before)
+    _undo.clear()
+    _changes.clear()
+    _collector = None
 
 
 def _change(name, obj, attr, value):
     """Set obj.attr and remember it under its settings name, with the value it had."""
     _changes[name] = {"value": value, "before": getattr(obj, attr), "during": "compile"}
+    _undo.append((obj, attr, getattr(obj, attr)))
     setattr(obj, attr, value)
 
 

@@ -137,6 +137,7 @@ from profiling.profile import (
     roofline,
     settings,
 )
+from profiling.profile import irregular
 from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.timeline import Timeline
 from profiling.profile.traceio import (
@@ -543,6 +544,11 @@ def summarize(trace, top=None, unprofiled_ms=None):
                   ] if ix.whole else []
     if ix.optimizer != merged:
         s["regions"]["notes"].append(closures.NOTE)
+    s["notes"] += irregular.notes(meta)  # timed steps left out, a loop that ended early
+    if not ix.whole:
+        check = irregular.profiled_check(s["step_ms_each"], ix.steps, ix.cpu_ops, meta.get("host_samples"))
+        s["checks"].append(check)
+        s["notes"] += [check["detail"]] if check.get("outliers") else []
     if top is not None:
         s["kernels"] = s["kernels"][:max(0, top)]
     return s

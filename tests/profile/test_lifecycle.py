@@ -1,0 +1,235 @@
+"""The Profiler never changes how the run ends (issue #41, DESIGN.md pitfall 14, STYLE.md habit 17): every way
+a loop can end, in a plain loop and in `with`, gives the exit code Python gives without the profiler, and what
+was recorded is kept with a note of what is missing; settings are put back; a bad out_dir fails at once;
+outlier steps are left out or named; a report compares itself only with a profile of the same script and model.
+
+The ways of ending run in tests/profile/lifecycle_worker.py: one process imports torch once and forks a child
+per case (the framework callbacks' tests add their FORMS there), and a few true subprocesses end with a real
+uncaught exception and a real KeyboardInterrupt."""
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import profiling
+from profiling.profile import capture, irregular, provenance
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(ROOT, "tests", "profile", "lifecycle_worker.py")
+FAST = dict(warmup_steps=1, timed_steps=3, active_steps=3)   # 1 + 3 + 1 + 3 + 1 = 9 steps
+
+
+def matrix(tmp_path, forms, counts, ends):
+    """{"FORM N END": exit code} from the worker's forked children, and the folder of their logs."""
+    run = subprocess.run([sys.executable, WORKER, "--matrix", forms, counts, ends, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def expected(codes):
+    """Each case's exit code without the profiler (the worker's "none" form) for the same count and end."""
+    return {case: codes[" ".join(["none"] + case.split()[1:])] for case in codes if not case.startswith("none")}
+
+
+def check_matrix(tmp_path, counts):
+    codes = matrix(tmp_path, "none,loop,with,drop", counts, "done,raise")
+    want = expected(codes)
+    assert {case: codes[case] for case in want} == want
+    assert set(want.values()) == {0, 1}
+    for case, code in want.items():  # the user's traceback, whole, in the raise cases
+        log = (tmp_path / (case.replace(" ", "-") + ".log")).read_text()
+        assert ("RuntimeError: the user's own error" in log) == (code == 1), case
+
+
+@pytest.mark.slow
+def test_ending_inside_and_around_the_window_exits_as_without_the_profiler(tmp_path):
+    # the default 15-step schedule: 8 unprofiled, the window opens after step 8, 1 + 5 profiled, 1 line record
+    check_matrix(tmp_path, "1,9,10,12,14,15,16")
+    kept = list((tmp_path / "profiles" / "loop-12-done").glob("*/trace.json.gz"))
+    assert len(kept) == 1  # 3 complete profiled steps
+    meta = json.loads(gzip.decompress(kept[0].read_bytes()))["autoresearch"]
+    assert meta["ended_early"]["active_steps"] == 3 and meta["ended_early"]["of"] == 5
+    assert meta["eager_lines"]["missing"].startswith("the loop ended before its step")
+    assert not (tmp_path / "profiles" / "loop-9-done").exists()  # no profiled step: nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("AUTORESEARCH_LIFECYCLE_MATRIX") != "1",
+                    reason="the whole 1-20 matrix (160 forked runs, ~15 min on a loaded 2-core CPU): "
+                           "AUTORESEARCH_LIFECYCLE_MATRIX=1")
+def test_every_step_count_from_1_to_20(tmp_path):
+    check_matrix(tmp_path, "1-20")
+
+
+@pytest.mark.parametrize("end, code", [("raise", 1),
+                                       pytest.param("interrupt", -signal.SIGINT, marks=pytest.mark.slow)])
+def test_a_real_uncaught_exception_keeps_its_traceback_and_exit_code(tmp_path, end, code):
+    run = subprocess.run([sys.executable, WORKER, "loop", "12", end, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == code, run.stderr[-2000:]
+    assert ("RuntimeError: the user's own error" if end == "raise" else "KeyboardInterrupt") in run.stderr
+    said = [line for line in run.stderr.splitlines() if line.startswith("profiling:")]
+    # step 12 raised: 8 unprofiled steps, 1 profiler warm-up, 2 complete profiled ones
+    assert len(said) == 1 and "the 2 profiled steps recorded are in" in said[0], run.stderr[-2000:]
+    assert "research profile" in said[0] and len(list(tmp_path.glob("*/trace.json.gz"))) == 1
+
+
+def tiny():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train(model, opt):
+    model(torch.randn(4, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+@pytest.fixture
+def out(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    return tmp_path / "profiles"
+
+
+def test_close_inside_the_window_writes_the_report_with_what_is_missing(out):
+    model, opt = tiny()
+    prof = profiling.Profiler(model, out_dir=out, **FAST)
+    for _ in range(7):  # 1 + 3 timed + 1 profiler warm-up + 2 of the 3 profiled
+        train(model, opt)
+        prof.step()
+    assert torch.autograd.profiler._is_profiler_enabled  # mid-window
+    prof.close()
+    assert prof.done and not torch.autograd.profiler._is_profiler_enabled
+    assert prof.summary["steps"] == 2
+    assert "note: the loop ended after 2 of 3 profiled steps (the loop stopped after step 7); missing: " \
+        "eager_lines" in prof.report
+    prof.close()  # twice: nothing more
+
+
+def test_with_ending_on_an_exception_keeps_it_and_saves_the_trace(out, capsys):
+    model, opt = tiny()
+    with pytest.raises(ZeroDivisionError):
+        with profiling.Profiler(model, out_dir=out, **FAST) as prof:
+            for i in range(9):
+                train(model, opt)
+                if i == 7:
+                    1 / 0
+                prof.step()
+    assert prof.done and prof.report is None and not torch.autograd.profiler._is_profiler_enabled
+    assert sys.gettrace() is None or "LineTracer" not in repr(sys.gettrace())
+    err = capsys.readouterr().err
+    assert "an exception (ZeroDivisionError) in step 8" in err and "the 2 profiled steps recorded" in err
+    assert len(list(out.glob("*/trace.json.gz"))) == 1
+
+
+def test_ending_in_the_line_record_step_keeps_the_profile_whole(out, capsys):
+    model, opt = tiny()
+    with pytest.raises(KeyboardInterrupt):
+        with profiling.Profiler(model, out_dir=out, **FAST) as prof:
+            for i in range(9):
+                train(model, opt)
+                if i == 8:  # the line-record step: its tracer is on
+                    raise KeyboardInterrupt
+                prof.step()
+    assert sys.gettrace() is None and not torch.autograd.profiler._is_profiler_enabled
+    path = next(out.glob("*/trace.json.gz"))
+    meta = json.loads(gzip.decompress(path.read_bytes()))["autoresearch"]
+    assert meta["ended_early"] == {"how": "KeyboardInterrupt in step 9", "active_steps": 3, "of": 3,
+                                   "missing": ["eager_lines"]}
+
+
+def test_the_settings_it_changed_are_put_back(out):
+    import torch._inductor.config as config
+    before = (config.trace.provenance_tracking_level, config.cpp.enable_kernel_profile,
+              torch.compiler.config.cache_key_tag)
+    provenance.stop()  # another test's Profiler may have left it on before this fix's time
+    model, opt = tiny()
+    for stop_early in (False, True):
+        prof = profiling.Profiler(model, out_dir=out, **FAST)
+        assert config.trace.provenance_tracking_level == 1 and provenance.started()
+        for _ in range(6 if stop_early else prof.total_steps):
+            train(model, opt)
+            prof.step()
+        prof.close()
+        after = (config.trace.provenance_tracking_level, config.cpp.enable_kernel_profile,
+                 torch.compiler.config.cache_key_tag)
+        assert after == before and not provenance.started()
+
+
+def test_an_out_dir_that_cannot_be_written_fails_at_construction(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"out_dir .*file/profiles.* is a file; give a folder path") as e:
+        profiling.Profiler(out_dir=tmp_path / "file" / "profiles")
+    assert "\n" not in str(e.value)
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="cannot be written"):
+            profiling.Profiler(out_dir=ro / "profiles")
+
+
+def test_the_outlier_rule():
+    assert irregular.outliers([10, 10, 11, 10, 30]) == ([4], 10)
+    assert irregular.outliers([10, 10, 14, 10, 19]) == ([], 10)  # under 2x the median
+    assert irregular.outliers([0.2, 0.2, 0.9]) == ([], 0.2)      # under 1 ms over it
+    assert irregular.outliers([10, 50]) == ([], None)           # too few steps
+    mean, rows = irregular.timed([10, 10, 40, 10, 10])
+    assert mean == 10 and rows == [{"step": 3, "ms": 40, "median_ms": 10}]
+
+
+def saving_loop(out, save_at, profile_save_at, tmp_path):
+    """A real loop with a torch.save of a big tensor in one timed and one profiled step."""
+    model, opt = tiny()
+    big = torch.randn(16, 1024, 1024)  # 64 MB
+    prof = profiling.Profiler(model, out_dir=out, warmup_steps=1, timed_steps=5, active_steps=4)
+    step = 0
+    while not prof.done:
+        step += 1
+        train(model, opt)
+        if step in (save_at, profile_save_at):
+            for _ in range(3):
+                torch.save(big, tmp_path / "checkpoint.pt")
+        prof.step()
+    return prof
+
+
+def test_a_checkpoint_save_in_a_timed_and_a_profiled_step_is_named(out, tmp_path):
+    prof = saving_loop(out, save_at=4, profile_save_at=9, tmp_path=tmp_path)  # timed step 3; profiled step 2
+    s, md = prof.summary, prof.report
+    assert "timed step 3 of 5 took" in md and "left out of the unprofiled step time" in md
+    check = next(c for c in s["checks"] if c["name"] == irregular.CHECK)
+    assert check["outliers"] == 1 and check["detail"].startswith("profiled step 2 took"), check
+    assert "note: profiled step 2 took" in md
+    assert "serialization.py" in check["detail"], check  # torch.save's frames, sampled only in it
+
+
+def test_the_previous_profile_is_compared_only_when_of_the_same_script_and_model(out):
+    meta = dict(script="/a/train.py", parameters={"h.0.w": [4, 4], "h.1.w": [4, 4]})
+    deeper = dict(meta, parameters={"h.0.w": [8, 8], "h.1.w": [8, 8], "h.2.w": [8, 8]})
+    assert capture.run_identity(meta) == capture.run_identity(deeper)  # the same model, deeper and wider
+    other = dict(meta, parameters={"conv.0.weight": [3, 3]})
+    assert capture.run_identity(meta) != capture.run_identity(other)
+    assert capture.run_identity(meta) != capture.run_identity(dict(meta, script="/b/bench.py"))
+    previous, now = {"run": capture.run_identity(meta)}, {"run": capture.run_identity(other)}
+    assert capture.comparable(previous, {"run": capture.run_identity(deeper)}) == (previous, None)
+    assert capture.comparable(previous, now)[0] is None and "another script or model" in \
+        capture.comparable(previous, now)[1]
+    models = [tiny()[0], nn.Sequential(nn.Conv1d(4, 4, 3))]
+    reports = []
+    for model in models:
+        prof = profiling.Profiler(model, out_dir=out, warmup_steps=0, timed_steps=0, unprofiled_step_ms=1.0,
+                                  active_steps=1, profiler_warmup_steps=0)
+        x = torch.randn(4, 32) if model is models[0] else torch.randn(2, 4, 8)
+        while not prof.done:
+            model(x).sum().backward()
+            prof.step()
+        reports.append(prof.report)
+    assert "Changes since the previous profile" not in reports[1] and "another script or model" in reports[1]
