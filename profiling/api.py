@@ -292,7 +292,7 @@ class Profiler:
                     else None, unprofiled_step_ms=self.unprofiled_ms,
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
                     parameters=self.parameters, compiled_before_profiler=self.compiled_before,
-                    script=_script())
+                    script=_script(), code_roots=whose.current().roots)
         if self.micro_batch:
             meta["micro_batch"] = self.micro_batch
         if self.tokens_per_step:

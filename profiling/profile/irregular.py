@@ -98,9 +98,10 @@ def _frames_by_step(samples, n):
     for row in samples.get("samples") or ():
         step, _, stack = row
         if 0 <= step < n and 0 <= stack < len(stacks):
-            for label in set(stacks[stack]):
-                per[step][label] = per[step].get(label, 0) + 1
-    return per
+            for depth, label in enumerate(stacks[stack]):  # innermost first: ties go to the innermost frame
+                count, inner = per[step].get(label, (0, depth))
+                per[step][label] = (count + 1, min(inner, depth))
+    return [{label: count - inner / 1e3 for label, (count, inner) in p.items()} for p in per]
 
 
 def _only(per, k):

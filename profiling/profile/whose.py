@@ -28,6 +28,7 @@ USER, MODEL = "user", "model"
 INSTALLED = ("site-packages", "dist-packages")
 INTERNAL = frozenset({"torch", "functorch", "torchgen", "triton"})   # torch itself: never the line
 FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "deepspeed"})
+PYTHON = tuple({os.path.join(p, "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})  # installations
 MODEL_FILE = "modeling_"   # transformers names every model's file so (models/llama/modeling_llama.py)
 
 _extra = []   # the roots given as Profiler(code_roots=...), absolute
@@ -117,8 +118,8 @@ class Code:
         i = len(parts) - 1
         while i >= 0 and parts[i] not in INSTALLED:   # loops, not comprehensions: no frames (see `kind`)
             i -= 1
-        if i < 0:
-            return USER if path.startswith(self.prefixes) else None
+        if i < 0:  # never the Python installation's own files (a venv inside the project: its bin/ scripts)
+            return USER if path.startswith(self.prefixes) and not path.startswith(PYTHON) else None
         if i + 1 >= len(parts) or parts[i + 1] in INTERNAL or parts[i + 1] in FRAMEWORKS:
             return None
         if function == "forward" or parts[-1].startswith(MODEL_FILE) and parts[-1].endswith(".py"):

@@ -113,6 +113,9 @@ def child(form, steps, end, out):
 
 
 def matrix(forms, steps, ends, out):
+    import torch._inductor.config  # noqa: F401 (what every child's Profiler imports: once, before the forks)
+    import torch.profiler  # noqa: F401
+    from profiling.profile import capture, render, summary  # noqa: F401
     codes = {}
     for form in forms.split(","):
         for n in counts(steps):

@@ -22,7 +22,7 @@ from profiling.profile import capture, irregular, provenance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "profile", "lifecycle_worker.py")
-FAST = dict(warmup_steps=1, timed_steps=3, active_steps=3)   # 1 + 3 + 1 + 3 + 1 = 9 steps
+FAST = dict(warmup_steps=1, timed_steps=3, active_steps=3)   # 1 + 3 + 1 + 3 + 1 + 1 = 10 steps
 
 
 def matrix(tmp_path, forms, counts, ends):
@@ -50,13 +50,16 @@ def check_matrix(tmp_path, counts):
 
 @pytest.mark.slow
 def test_ending_inside_and_around_the_window_exits_as_without_the_profiler(tmp_path):
-    # the default 15-step schedule: 8 unprofiled, the window opens after step 8, 1 + 5 profiled, 1 line record
-    check_matrix(tmp_path, "1,9,10,12,14,15,16")
-    kept = list((tmp_path / "profiles" / "loop-12-done").glob("*/trace.json.gz"))
-    assert len(kept) == 1  # 3 complete profiled steps
+    # the default 16-step schedule: 8 unprofiled, the window opens after step 8, 1 + 5 profiled, 1 shape step,
+    # 1 line record; ending after 9 (no profiled step yet), inside the window (10: 139 before the fix) and in
+    # the shape step (15). The whole 1-20 matrix: test_every_step_count_from_1_to_20 below.
+    check_matrix(tmp_path, "9,10,15")
+    kept = list((tmp_path / "profiles" / "loop-10-done").glob("*/trace.json.gz"))
+    assert len(kept) == 1  # 1 complete profiled step
     meta = json.loads(gzip.decompress(kept[0].read_bytes()))["autoresearch"]
-    assert meta["ended_early"]["active_steps"] == 3 and meta["ended_early"]["of"] == 5
+    assert meta["ended_early"]["active_steps"] == 1 and meta["ended_early"]["of"] == 5
     assert meta["eager_lines"]["missing"].startswith("the loop ended before its step")
+    assert meta["shapes"]["missing"].startswith("the loop ended before its step")
     assert not (tmp_path / "profiles" / "loop-9-done").exists()  # no profiled step: nothing written
 
 
@@ -110,7 +113,7 @@ def test_close_inside_the_window_writes_the_report_with_what_is_missing(out):
     assert prof.done and not torch.autograd.profiler._is_profiler_enabled
     assert prof.summary["steps"] == 2
     assert "note: the loop ended after 2 of 3 profiled steps (the loop stopped after step 7); missing: " \
-        "eager_lines" in prof.report
+        "shapes, eager_lines" in prof.report
     prof.close()  # twice: nothing more
 
 
@@ -134,15 +137,15 @@ def test_ending_in_the_line_record_step_keeps_the_profile_whole(out, capsys):
     model, opt = tiny()
     with pytest.raises(KeyboardInterrupt):
         with profiling.Profiler(model, out_dir=out, **FAST) as prof:
-            for i in range(9):
+            for i in range(10):
                 train(model, opt)
-                if i == 8:  # the line-record step: its tracer is on
+                if i == 9:  # the line-record step (after the shape step): its tracer is on
                     raise KeyboardInterrupt
                 prof.step()
     assert sys.gettrace() is None and not torch.autograd.profiler._is_profiler_enabled
     path = next(out.glob("*/trace.json.gz"))
     meta = json.loads(gzip.decompress(path.read_bytes()))["autoresearch"]
-    assert meta["ended_early"] == {"how": "KeyboardInterrupt in step 9", "active_steps": 3, "of": 3,
+    assert meta["ended_early"] == {"how": "KeyboardInterrupt in step 10", "active_steps": 3, "of": 3,
                                    "missing": ["eager_lines"]}
 
 
