@@ -69,6 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--accumulation", type=int, default=1, help="gradient accumulation steps")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--compile", action="store_true", help="TrainingArguments(torch_compile=True)")
+    p.add_argument("--no-nan-filter", action="store_true",
+                   help="TrainingArguments(logging_nan_inf_filter=False): no isnan/isinf read of the loss each step")
+    p.add_argument("--non-blocking", action="store_true",
+                   help="batches copied without waiting: accelerator_config non_blocking, pinned by the DataLoader")
     p.add_argument("--profile", metavar="DIR", help="add profiling.HFCallback, writing into DIR")
     p.add_argument("--output-dir", default=os.path.join("out", "hf_trainer"), help="the Trainer's output_dir")
     args = p.parse_args(argv)
@@ -90,7 +94,9 @@ def main(argv=None):
         gradient_accumulation_steps=args.accumulation, learning_rate=3e-4, weight_decay=0.1, warmup_steps=0,
         bf16=cuda, use_cpu=not cuda, torch_compile=args.compile, seed=0,
         optim="adamw_torch_fused" if cuda else "adamw_torch", report_to="none", save_strategy="no",
-        logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+        logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        logging_nan_inf_filter=not args.no_nan_filter, dataloader_pin_memory=True,
+        accelerator_config={"non_blocking": args.non_blocking})
     callbacks = []
     if args.profile:
         import profiling

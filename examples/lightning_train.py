@@ -94,7 +94,11 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
-def lightning_module(size, compile_model):
+def lm_loss(model, inputs, targets):
+    return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+
+
+def lightning_module(size, compile_model, compile_loss=False):
     import lightning as L
 
     class LM(L.LightningModule):
@@ -103,10 +107,11 @@ def lightning_module(size, compile_model):
             self.model = GPT(size)
             if compile_model:
                 self.model.compile()  # in place: the parameters keep their names
+            self.loss = torch.compile(lm_loss) if compile_loss else lm_loss
 
         def training_step(self, batch, batch_idx):
             inputs, targets = batch
-            loss = F.cross_entropy(self.model(inputs).flatten(0, 1), targets.flatten())
+            loss = self.loss(self.model, inputs, targets)
             self.log("loss", loss, prog_bar=False)
             return loss
 
@@ -125,6 +130,8 @@ def parse_args(argv=None):
     p.add_argument("--accumulation", type=int, default=1, help="accumulate_grad_batches")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile-loss", action="store_true", help="torch.compile the model and its loss together")
+    p.add_argument("--pin-memory", action="store_true", help="DataLoader(pin_memory=True)")
     p.add_argument("--profile", metavar="DIR", help="add profiling.LightningCallback, writing into DIR")
     p.add_argument("--output-dir", default=os.path.join("out", "lightning"), help="default_root_dir")
     args = p.parse_args(argv)
@@ -139,10 +146,10 @@ def main(argv=None):
     torch.manual_seed(0)
     size = SIZES[args.size]
     batch, cuda = args.batch or size.batch, args.device.startswith("cuda")
-    module = lightning_module(size, args.compile)
+    module = lightning_module(size, args.compile, args.compile_loss)
     tokens = torch.randint(size.vocab, (args.steps * batch * args.accumulation, size.seq_len + 1))
     data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])  # inputs, next-token targets
-    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, pin_memory=args.pin_memory)
     callbacks = []
     if args.profile:
         import profiling
@@ -154,7 +161,8 @@ def main(argv=None):
                         enable_model_summary=False, default_root_dir=args.output_dir, callbacks=callbacks)
     params = sum(p.numel() for p in module.parameters()) / 1e6
     print(f"GPT {args.size} (Lightning): {params:.1f}M parameters, batch {batch} x {args.accumulation} x "
-          f"{size.seq_len} tokens on {args.device}" + (", compiled" if args.compile else ""))
+          f"{size.seq_len} tokens on {args.device}" + (", compiled" if args.compile else "")
+          + (", model and loss compiled" if args.compile_loss else "") + (", pinned batches" if args.pin_memory else ""))
     t0 = time.perf_counter()
     trainer.fit(module, loader)
     ms = 1e3 * (time.perf_counter() - t0) / max(trainer.global_step, 1)
