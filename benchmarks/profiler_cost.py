@@ -304,7 +304,7 @@ def main(argv=None):
     p.add_argument("--size", choices=("gpu", "tiny"), default="gpu")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--reps", type=int, default=3, help="repetitions of the window variants (0: none)")
-    p.add_argument("--warmup", type=int, default=8, help="steps before timing (compilation, autotuning)")
+    p.add_argument("--warmup", type=int, default=8, help="steps before timing (compilation, autotuning); 0: none, so the Profiler is created before the first compiled call, as its docs advise, and compiles in its own warm-up steps")
     p.add_argument("--timed", type=int, default=10, help="unprofiled steps per repetition")
     p.add_argument("--active", type=int, default=5, help="recorded steps per window")
     p.add_argument("--api", type=int, default=3, help="public Profiler runs per workload")
