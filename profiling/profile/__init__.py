@@ -1,8 +1,10 @@
 """The step profile: where each training step's time goes on the device, as a report an agent reads.
 
 Data flows one way. `capture` (the only module that drives torch.profiler) profiles a few steps of a live
-run, with `sampler` (the host's Python stack) and `provenance` (which lines of train.py each compiled kernel
-came from) beside it, and exports a Chrome trace. `traceio` and `timeline` read and index any such trace;
+run, with `sampler` (the host's Python stack), `provenance` (which lines each compiled kernel came from) and
+`whose` (which frames are the user's code or installed model code) beside it, and `shapes` (operator input
+shapes recorded in an untimed step, lent to the profiled steps' operators), and exports a Chrome trace;
+`irregular` names outlier steps and a loop that ended early. `traceio` and `timeline` read and index any such trace;
 `classify` names kernels and their categories; `summary` makes the per-step numbers, with `closures` (the
 optimizer's own work, not a closure's forward and backward run in optimizer.step), `regions` (the model's
 parts), `roofline` (FLOPs and bytes against the device's peaks, `hardware`), `lines` (time per source line)
