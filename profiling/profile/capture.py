@@ -16,7 +16,6 @@ import gc
 import gzip
 import hashlib
 import json
-import linecache
 import os
 import re
 import shutil
@@ -30,10 +29,19 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profiling.errors import UserError
 from profiling.files import atomic_write
-from profiling.profile import (device_state, eager_record, memory_capture, provenance, regression, render,
-                               settings, shapes, summary)
-from profiling.profile.sampler import StackSampler, frame_label
-from profiling.profile.traceio import read_json
+from profiling.profile import (
+    device_state,
+    eager_record,
+    memory_capture,
+    provenance,
+    regression,
+    render,
+    settings,
+    shapes,
+    summary,
+)
+from profiling.profile.detail import DetailStep, SyncRecorder
+from profiling.profile.sampler import StackSampler
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
 # repeat=1 there is one cycle, so the warning says nothing here.
@@ -302,78 +310,6 @@ def stderr_without(pattern):
             if kept:
                 with open(2, "wb", closefd=False) as err:
                     err.writelines(kept)
-
-
-class DetailStep:
-    """One untimed step after the window, recorded for what costs the timed steps most and needs no timing
-    (benchmarks/profiler_cost_results.md): operator input shapes (a CPU-only profile with record_shapes, lent
-    to the profiled steps' operators by profiling/profile/shapes.py) and the Python lines of host syncs (CUDA's
-    sync debug mode, SyncRecorder). begin() before the step, end() after it: {"shapes": signatures}."""
-
-    def __init__(self, syncs, sync):
-        self.syncs, self.sync, self.watch, self.prof = syncs, sync, None, None
-
-    def begin(self):
-        self.tmp = tempfile.mkdtemp(prefix="autoresearch-shapes-")
-        self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
-        self.prof.__enter__()
-        self.watch = contextlib.ExitStack()
-        self.watch.enter_context(self.syncs.watch(True))
-
-    def end(self):
-        self.watch.close()
-        self.sync()
-        self.prof.__exit__(None, None, None)
-        path = os.path.join(self.tmp, "shapes.json")
-        try:
-            self.prof.export_chrome_trace(path)
-            events = read_json(path).get("traceEvents") or []
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        return {"shapes": shapes.signatures(events)}
-
-    def abandon(self):
-        if self.watch is not None:
-            self.watch.close()
-        if self.prof is not None:
-            self.prof.__exit__(None, None, None)
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-class SyncRecorder:
-    """The Python lines that synchronize the host with the GPU, from CUDA's sync debug mode ("warn"): a
-    warning at each synchronizing call (`.item()`, `if tensor:`, `.cpu()`, `.nonzero()`), located at the
-    Python line that made it. Other warnings pass through."""
-
-    def __init__(self, cuda):
-        self.cuda = cuda
-        self.counts = {}
-
-    @contextlib.contextmanager
-    def watch(self, on):
-        if not (on and self.cuda):
-            yield
-            return
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mode = torch.cuda.get_sync_debug_mode()  # the user's, put back after the step
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                yield
-            finally:
-                torch.cuda.set_sync_debug_mode(mode)
-        for w in caught:
-            if "synchronizing" in str(w.message):
-                key = (w.filename, w.lineno)
-                self.counts[key] = self.counts.get(key, 0) + 1
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-
-    def result(self, root):
-        """[{where: "train.py:412", line: its text, count}] over the active steps, most first."""
-        rows = [{"where": frame_label(f, n, "", root).strip(), "line": linecache.getline(f, n).strip()[:100],
-                 "count": c} for (f, n), c in self.counts.items()]
-        return sorted(rows, key=lambda r: -r["count"])
 
 
 def dynamo_record():

@@ -1,0 +1,90 @@
+"""The untimed step after the profiled ones (issue #41): what costs the timed steps most to record and needs no
+timing. Operator input shapes (a CPU-only profile with record_shapes; profiling/profile/shapes.py lends them to the
+profiled steps' operators) and the Python lines of the host syncs (CUDA's sync debug mode). Recorded in the
+profiled steps, they slowed a loop that syncs every step by 10-40% each (benchmarks/profiler_cost_results.md).
+Imports torch (capture.py's helper)."""
+import contextlib
+import linecache
+import os
+import shutil
+import tempfile
+import warnings
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from profiling.profile import shapes
+from profiling.profile.sampler import frame_label
+from profiling.profile.traceio import read_json
+
+
+class DetailStep:
+    """One untimed step after the window, recorded for what costs the timed steps most and needs no timing
+    (benchmarks/profiler_cost_results.md): operator input shapes (a CPU-only profile with record_shapes, lent
+    to the profiled steps' operators by profiling/profile/shapes.py) and the Python lines of host syncs (CUDA's
+    sync debug mode, SyncRecorder). begin() before the step, end() after it: {"shapes": signatures}."""
+
+    def __init__(self, syncs, sync):
+        self.syncs, self.sync, self.watch, self.prof = syncs, sync, None, None
+
+    def begin(self):
+        self.tmp = tempfile.mkdtemp(prefix="autoresearch-shapes-")
+        self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+        self.prof.__enter__()
+        self.watch = contextlib.ExitStack()
+        self.watch.enter_context(self.syncs.watch(True))
+
+    def end(self):
+        self.watch.close()
+        self.sync()
+        self.prof.__exit__(None, None, None)
+        path = os.path.join(self.tmp, "shapes.json")
+        try:
+            self.prof.export_chrome_trace(path)
+            events = read_json(path).get("traceEvents") or []
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return {"shapes": shapes.signatures(events)}
+
+    def abandon(self):
+        if self.watch is not None:
+            self.watch.close()
+        if self.prof is not None:
+            self.prof.__exit__(None, None, None)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class SyncRecorder:
+    """The Python lines that synchronize the host with the GPU, from CUDA's sync debug mode ("warn"): a
+    warning at each synchronizing call (`.item()`, `if tensor:`, `.cpu()`, `.nonzero()`), located at the
+    Python line that made it. Other warnings pass through."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.counts = {}
+
+    @contextlib.contextmanager
+    def watch(self, on):
+        if not (on and self.cuda):
+            yield
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mode = torch.cuda.get_sync_debug_mode()  # the user's, put back after the step
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+        for w in caught:
+            if "synchronizing" in str(w.message):
+                key = (w.filename, w.lineno)
+                self.counts[key] = self.counts.get(key, 0) + 1
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def result(self, root):
+        """[{where: "train.py:412", line: its text, count}] over the active steps, most first."""
+        rows = [{"where": frame_label(f, n, "", root).strip(), "line": linecache.getline(f, n).strip()[:100],
+                 "count": c} for (f, n), c in self.counts.items()]
+        return sorted(rows, key=lambda r: -r["count"])
