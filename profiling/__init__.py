@@ -14,7 +14,7 @@ importable from here without importing torch or the frameworks (they load on fir
 Everything here except `api`, `callbacks`, `profile.capture` and `runner` is pure Python and never imports torch.
 """
 
-__all__ = ["Profiler", "profile_steps", "ProfileResult", "HFCallback", "LightningCallback"]
+__all__ = ["HFCallback", "LightningCallback", "ProfileResult", "Profiler", "profile_steps"]
 
 
 def __getattr__(name):

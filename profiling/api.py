@@ -136,6 +136,7 @@ class Profiler:
         _check_out_dir(out_dir if out_dir is not None else capture.profile_dir())
 
         import torch
+
         from profiling.profile import provenance
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.warmup, self.timed, self.profiler_warmup = warmup_steps, timed_steps, profiler_warmup_steps
@@ -285,6 +286,7 @@ class Profiler:
 
     def _metadata(self):
         import torch
+
         from profiling.profile import hardware, settings
         device = torch.cuda.get_device_name() if self.cuda else "cpu"
         n = self.ranks.world_size if self.ranks else 1

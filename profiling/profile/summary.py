@@ -131,13 +131,13 @@ from profiling.profile import (
     findings,
     gpu_memory,
     hardware,
+    irregular,
     kernel_match,
     lines,
     regions,
     roofline,
     settings,
 )
-from profiling.profile import irregular
 from profiling.profile.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.timeline import Timeline
 from profiling.profile.traceio import (

@@ -9,8 +9,16 @@ from collections import Counter
 
 from profiling.profile import cuda_calls
 from profiling.profile.classify import short_name
-from profiling.profile.findings.contract import (finding, idle_ms, made_by, rule, scaled, top,
-                                                  trainer_is_train_py, unknown)
+from profiling.profile.findings.contract import (
+    finding,
+    idle_ms,
+    made_by,
+    rule,
+    scaled,
+    top,
+    trainer_is_train_py,
+    unknown,
+)
 from profiling.profile.findings.settings import attribute
 from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
 
