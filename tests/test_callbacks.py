@@ -218,6 +218,21 @@ def test_an_exception_inside_the_window_is_the_users(ran, framework):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_max_steps_and_raising_in_the_default_window_exit_as_without_the_callback(ran, framework):
+    """The default schedule; max_steps ending in the first profiled step (10) and in the shape step (15),
+    and raising there (from the user's callback; inside Lightning's optimizer.step(closure)): the exit code
+    of the same run without the callback. The whole 1-20: test_lifecycle.py's opt-in matrix."""
+    out, codes = ran(framework)
+    matrix = {case: code for case, code in codes.items() if " " in case}  # "FORM N END"
+    assert len(matrix) == 2 * len(worker.CI_COUNTS) * len(worker.ENDS)
+    assert not worker.problems(matrix, out)
+    assert set(worker.expected(matrix).values()) == {0, 1}
+    # the 5 profiled steps recorded before max_steps ended the run: a report
+    assert (out / "profiles" / f"{framework}-15-done" / "profiles" / "latest" / "report.md").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_checkpoint_inside_the_window(ran, framework):
     code, log, facts = case(ran, framework, "save")
     assert code == 0, log

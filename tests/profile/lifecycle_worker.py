@@ -8,7 +8,8 @@ framework callbacks' tests (tests/test_callbacks.py): the Profiler must never ch
     python tests/profile/lifecycle_worker.py --matrix FORMS COUNTS ENDS OUT
         one forked child per case (FORM x STEPS x END), the case "FORM STEPS END"
     python tests/profile/lifecycle_worker.py --callbacks hf|lightning OUT
-        one forked child per callback case (CALLBACK_CASES, and "example": the example script, tiny)
+        one forked child per callback case (CALLBACK_CASES, and "example": the example script, tiny), and
+        the framework's matrix cases at CI_COUNTS
 
 Both forking modes import torch (and transformers or lightning, ~10 s) once, then fork; a child ends as the
 interpreter ends a script (atexit and finalization run): 0, or 1 with the traceback. They print one JSON line
@@ -23,6 +24,7 @@ BASELINES names the form each one's exit code must equal. END: "done" (the run s
 "raise" (RuntimeError in step STEPS), "interrupt" (KeyboardInterrupt there), "close" (prof.close() after
 STEPS steps; the loop forms). COUNTS: "1-20" or "3,10,12".
 """
+import gc
 import importlib.util
 import json
 import os
@@ -186,6 +188,28 @@ FORMS = {"none": no_profiler, "loop": plain_loop, "with": with_block, "drop": dr
          "hf": framework_form("hf", True), "hf-none": framework_form("hf", False),
          "lightning": framework_form("lightning", True), "lightning-none": framework_form("lightning", False)}
 BASELINES = {"loop": "none", "with": "none", "drop": "none", "hf": "hf-none", "lightning": "lightning-none"}
+# The framework forms' cases run with the callback cases in CI: max_steps ending in the default schedule's
+# first profiled step (10) and in its shape step (15), and raising there (the whole 1-20: --matrix).
+CI_COUNTS, ENDS = (10, 15), ("done", "raise")
+
+
+def expected(codes):
+    """{case: its baseline's exit code} for each case of a form with a baseline in `codes` ("FORM N END"):
+    what the same run gives without the profiler, at the same count and end."""
+    split = [case.split(" ", 1) for case in codes]
+    return {f"{form} {rest}": codes[f"{BASELINES[form]} {rest}"] for form, rest in split if form in BASELINES}
+
+
+def problems(codes, logs):
+    """The cases that end otherwise than their baseline: another exit code, or the user's traceback missing
+    from an exit 1 (or shown in an exit 0), read from the case's log in the folder `logs`."""
+    found = []
+    for case, want in expected(codes).items():
+        with open(os.path.join(logs, case.replace(" ", "-") + ".log")) as f:
+            shown = "RuntimeError: the user's own error" in f.read()
+        if codes[case] != want or shown != (want == 1):
+            found.append(f"{case}: exit {codes[case]} (without the profiler {want}), traceback: {shown}")
+    return found
 
 CALLBACK_CASES = {
     "full": dict(steps=DONE_AFTER + 1),           # the profile done, training goes on after it
@@ -241,6 +265,7 @@ def child(case, run, out):
 
 def fork_each(cases, out):
     """{case: exit code}, running each case's function (no arguments) in a forked child, in turn."""
+    gc.freeze()  # what is loaded stays out of the children's collections: no copy of it, no walk over it
     codes = {}
     for case, run in cases.items():
         sys.stdout.flush(), sys.stderr.flush()
@@ -263,19 +288,24 @@ def preload(forms):
         import lightning  # noqa: F401
 
 
+def matrix_cases(forms, steps, ends, out):
+    return {f"{form} {n} {end}": (lambda form=form, n=n, end=end:
+                                  run_one(form, n, end, os.path.join(out, "profiles", f"{form}-{n}-{end}")))
+            for form in forms for n in steps for end in ends}
+
+
 def matrix(forms, steps, ends, out):
     forms = forms.split(",")
     preload(forms)
-    cases = {f"{form} {n} {end}": (lambda form=form, n=n, end=end:
-                                   run_one(form, n, end, os.path.join(out, "profiles", f"{form}-{n}-{end}")))
-             for form in forms for n in counts(steps) for end in ends.split(",")}
-    print(json.dumps(fork_each(cases, out)))
+    print(json.dumps(fork_each(matrix_cases(forms, counts(steps), ends.split(","), out), out)))
 
 
 def callbacks(framework, out):
+    """The callback cases, the example and the framework's CI lifecycle cases: one import of the framework."""
     preload([framework])
     cases = {case: (lambda case=case: callback_case(framework, case, out))
              for case in [*CALLBACK_CASES, "example"]}
+    cases.update(matrix_cases([framework, BASELINES[framework]], CI_COUNTS, ENDS, out))
     print(json.dumps(fork_each(cases, out)))
 
 
