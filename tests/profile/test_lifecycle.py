@@ -66,7 +66,7 @@ def test_ending_inside_and_around_the_window_exits_as_without_the_profiler(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("AUTORESEARCH_LIFECYCLE_MATRIX") != "1",
-                    reason="the whole 1-20 matrix (320 forked runs, ~12 min on a loaded 2-core CPU; results "
+                    reason="the whole 1-20 matrix (320 forked runs, ~4 min on a loaded 2-core CPU; results "
                            "in benchmarks/lifecycle_results.md): AUTORESEARCH_LIFECYCLE_MATRIX=1")
 def test_every_step_count_from_1_to_20(tmp_path):
     check_matrix(tmp_path, ["loop", "with", "drop", "hf", "lightning"], "1-20")
