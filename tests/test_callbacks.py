@@ -1,8 +1,9 @@
 """The framework callbacks (profiling/callbacks.py). Fast: what a callback reads from a batch, its options,
 and its counting of optimizer steps, against stand-ins for the trainers and the Profiler. Slow: the real
-transformers Trainer and Lightning Trainer on tiny models (tests/callbacks_worker.py, one process per
-framework forking one child per case): a full profile with gradient accumulation, max_steps ending inside the
-profiled window, an exception raised inside it, a checkpoint saved inside it, and the example scripts."""
+transformers Trainer and Lightning Trainer on tiny models (tests/profile/lifecycle_worker.py --callbacks, one
+process per framework forking one child per case): a full profile with gradient accumulation, max_steps
+ending inside the profiled window, an exception raised inside it, a checkpoint saved inside it, and the
+example scripts. How the real trainers end at other step counts: tests/profile/test_lifecycle.py."""
 import gzip
 import json
 import os
@@ -16,8 +17,8 @@ import torch
 from profiling import api, callbacks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-import callbacks_worker as worker
+sys.path.insert(0, os.path.join(ROOT, "tests", "profile"))
+import lifecycle_worker as worker  # noqa: E402
 
 
 def test_import_profiling_imports_no_framework():
@@ -154,9 +155,10 @@ def ran(tmp_path_factory):
     def run(framework):
         if framework not in done:
             out = tmp_path_factory.mktemp(framework)
-            subprocess.run([sys.executable, os.path.join(ROOT, "tests", "callbacks_worker.py"), framework,
-                            str(out)], cwd=ROOT, check=True, timeout=600)
-            done[framework] = out, json.loads((out / "results.json").read_text())
+            run = subprocess.run([sys.executable, worker.__file__, "--callbacks", framework, str(out)],
+                                 cwd=ROOT, timeout=600, capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr[-2000:]
+            done[framework] = out, json.loads(run.stdout.strip().splitlines()[-1])
         return done[framework]
     return run
 
@@ -211,7 +213,22 @@ def test_max_steps_inside_the_window_exits_0(ran, framework):
 def test_an_exception_inside_the_window_is_the_users(ran, framework):
     code, log, _ = case(ran, framework, "raise")
     assert code == 1, log
-    assert "Traceback" in log and f"RuntimeError: the user's error at step {worker.INSIDE}" in log
+    assert "Traceback" in log and "RuntimeError: the user's own error" in log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_max_steps_and_raising_in_the_default_window_exit_as_without_the_callback(ran, framework):
+    """The default schedule; max_steps ending in the first profiled step (10) and in the shape step (15),
+    and raising there (from the user's callback; inside Lightning's optimizer.step(closure)): the exit code
+    of the same run without the callback. The whole 1-20: test_lifecycle.py's opt-in matrix."""
+    out, codes = ran(framework)
+    matrix = {case: code for case, code in codes.items() if " " in case}  # "FORM N END"
+    assert len(matrix) == 2 * len(worker.CI_COUNTS) * len(worker.ENDS)
+    assert not worker.problems(matrix, out)
+    assert set(worker.expected(matrix).values()) == {0, 1}
+    # the 5 profiled steps recorded before max_steps ended the run: a report
+    assert (out / "profiles" / f"{framework}-15-done" / "profiles" / "latest" / "report.md").is_file()
 
 
 @pytest.mark.slow
