@@ -28,3 +28,14 @@ def prepared_cache(tmp_path_factory, _isolated_cache):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTORESEARCH_CACHE", cache)
         yield cache
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (pyproject's addopts), one torch thread per worker's share of the cores: with several
+    workers each running torch's default of one thread per core, OpenMP's threads spin against each other and
+    an in-process training test ran ~5x slower (tests/test_train_e2e.py, 2 cores, 2 workers). Subprocesses
+    the tests start keep torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
