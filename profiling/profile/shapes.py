@@ -10,6 +10,7 @@ operators of that name in its step. A training step runs the same operators in t
 a step's count of a name differs from the shape step's (a data-dependent branch), that name gets no shapes in
 that step and the record says how many operators were left without.
 """
+from bisect import bisect_right
 from collections import defaultdict
 
 from profiling.profile.traceio import STEP_PREFIX
@@ -53,6 +54,5 @@ def transplant(events, shaped):
 
 def _step_of(starts, steps, ts):
     """The index of the step window holding ts, or None."""
-    from bisect import bisect_right
     k = bisect_right(starts, ts) - 1
     return k if k >= 0 and ts <= steps[k][1] else None
