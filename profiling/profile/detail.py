@@ -1,13 +1,11 @@
 """The untimed step after the profiled ones (issue #41): what costs the timed steps most to record and needs no
 timing. Operator input shapes (a CPU-only profile with record_shapes; profiling/profile/shapes.py lends them to the
 profiled steps' operators) and the Python lines of the host syncs (CUDA's sync debug mode). Recorded in the
-profiled steps, they slowed a loop that syncs every step by 10-40% each (benchmarks/profiler_cost_results.md).
+profiled steps, they slowed a loop that syncs every step: on GPT-2's (H100) leaving out the shapes took 15-40
+points and the sync mode 23 off a +31-53% excess (benchmarks/profiler_cost_results.md).
 Imports torch (capture.py's helper)."""
 import contextlib
 import linecache
-import os
-import shutil
-import tempfile
 import warnings
 
 import torch
@@ -15,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from profiling.profile import shapes
 from profiling.profile.sampler import frame_label
-from profiling.profile.traceio import read_json
+from profiling.profile.traceio import exported_events
 
 
 class DetailStep:
@@ -28,7 +26,6 @@ class DetailStep:
         self.syncs, self.sync, self.watch, self.prof = syncs, sync, None, None
 
     def begin(self):
-        self.tmp = tempfile.mkdtemp(prefix="autoresearch-shapes-")
         self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
         self.prof.__enter__()
         self.watch = contextlib.ExitStack()
@@ -38,20 +35,13 @@ class DetailStep:
         self.watch.close()
         self.sync()
         self.prof.__exit__(None, None, None)
-        path = os.path.join(self.tmp, "shapes.json")
-        try:
-            self.prof.export_chrome_trace(path)
-            events = read_json(path).get("traceEvents") or []
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        return {"shapes": shapes.signatures(events)}
+        return {"shapes": shapes.signatures(exported_events(self.prof))}
 
     def abandon(self):
         if self.watch is not None:
             self.watch.close()
         if self.prof is not None:
             self.prof.__exit__(None, None, None)
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class SyncRecorder:

@@ -23,14 +23,12 @@ extra step).
 """
 import linecache
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 
 from profiling.profile import eager_lines, whose
-from profiling.profile.traceio import read_json
+from profiling.profile.traceio import exported_events
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # profiling/: never a line
 MAX_TEXT = 100   # characters of a source line kept
@@ -75,7 +73,6 @@ class Recorder:
         self.t0 = time.perf_counter()
         code = whose.current() if self.root is None else whose.of(self.root)
         self.tracer = LineTracer(code, torch._C._profiler._RecordFunctionFast)
-        self.tmp = tempfile.mkdtemp(prefix="autoresearch-lines-")
         self.prof = profile(activities=[ProfilerActivity.CPU])
         self.prof.__enter__()
         self.tracer.start(sys._getframe(1))
@@ -84,20 +81,13 @@ class Recorder:
         self.tracer.stop()
         self.sync()
         self.prof.__exit__(None, None, None)
-        path = os.path.join(self.tmp, "lines.json")
-        try:
-            self.prof.export_chrome_trace(path)
-            events = read_json(path).get("traceEvents") or []
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        result = eager_lines.reduce(events, self.tracer.lines(), threading.get_native_id())
+        result = eager_lines.reduce(exported_events(self.prof), self.tracer.lines(), threading.get_native_id())
         result["seconds"] = round(time.perf_counter() - self.t0, 3)
         return result
 
     def abandon(self):
         self.tracer.stop()
         self.prof.__exit__(None, None, None)
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class LineTracer:

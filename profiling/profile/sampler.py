@@ -15,8 +15,9 @@ any machine, later.
     sampler.stop()
     data = sampler.result()            # plain JSON data: interval_ms, stacks, samples (see `result`)
 
-Cost: one sample walks the main thread's frames under the GIL, about 10-30 us; at the default 2 ms that is
-about 1% of a busy host thread, measured as the profiled-vs-unprofiled step check (profiling/profile/summary.py).
+Cost: one sample walks the main thread's frames under the GIL (each code object's kind and label worked out
+once). Where the host is the bottleneck it still shows: on the H100, a compiled ResNet-50 (863 launches in a 25 ms
+step) ran +29% profiled with it against +16% without (benchmarks/profiler_cost_results.md, call 3).
 """
 import linecache
 import sys

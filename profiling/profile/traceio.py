@@ -6,6 +6,9 @@ Bad input raises UserError with a one-line message (the CLI prints it and exits 
 import bisect
 import gzip
 import json
+import os
+import shutil
+import tempfile
 
 import orjson
 
@@ -53,6 +56,18 @@ def parse_json(data, path):
     except (ValueError, UnicodeDecodeError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"{path}: not JSON ({reason}); expected a torch.profiler Chrome trace") from None
+
+
+def exported_events(prof):
+    """The events of a finished torch.profiler session (`prof`, already stopped), through a temporary Chrome
+    trace file (the only export torch.profiler has)."""
+    tmp = tempfile.mkdtemp(prefix="autoresearch-trace-")
+    try:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        return read_json(path).get("traceEvents") or []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_events(trace, source="trace"):
