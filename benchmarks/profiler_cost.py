@@ -229,6 +229,37 @@ def window_ms(step, active, device):
     return 1e3 * (window.t_end - t0) / active, each
 
 
+FIRST = ("full", "no_sampler", "no_provenance", "prewarm", "bare")
+
+
+@contextlib.contextmanager
+def first_variant(name, step, device):
+    """The first public Profiler of a process with one part of it changed, to find what a process's first
+    profile pays that later ones do not: no_sampler (the host stack sampler off), no_provenance
+    (AUTORESEARCH_PROVENANCE=0), prewarm (one throwaway torch.profiler session of one step first: kineto and
+    CUPTI set up), bare (the sampler and provenance off: torch.profiler alone, as far as the API allows)."""
+    from profiling.profile import capture
+    saved_sampler, saved_env = capture.StackSampler, os.environ.get("AUTORESEARCH_PROVENANCE")
+    if name in ("no_sampler", "bare"):
+        capture.StackSampler = _IdleSampler
+    if name in ("no_provenance", "bare"):
+        os.environ["AUTORESEARCH_PROVENANCE"] = "0"
+    if name == "prewarm":
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts):
+            step()
+            sync(device)
+    try:
+        yield
+    finally:
+        capture.StackSampler = saved_sampler
+        if saved_env is None:
+            os.environ.pop("AUTORESEARCH_PROVENANCE", None)
+        else:
+            os.environ["AUTORESEARCH_PROVENANCE"] = saved_env
+
+
 def api_profile(model, step, sizes, out):
     import profiling
     prof = profiling.Profiler(model, out_dir=out, tokens_per_step=sizes.get("tokens_per_step"))
@@ -237,6 +268,8 @@ def api_profile(model, step, sizes, out):
         prof.step()
     s = prof.summary
     return {"step_ms": s["step_ms"], "unprofiled_step_ms": s["unprofiled_step_ms"], "folder": prof.folder,
+            "step_ms_each": s.get("step_ms_each"), "idle_ms": s.get("idle_ms"),
+            "timed_step_ms_each": (s.get("metadata") or {}).get("timed_step_ms_each"),
             "checks": [c for c in s["checks"] if not c["ok"]], "findings": [
                 {k: f.get(k) for k in ("kind", "ms_per_step", "fix")} for f in s["findings"][:5]]}
 
@@ -273,11 +306,19 @@ def run(name, args):
     os.environ["AUTORESEARCH_EAGER_LINES"] = "1"
     tmp = tempfile.mkdtemp(prefix="profiler-cost-")
     for rep in range(args.api):
-        r = api_profile(model, step, sizes, tmp)
-        print(f"{name} api {rep}: profiled {r['step_ms']:.2f} vs unprofiled {r['unprofiled_step_ms']:.2f} ms",
-              flush=True)
+        with first_variant(args.first if rep == 0 else "full", step, device):
+            r = api_profile(model, step, sizes, tmp)
+        r["variant"] = args.first if rep == 0 else "full"
+        r["after_ms"] = timed(step, args.timed, device)  # unprofiled steps after it: does the process stay slow?
+        print(f"{name} api {rep} ({r['variant']}): profiled {r['step_ms']:.2f} vs unprofiled "
+              f"{r['unprofiled_step_ms']:.2f} ms (each {r['step_ms_each']}, idle {r['idle_ms']}); "
+              f"unprofiled after it {r['after_ms']:.2f}", flush=True)
         if rep == 0:
             shutil.copy(os.path.join(r["folder"], "report.md"), os.path.join(args.out, f"{name}{args.tag}-report.md"))
+        if args.keep_traces:
+            for f in os.listdir(r["folder"]):
+                if f.endswith("trace.json.gz"):
+                    shutil.copy(os.path.join(r["folder"], f), os.path.join(args.out, f"{name}{args.tag}-api{rep}-{f}"))
         out["api"].append(r)
     shutil.rmtree(tmp, ignore_errors=True)
     base = statistics.median(out["unprofiled"] or [math.nan])
@@ -309,6 +350,9 @@ def main(argv=None):
     p.add_argument("--active", type=int, default=5, help="recorded steps per window")
     p.add_argument("--api", type=int, default=3, help="public Profiler runs per workload")
     p.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--first", choices=FIRST, default="full",
+                   help="the first API profile of each process with one part changed (see first_variant)")
+    p.add_argument("--keep-traces", action="store_true", help="copy each API profile's trace to OUT")
     p.add_argument("--in-process", action="store_true", help="run the workloads here, not one process each")
     p.add_argument("--fresh", type=int, default=1,
                    help="processes per workload (each compiles afresh and profiles as a user's script would)")
@@ -324,9 +368,10 @@ def main(argv=None):
     for name in args.workloads:  # one process each: a fresh compile, nothing carried over
         for k in range(args.fresh):
             cmd = [sys.executable, os.path.abspath(__file__), args.out, "--workloads", name, "--size", args.size,
-                   "--device", args.device, "--in-process", "--tag", f"-{k}" if args.fresh > 1 else ""]
+                   "--device", args.device, "--in-process", f"--tag=-{args.first}-{k}"]
             cmd += ["--variants", *args.variants] if args.variants else []
-            cmd += [f"--{a}={getattr(args, a)}" for a in ("reps", "warmup", "timed", "active", "api")]
+            cmd += ["--keep-traces"] if args.keep_traces else []
+            cmd += [f"--{a}={getattr(args, a)}" for a in ("reps", "warmup", "timed", "active", "api", "first")]
             rc |= subprocess.call(cmd)
     return rc
 
