@@ -1,4 +1,4 @@
-"""The top findings of every foreign trace (tests/data/foreign, SOURCES.md), for benchmarks/foreign_results.md.
+"""The top findings of every foreign trace (tests/data/foreign, SOURCES.md), for foreign_results.md.
 
     uv run python benchmarks/foreign_findings.py [TRACE ...] [--kernels N] [--all-findings]
 
@@ -45,8 +45,8 @@ def details(s, kernels, every):
     if every:
         out += [f"    - {f['kind']}: {f.get('ms_per_step', 0):.2f} ms — {short(f.get('evidence'), 160)}"
                 for f in s["findings"]]
-    out += [f"    - kernel {k['ms_per_step']:.3f} ms x{k['calls_per_step']:g} [{k['category']}] {short(k['name'], 100)}"
-            for k in s["kernels"][:kernels]]
+    out += [f"    - kernel {k['ms_per_step']:.3f} ms x{k['calls_per_step']:g} [{k['category']}] "
+            f"{short(k['name'], 100)}" for k in s["kernels"][:kernels]]
     return out
 
 

@@ -1,4 +1,4 @@
-"""Traces made elsewhere (issues #34, #42): other projects' torch.profiler traces (tests/data/foreign/SOURCES.md),
+"""Traces made elsewhere (issues #34, #42): other projects' torch.profiler traces (data/foreign/SOURCES.md),
 and our own traces with fields removed or null, go through summarize and the report without an exception; the
 findings of a foreign trace never claim more than its step."""
 import copy
@@ -90,8 +90,8 @@ def test_the_corpus_holds_the_cases_it_is_for(corpus):
     assert sum(bool(s.get("no_findings")) for s in every) >= 2
     devices = {s["device"] for s in kinds["cuda"]}
     assert {"AMD Radeon Graphics", "NVIDIA A100-PG509-200", "Tesla V100-SXM2-16GB"} <= devices
-    assert {"AMD Instinct MI300X", "AMD Instinct MI210", "NVIDIA B200", "NVIDIA H100 80GB HBM3", "NVIDIA H800",
-            "NVIDIA GH200 480GB", "Tesla T4", "NVIDIA GeForce RTX 2080 Ti"} <= devices
+    assert {"AMD Instinct MI300X", "AMD Instinct MI210", "NVIDIA B200", "NVIDIA H100 80GB HBM3",
+            "NVIDIA H800", "NVIDIA GH200 480GB", "Tesla T4", "NVIDIA GeForce RTX 2080 Ti"} <= devices
 
 
 def test_the_corpus_holds_several_ranks_and_both_kinds_of_work():
@@ -102,7 +102,8 @@ def test_the_corpus_holds_several_ranks_and_both_kinds_of_work():
         info = trace.get("distributedInfo") or {}
         if (info.get("world_size") or 1) > 1:
             ranks.add(os.path.basename(path))
-        training += any("Backward" in str(e.get("name", "")) for e in trace["traceEvents"] if isinstance(e, dict))
+        events = [e for e in trace["traceEvents"] if isinstance(e, dict)]
+        training += any("Backward" in str(e.get("name", "")) for e in events)
     assert len(ranks) >= 6 and {"param-v100-dlrm-train-rank0-of-8.json.gz",
                                 "param-v100-dlrm-train-rank1-of-8.json.gz"} <= ranks
     assert training >= 10 and len(FOREIGN) - training >= 10

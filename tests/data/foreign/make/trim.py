@@ -46,8 +46,9 @@ def cut(trace, end):
     if DROP_FLOWS:  # flow arrows (ac2g, fwdbwd) and instant events: the summary reads neither
         keep = [e for e in keep if e.get("ph") in ("X", "M")]
     if DROP_PY:  # Python frames: only the module scopes (regions read them) are kept
-        keep = [e for e in keep if not (e.get("cat") == "cpu_instant_event" or e.get("cat") == "python_function"
-                                        and not str(e.get("name", "")).startswith("nn.Module:"))]
+        def frame(e):
+            return e.get("cat") == "python_function" and not str(e.get("name", "")).startswith("nn.Module:")
+        keep = [e for e in keep if not (e.get("cat") == "cpu_instant_event" or frame(e))]
     out = {k: v for k, v in trace.items() if k != "traceEvents"}
     out["traceEvents"] = keep
     return out
