@@ -3,12 +3,17 @@ no ProfilerStep markers, with the device events they launched; top-level metadat
 
     python trim.py SRC DST STEPS   # STEPS: 0 = no markers, cut the host timeline; "copy" = whole, re-gzipped
     DROP_FLOWS=1 ...             # also drop flow arrows and instant events (the summary reads neither)
+    DROP_PY=1 ...                # also drop python_function frames other than nn.Module scopes, and
+                                 # cpu_instant_event (for one-step traces too big with them)
+    LIMIT=150000 ...             # gzipped bytes to fit (default 280,000)
 """
 import gzip, json, sys
 from profiling.profile.traceio import read_json, DEVICE_CATS
 
 import os
 DROP_FLOWS = bool(os.environ.get("DROP_FLOWS"))
+DROP_PY = bool(os.environ.get("DROP_PY"))
+LIMIT = int(os.environ.get("LIMIT", 280_000))
 
 def dev(e):
     return str(e.get("cat", "")).lower() in DEVICE_CATS
@@ -40,6 +45,10 @@ def cut(trace, end):
             keep.append(e)
     if DROP_FLOWS:  # flow arrows (ac2g, fwdbwd) and instant events: the summary reads neither
         keep = [e for e in keep if e.get("ph") in ("X", "M")]
+    if DROP_PY:  # Python frames: only the module scopes (regions read them) are kept
+        def frame(e):
+            return e.get("cat") == "python_function" and not str(e.get("name", "")).startswith("nn.Module:")
+        keep = [e for e in keep if not (e.get("cat") == "cpu_instant_event" or frame(e))]
     out = {k: v for k, v in trace.items() if k != "traceEvents"}
     out["traceEvents"] = keep
     return out
@@ -47,7 +56,7 @@ def cut(trace, end):
 def size(t):
     return len(gzip.compress(json.dumps(t, separators=(",", ":")).encode(), 9))
 
-def main(src, dst, steps, limit=280_000):
+def main(src, dst, steps, limit=LIMIT):
     t = read_json(src)
     evs = [e for e in t["traceEvents"] if isinstance(e, dict)]
     marks = sorted((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("ph") == "X" and str(e.get("name","")).startswith("ProfilerStep#") and not str(e.get("cat","")).startswith("gpu_"))
