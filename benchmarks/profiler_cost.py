@@ -43,7 +43,8 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("AUTORESEARCH_EAGER_LINES", "0")  # the window variants: no record step after them
-VARIANTS = ("full", "before", "no_sampler", "bare", "cuda_only", "cpu_only", "sampler_5ms")
+VARIANTS = ("full", "before", "no_sampler", "bare", "cuda_only", "cpu_only", "sampler_5ms", "no_launch_records",
+            "full_no_launch_records")
 
 
 def gpt2(size, device):
@@ -150,8 +151,14 @@ def variant(name):
         capture.profile = _options(saved[0], name)
     if name == "sampler_5ms":
         capture.StackSampler = functools.partial(saved[1], interval=0.005)
+    if name == "no_launch_records":
+        capture.StackSampler = _IdleSampler
+    stack = contextlib.ExitStack()
+    if name.endswith("no_launch_records"):
+        stack.enter_context(no_launch_records())
     try:
-        yield
+        with stack:
+            yield
     finally:
         capture.profile, capture.StackSampler, capture.Window._before_step, capture.Window.step = saved
 
@@ -182,6 +189,21 @@ def _watched(before_step, step):
             self._bench_watch = None
         return step(self)
     return before, after
+
+
+@contextlib.contextmanager
+def no_launch_records():
+    """Inductor's Triton launcher without its per-launch profiler record (a Python dict and a
+    `_RecordFunctionFast` around every kernel launch while a profiler runs): only its module sees the
+    profiler as off; the compiled graph's call annotation and the CUDA launch records stay."""
+    from torch._inductor.runtime import triton_heuristics
+    import types
+    saved = triton_heuristics.autograd_profiler
+    triton_heuristics.autograd_profiler = types.SimpleNamespace(_is_profiler_enabled=False)
+    try:
+        yield
+    finally:
+        triton_heuristics.autograd_profiler = saved
 
 
 class _IdleSampler:
@@ -229,7 +251,7 @@ def window_ms(step, active, device):
     return 1e3 * (window.t_end - t0) / active, each
 
 
-FIRST = ("full", "no_sampler", "no_provenance", "prewarm", "bare")
+FIRST = ("full", "no_sampler", "no_provenance", "prewarm", "bare", "no_launch_records")
 
 
 @contextlib.contextmanager
@@ -244,6 +266,9 @@ def first_variant(name, step, device):
         capture.StackSampler = _IdleSampler
     if name in ("no_provenance", "bare"):
         os.environ["AUTORESEARCH_PROVENANCE"] = "0"
+    stack = contextlib.ExitStack()
+    if name == "no_launch_records":
+        stack.enter_context(no_launch_records())
     if name == "prewarm":
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -251,7 +276,8 @@ def first_variant(name, step, device):
             step()
             sync(device)
     try:
-        yield
+        with stack:
+            yield
     finally:
         capture.StackSampler = saved_sampler
         if saved_env is None:

@@ -40,7 +40,7 @@ from profiling.profile import (
     shapes,
     summary,
 )
-from profiling.profile.detail import DetailStep, SyncRecorder
+from profiling.profile.detail import DetailStep, SyncRecorder, without_launch_records
 from profiling.profile.sampler import StackSampler
 
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
@@ -116,6 +116,8 @@ class Window:
                             on_trace_ready=lambda p: p.export_chrome_trace(self.path))
         gc.collect()  # the garbage of what ran before (a collection inside the window would be its cost)
         self.sync()
+        self.launches = contextlib.ExitStack()  # Inductor's launch records: from the shape step, untimed
+        self.launches.enter_context(without_launch_records())
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
             self.prof.start()
@@ -193,8 +195,11 @@ class Window:
             return {"missing": f"{self.key} failed and was left out: {type(e).__name__}: {e}"[:300]}
 
     def _export(self):
-        self.prof.step()
-        self.prof.stop()
+        try:
+            self.prof.step()
+            self.prof.stop()
+        finally:
+            self.launches.close()
         self.trace = self._recorded(self.active)
 
     def _recorded(self, steps, missing=None):
@@ -246,6 +251,7 @@ class Window:
             self.sampler.stop()
             with contextlib.suppress(Exception):  # a device left broken by the user's error must not stop this
                 self.sync()
+            self.launches.close()
             self._quiet(self.prof.stop)  # exports the steps recorded so far (torch.profiler does, mid-window)
             missing = {key: {"missing": f"the loop ended before its step ({how})"} for key in pending}
             trace = self._recorded(steps, missing) if steps else None

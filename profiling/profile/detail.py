@@ -44,6 +44,32 @@ class DetailStep:
             self.prof.__exit__(None, None, None)
 
 
+@contextlib.contextmanager
+def without_launch_records():
+    """Inductor's Triton launcher without its profiler record around every launch, for the profiled steps:
+    it costs the host a Python dict and a `_RecordFunctionFast` per kernel (a compiled GPT-2 loop on the H100:
+    +11% with torch.profiler alone, +0.7% without it; benchmarks/profiler_cost_results.md). Only that module
+    sees the profiler as off: the compiled graph's call annotation and CUDA's launch records stay, and the
+    shape step, which keeps the records, lends them back (profiling/profile/shapes.py). A torch without that
+    module's `autograd_profiler` keeps its records."""
+    try:
+        from torch._inductor.runtime import triton_heuristics
+        saved = triton_heuristics.autograd_profiler
+    except (ImportError, AttributeError):
+        yield
+        return
+    triton_heuristics.autograd_profiler = _ProfilerOff
+    try:
+        yield
+    finally:
+        triton_heuristics.autograd_profiler = saved
+
+
+class _ProfilerOff:
+    """What Inductor's launcher reads of torch.autograd.profiler: off."""
+    _is_profiler_enabled = False
+
+
 class SyncRecorder:
     """The Python lines that synchronize the host with the GPU, from CUDA's sync debug mode ("warn"): a
     warning at each synchronizing call (`.item()`, `if tensor:`, `.cpu()`, `.nonzero()`), located at the

@@ -124,3 +124,38 @@ def test_shapes_are_lent_only_where_the_counts_agree():
     assert shapes.transplant(events, shaped) == {"matched": 2, "unmatched": 2}
     assert events[2]["args"]["Input Dims"] == [[2, 3], [3, 4]] and events[1]["args"]["Input Dims"] == [[5, 6], [6, 7]]
     assert "Input Dims" not in events[3]["args"] and "Input Dims" not in events[5]["args"]
+
+
+def test_triton_launch_records_come_back_from_the_shape_step():
+    """The profiled steps run without Inductor's per-launch records (detail.without_launch_records); the shape
+    step's records are lent back around the launches of the kernels of their names, so the Triton kernels'
+    bytes (roofline.tensor_bytes) are there again. A real H100 trace recorded with its launch records and shapes:
+    its records of step 0 play the shape step's, and every step's records are taken out as the shim leaves them."""
+    import gzip
+    import json
+
+    from profiling.profile import roofline, shapes
+    from profiling.profile.traceio import STEP_PREFIX
+
+    with gzip.open(os.path.join(ROOT, "tests", "data", "h100-gpt2-clean-api.trace.json.gz")) as f:
+        events = json.load(f)["traceEvents"]
+    is_record = lambda e: e.get("cat") == "cpu_op" and (e.get("args") or {}).get("kernel_backend") == "triton"  # noqa: E731
+    step0 = min((e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)), key=lambda e: e["ts"])
+    records = [e for e in events if is_record(e)]
+    shaped = shapes.signatures([e for e in records if step0["ts"] <= e["ts"] <= step0["ts"] + step0["dur"]])
+    before = {(e["tid"], e["ts"]): roofline.tensor_bytes(e) for e in records}
+    events = [e for e in events if not is_record(e)]
+    steps = sum(1 for e in events if str(e.get("name", "")).startswith(STEP_PREFIX))
+
+    out = shapes.transplant(events, shaped)
+    lent = [e for e in events if is_record(e)]
+    assert out["launch_records"] == len(lent) == len(records) and steps > 1
+    assert all(roofline.tensor_bytes(e) for e in lent)  # the kernel's bytes, from the lent shapes
+    kernels = {e["args"]["correlation"]: e for e in events if e.get("cat") == "kernel"}
+    launch = {e["args"]["External id"]: e for e in events if e.get("cat") in shapes.RUNTIME
+              and e["args"].get("correlation") in kernels}
+    for e in lent:  # around its own launch, of a kernel of its name, and found from it by External id
+        run = launch[e["args"]["External id"]]
+        assert (run["ts"], run["dur"]) == (e["ts"], e["dur"])
+        assert kernels[run["args"]["correlation"]]["name"] == e["name"]
+    assert sorted(roofline.tensor_bytes(e) for e in lent) == sorted(before.values())
