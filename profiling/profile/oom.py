@@ -233,7 +233,8 @@ def _accumulation(advised):
 
 def _fitted(f, knob):
     """The clause on a run that fit this micro-batch: both figures, what grew by category and by line."""
-    grew = ", ".join(f"{c['name']} {c['change_mb']:+,.0f} MB" for c in f["categories"] if abs(c["change_mb"]) >= 1)
+    grew = ", ".join(f"{c['name'].replace('_', ' ')} {c['change_mb']:+,.0f} MB" for c in f["categories"]
+                     if abs(c["change_mb"]) >= 1)
     text = (f"{f['source']} fit {knob}={f['micro_batch']} with a peak of {_mb(f['peak_mb'])} allocated; this run "
             f"held {_mb(f['held_mb'])} and asked for {_mb(f['requested_mb'])} more"
             + (f" ({f['growth_mb']:+,.0f} MB)" if f.get("growth_mb") is not None else "")

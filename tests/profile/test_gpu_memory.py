@@ -175,6 +175,20 @@ def test_every_recommendation_is_a_micro_batch_train_py_accepts():
     assert (f["max_micro_batch"], f["recommended_micro_batch"], f["grad_accum_steps"]) == (220, 128, 4)
 
 
+def test_the_lines_held_at_an_out_of_memory_failure():
+    """The snapshot at the failure (blocks allocated now, with their frames when the allocator's history is
+    recorded): the blocks by line, parameters' and other excluded ranges left out; None without frames."""
+    snap = snapshot()
+    blocks = snap["segments"][0]["blocks"]
+    blocks[1]["frames"] = frames(50)                     # 8 MB at train.py:50
+    snap["segments"][1]["blocks"].append({"address": B + M, "size": 2 * M, "state": "active_allocated",
+                                          "frames": frames(60)})
+    assert gpu_memory.held_lines(snap, exclude=[(A, A + 4 * M)]) == [{"where": "run/train.py:50", "mb": 8.0},
+                                                                     {"where": "run/train.py:60", "mb": 2.0}]
+    assert gpu_memory.held_lines(snap)[1] == {"where": "(allocated before the history)", "mb": 4.0}
+    assert gpu_memory.held_lines(snapshot()) is None     # no history: no frames
+
+
 def test_the_record_is_small_json():
     import json
     r = reduce(snapshot(), TAGS)
