@@ -18,6 +18,7 @@ and writes run.json. Those host-side messages go over a gloo group, never over t
 import argparse
 import contextlib
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -282,6 +283,30 @@ def _profiled_fits(parameters_mb):
     return {"folder": os.path.join(root, "latest"), "fits": record["fits"]}
 
 
+def _fit_candidates(settings, dataset):
+    """(source, folder, its summary) of the kept runs of these settings and dataset whose profile is still on
+    disk, newest first, then the last profile (profiles/latest): where a run that fit may have been measured
+    (oom.kept_fit picks one of this model at this micro-batch)."""
+    from profiling.profile import capture
+    try:
+        records = experiments.load(experiments.default_path())["experiments"]
+    except UserError:
+        records = []
+    out = [(f"the kept run, experiment {r['id']} ({r.get('commit')})", r["profile"])
+           for r in reversed(records)
+           if r.get("status") == "keep" and r.get("profile") and history.same_group(r, settings, dataset)]
+    out.append(("the last profile of this model", os.path.join(capture.profile_dir(), "latest")))
+    return [(source, folder, _summary_in(folder)) for source, folder in out]
+
+
+def _summary_in(folder):
+    try:
+        with open(os.path.join(folder, "summary.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def _held_mb(*holders, grads=True):
     """MB of the distinct CUDA storages a model (parameters and their gradients) and an optimizer (its state)
     hold: what does not grow with the batch, measured from the tensors themselves."""
@@ -412,10 +437,10 @@ class Run:
 
     def out_of_memory(self, e):
         """What an out-of-memory error shows (profiling/profile/oom.py): its message's figures, the innermost line of the
-        user's code, the parameters, gradients and optimizer state still held (measured), the process's cap; and
-        when a kept run or the last profile fit this micro-batch with this model, what grew since
-        (profiling/profile/memory_failure.py)."""
-        from profiling.profile import memory_failure
+        user's code, the parameters, gradients and optimizer state still held (measured), the process's cap;
+        and when a kept run or the last profile fit this micro-batch with this model, what grew since
+        (profiling/profile/memory_capture.py `held_now`)."""
+        from profiling.profile import memory_capture
         here = os.path.dirname(os.path.abspath(__file__))
         where = oom.user_line([(f.filename, f.lineno, f.line) for f in traceback.extract_tb(e.__traceback__)
                                if not f.filename.startswith(here)], show=_shown)
@@ -431,16 +456,17 @@ class Run:
                 cap = device * fraction if fraction < 1 else None
         micro_batch = self.record["hyperparameters"].get("DEVICE_BATCH_SIZE")
         parameters_mb = _held_mb(model, grads=False) if model is not None else None
-        before = memory_failure.fitted_before(self.record["settings"], self.record["dataset"], micro_batch,
-                                              parameters_mb) if self.cuda else None
+        before = oom.kept_fit(_fit_candidates(self.record["settings"], self.record["dataset"]), micro_batch,
+                              parameters_mb) if self.cuda else None
         return oom.explain(str(e), micro_batch=micro_batch, fixed_mb=fixed, where=where, cap_mb=cap,
-                           device_mb=device, profiled=_profiled_fits(parameters_mb) if model is not None else None,
+                           device_mb=device,
+                           profiled=_profiled_fits(parameters_mb) if model is not None else None,
                            sequences=self.sequences_per_step(), before=before,
-                           now=memory_failure.held_now(model, optimizer) if before else None)
+                           now=memory_capture.held_now(model, optimizer) if before else None)
 
     def sequences_per_step(self):
-        """The sequences per optimizer step on this rank (TOTAL_BATCH_SIZE / MAX_SEQ_LEN / ranks): every micro-batch
-        train.py accepts divides it (train.check_batch_sizes). None when unknown."""
+        """The sequences per optimizer step on this rank (TOTAL_BATCH_SIZE / MAX_SEQ_LEN / ranks): every
+        micro-batch train.py accepts divides it (train.check_batch_sizes). None when unknown."""
         hp, n = self.record["hyperparameters"], self.ranks.world_size
         if self.model_meta.get("micro_batches") and hp.get("DEVICE_BATCH_SIZE"):
             return self.model_meta["micro_batches"] * hp["DEVICE_BATCH_SIZE"]

@@ -195,26 +195,27 @@ def test_only_a_run_of_this_model_at_this_micro_batch_counts():
 
 
 def test_the_crash_record_keeps_what_grew(tmp_path, monkeypatch):
-    """run.json, and the memory's record made from it, keep `fitted`; the lookup reads the kept runs' profiles,
-    newest first, then profiles/latest."""
-    memory_failure = pytest.importorskip("profiling.profile.memory_failure")  # torch
-    from profiling.research import experiments
+    """The runner's lookup reads the kept runs' profiles (these settings and dataset), newest first, then
+    profiles/latest; run.json, and the memory's record made from it, keep `fitted`."""
+    runner = pytest.importorskip("profiling.runner")  # the trainer's runner (torch, prepare.py)
     kept = tmp_path / "profiles" / "kept"
     kept.mkdir(parents=True)
     (kept / "summary.json").write_text(json.dumps(KEPT))
     settings = {"MAX_SEQ_LEN": 2048, "hardware": "1x H100"}
     record = {"id": 4, "status": "keep", "commit": "ac9b83f", "profile": str(kept), "settings": settings,
               "dataset": "builtin", "device": "H100"}
-    monkeypatch.setattr(experiments, "load", lambda path: {"experiments": [record, dict(record, id=5, profile=None)]})
-    before = memory_failure.fitted_before(settings, "builtin", 128, 152.0, profile_root=str(tmp_path / "none"))
+    monkeypatch.setattr(runner.experiments, "load",
+                        lambda path: {"experiments": [record, dict(record, id=5, profile=None)]})
+    monkeypatch.setenv("AUTORESEARCH_PROFILE_DIR", str(tmp_path / "none"))
+    before = oom.kept_fit(runner._fit_candidates(settings, "builtin"), 128, 152.0)
     assert before["source"] == "the kept run, experiment 4 (ac9b83f)" and before["folder"] == str(kept)
-    assert memory_failure.fitted_before(dict(settings, MAX_SEQ_LEN=1024), "builtin", 128, 152.0,
-                                        profile_root=str(tmp_path / "none")) is None
+    assert oom.kept_fit(runner._fit_candidates(dict(settings, MAX_SEQ_LEN=1024), "builtin"), 128, 152.0) is None
     latest = tmp_path / "profiles" / "latest"
     latest.mkdir()
     (latest / "summary.json").write_text(json.dumps(KEPT))
-    assert memory_failure.fitted_before({}, "builtin", 128, 152.0, profile_root=str(tmp_path / "profiles"))[
-        "source"] == "the last profile of this model"
+    monkeypatch.setenv("AUTORESEARCH_PROFILE_DIR", str(tmp_path / "profiles"))
+    assert oom.kept_fit(runner._fit_candidates({}, "builtin"), 128, 152.0)["source"] == \
+        "the last profile of this model"
     info = oom.explain(DOUBLED, micro_batch=128, fixed_mb=304.0, before=before, now=NOW)
     run = runfile.make_run("crash", {}, {}, "builtin", error=oom.message(info), oom=info)
     runfile.write_run(tmp_path / "run.json", run)

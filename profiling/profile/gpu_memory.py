@@ -189,8 +189,8 @@ def placed(placement):
     """A `where` for reduce: frames -> label, each frame first moved to the running code as the time lines'
     frames are (profiling/profile/relocate.py, through provenance.placement()): a compiled graph from
     Inductor's cache carries the source frames of the run that compiled it (another folder, the file before a
-    line was added). placement: {"frames": {(path, line, function): (path, line)}, "files": {recorded path that
-    no running file has: (running path, usual shift)}}; None or empty: the frames as recorded."""
+    line was added). placement: {"frames": {(path, line, function): (path, line)}, "files": {recorded
+    path that no running file has: (running path, usual shift)}}; None or empty: the frames as recorded."""
     if not placement or not (placement.get("frames") or placement.get("files")):
         return None
     exact, files = placement.get("frames") or {}, placement.get("files") or {}
@@ -209,7 +209,7 @@ NO_CACHING = "PYTORCH_NO_CUDA_MEMORY_CACHING"
 
 
 def uncached(value):
-    """Whether a value of PYTORCH_NO_CUDA_MEMORY_CACHING turns the caching allocator off (set, not empty or 0)."""
+    """Whether a value of PYTORCH_NO_CUDA_MEMORY_CACHING turns the caching allocator off (not empty or 0)."""
     return value is not None and str(value).strip() not in ("", "0")
 
 
@@ -223,10 +223,11 @@ def unmeasured(caching_off, allocator_peak_mb=None):
 
 
 def held_lines(snapshot, exclude=(), where=None, device=None):
-    """[{where, mb}] of the blocks allocated now (a snapshot taken at an out-of-memory failure), by line, largest
-    first, leaving out those starting in `exclude` ((start, end) address ranges: parameters, gradients,
-    optimizer state); None when no block has frames (the allocator's history was not recorded)."""
-    blocks = [b for seg in snapshot.get("segments") or [] if device is None or seg.get("device", device) == device
+    """[{where, mb}] of the blocks allocated now (a snapshot taken at an out-of-memory failure), by line,
+    largest first, leaving out those starting in `exclude` ((start, end) address ranges: parameters,
+    gradients, optimizer state); None when no block has frames (the allocator's history was not recorded)."""
+    blocks = [b for seg in snapshot.get("segments") or []
+              if device is None or seg.get("device", device) == device
               for b in seg.get("blocks") or [] if b.get("state") == "active_allocated"]
     if not any(b.get("frames") for b in blocks):
         return None
@@ -310,8 +311,8 @@ def fits(record, micro_batch, sequences=None, margin=MARGIN, multiple=MULTIPLE):
     best = max(0, math.floor((room - fixed) / ((1 + frag) * per_seq)))
     return dict(advice(best, sequences, margin, multiple), per_sequence_mb=round(per_seq, 1),
                 fixed_mb=round(fixed, 1), fragmentation_percent=round(100 * frag, 1),
-                basis=f"measured at micro-batch {micro_batch}; memory outside PyTorch {basis}; reserved-unallocated "
-                      "assumed to grow with activations and temporaries")
+                basis=f"measured at micro-batch {micro_batch}; memory outside PyTorch {basis}; "
+                      "reserved-unallocated assumed to grow with activations and temporaries")
 
 
 def max_depth(record, micro_batch, depth, fixed_power=1.0, scaled_power=1.0, limit=4):

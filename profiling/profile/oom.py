@@ -15,10 +15,14 @@ that at once, and the allocator's reserved blocks it could not use for the reque
 to grow with the batch like the rest. So the estimate is below the micro-batch that failed. The per-sequence
 figure is a lower bound (the step's peak may lie later than the failure), so the micro-batch it gives is an
 upper bound: `max_micro_batch` is the most that could fit, `recommended_micro_batch` that less MARGIN (for
-fragmentation and the allocator's rounding), rounded down to a multiple of 8 (gpu_memory.recommend).
+fragmentation and the allocator's rounding), then the largest divisor of the sequences per step on this rank
+(train.py refuses any other), with `grad_accum_steps`: gpu_memory.advice, the profile's `fits` function too.
 
 A profile of the same model that fitted says more (its memory step measured the peak by category:
-gpu_memory.fits): given as `profiled`, its prediction is named first.
+gpu_memory.fits): given as `profiled`, its prediction is named first, unless it predicted that the failing
+micro-batch fits. A run that fit this very micro-batch with this model (a kept run's profile, or the last
+profile: `kept_fit`) turns the failure into a regression: `fitted` has both figures, the growth by category
+and by line (profiling/runner.py finds the run; memory_capture.held_now measures what is held now).
 """
 import os
 import re
@@ -74,8 +78,9 @@ def explain(text, *, micro_batch=None, fixed_mb=None, where=None, cap_mb=None, d
     fixed_mb: the parameters, gradients and optimizer state at the failure, measured (None: unknown);
     cap_mb, device_mb: what the process itself read (torch's per-process fraction, the device's total), used
     where the message lacks them; profiled: {folder, fits} of the last profile of this model, or None;
-    sequences: the sequences per optimizer step on this rank (the recommendation divides it: gpu_memory.advice,
-    as the profile's `fits`); before, now: a run that fit this micro-batch and what is held now (`fitted`)."""
+    sequences: the sequences per optimizer step on this rank (the recommendation divides it:
+    gpu_memory.advice, as the profile's `fits`); before, now: a run that fit this micro-batch and what is
+    held now (`fitted`)."""
     info = parse(text)
     info["device_mb"] = info["device_mb"] or device_mb
     info["cap_mb"] = info["cap_mb"] or cap_mb
@@ -126,8 +131,9 @@ def fitted(before, now, allocated_mb, requested_mb):
         kept[REST] = kept_rest
     growth = [{"name": k, "before_mb": round(kept.get(k, 0.0), 1), "now_mb": round(v, 1),
                "change_mb": round(v - kept.get(k, 0.0), 1)} for k, v in cats.items() if k in kept]
-    out = {"source": before.get("source"), "folder": before.get("folder"), "micro_batch": before.get("micro_batch"),
-           "peak_mb": before.get("peak_mb"), "held_mb": held, "requested_mb": requested_mb,
+    out = {"source": before.get("source"), "folder": before.get("folder"),
+           "micro_batch": before.get("micro_batch"), "peak_mb": before.get("peak_mb"), "held_mb": held,
+           "requested_mb": requested_mb,
            "growth_mb": None if held is None or before.get("peak_mb") is None
            else round(held + (requested_mb or 0.0) - before["peak_mb"], 1),
            "categories": sorted(growth, key=lambda g: -g["change_mb"]),
@@ -156,7 +162,8 @@ def kept_fit(candidates, micro_batch, parameters_mb):
         if (micro_batch and measured_at(g) == micro_batch and g.get("peak_allocated_mb") and parameters_mb
                 and measured and abs(measured / parameters_mb - 1) <= 0.01):
             return {"source": source, "folder": folder, "micro_batch": micro_batch,
-                    "peak_mb": g["peak_allocated_mb"], "categories": g["categories"], "lines": g.get("lines") or []}
+                    "peak_mb": g["peak_allocated_mb"], "categories": g["categories"],
+                    "lines": g.get("lines") or []}
     return None
 
 
@@ -169,8 +176,8 @@ MAX_GROWTH_LINES = 5
 
 
 def _key(where):
-    """A memory line's label without its folder or `(compiled graph)`: `train.py:122`, so the lines of a run in
-    another checkout compare."""
+    """A memory line's label without its folder or `(compiled graph)`: `train.py:122`, so the lines of a
+    run in another checkout compare."""
     return str(where).split(" (")[0].rsplit("/", 1)[-1]
 
 
@@ -191,8 +198,9 @@ def message(info, knob="the micro-batch"):
     """The one paragraph an out-of-memory run prints: the limit, the request, the split, what could fit."""
     limit = ({"cap": "the process's memory cap (torch.cuda.set_per_process_memory_fraction)",
               "device": "the device's memory"}.get(info.get("limit"), "an unknown limit"))
-    parts = [f"CUDA out of memory at {knob}={info.get('micro_batch')}: hit {limit}, {_mb(info.get('limit_mb'))}, "
-             f"allocating {_mb(info.get('requested_mb'))}" + (f" at {info['where']}" if info.get("where") else "")]
+    parts = [f"CUDA out of memory at {knob}={info.get('micro_batch')}: hit {limit}, "
+             f"{_mb(info.get('limit_mb'))}, allocating {_mb(info.get('requested_mb'))}"
+             + (f" at {info['where']}" if info.get("where") else "")]
     split = [f"allocated by PyTorch {_mb(info.get('allocated_mb'))}"]
     if info.get("fixed_mb") is not None:
         split.append(f"of which parameters, gradients and optimizer state {_mb(info['fixed_mb'])}")
@@ -228,20 +236,23 @@ def _mb(x):
 def _accumulation(advised):
     """`gradient accumulation 2, ` where the recommendation divides a known number of sequences per step."""
     n = advised.get("grad_accum_steps")
-    return f"gradient accumulation {n} for the {advised['sequences_per_step']:,} sequences per step, " if n else ""
+    if not n:
+        return ""
+    return f"gradient accumulation {n} for the {advised['sequences_per_step']:,} sequences per step, "
 
 
 def _fitted(f, knob):
     """The clause on a run that fit this micro-batch: both figures, what grew by category and by line."""
     grew = ", ".join(f"{c['name'].replace('_', ' ')} {c['change_mb']:+,.0f} MB" for c in f["categories"]
                      if abs(c["change_mb"]) >= 1)
-    text = (f"{f['source']} fit {knob}={f['micro_batch']} with a peak of {_mb(f['peak_mb'])} allocated; this run "
-            f"held {_mb(f['held_mb'])} and asked for {_mb(f['requested_mb'])} more"
+    text = (f"{f['source']} fit {knob}={f['micro_batch']} with a peak of {_mb(f['peak_mb'])} allocated; "
+            f"this run held {_mb(f['held_mb'])} and asked for {_mb(f['requested_mb'])} more"
             + (f" ({f['growth_mb']:+,.0f} MB)" if f.get("growth_mb") is not None else "")
             + (f": {grew}" if grew else ""))
     if f.get("lines"):
-        text += "; grew most at " + ", ".join(f"`{r['where']}` {r['change_mb']:+,.0f} MB ({r['now_mb']:,.0f} MB now)"
-                                             for r in f["lines"] if r["change_mb"] > 0)
+        text += "; grew most at " + ", ".join(
+            f"`{r['where']}` {r['change_mb']:+,.0f} MB ({r['now_mb']:,.0f} MB now)"
+            for r in f["lines"] if r["change_mb"] > 0)
     elif f.get("lines_missing"):
         text += f"; {f['lines_missing']}"
     return text
