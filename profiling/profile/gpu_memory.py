@@ -46,7 +46,7 @@ SCALED = ("activations", "temporaries")                                     # gr
 MAX_LINES = 8
 DEFAULT_OTHER_MB = 500.0   # the CUDA context and libraries outside the allocator, when not measured
 MARGIN = 0.10              # the recommended micro-batch leaves this share of the predicted one
-MULTIPLE = 8               # and is rounded down to a multiple of this
+MULTIPLE = 8               # and rounded down to a multiple of this (where the step is unknown)
 BEFORE = "(allocated before the step)"
 
 
