@@ -18,6 +18,7 @@ and writes run.json. Those host-side messages go over a gloo group, never over t
 import argparse
 import contextlib
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -282,6 +283,30 @@ def _profiled_fits(parameters_mb):
     return {"folder": os.path.join(root, "latest"), "fits": record["fits"]}
 
 
+def _fit_candidates(settings, dataset):
+    """(source, folder, its summary) of the kept runs of these settings and dataset whose profile is still on
+    disk, newest first, then the last profile (profiles/latest): where a run that fit may have been measured
+    (oom.kept_fit picks one of this model at this micro-batch)."""
+    from profiling.profile import capture
+    try:
+        records = experiments.load(experiments.default_path())["experiments"]
+    except UserError:
+        records = []
+    out = [(f"the kept run, experiment {r['id']} ({r.get('commit')})", r["profile"])
+           for r in reversed(records)
+           if r.get("status") == "keep" and r.get("profile") and history.same_group(r, settings, dataset)]
+    out.append(("the last profile of this model", os.path.join(capture.profile_dir(), "latest")))
+    return [(source, folder, _summary_in(folder)) for source, folder in out]
+
+
+def _summary_in(folder):
+    try:
+        with open(os.path.join(folder, "summary.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def _held_mb(*holders, grads=True):
     """MB of the distinct CUDA storages a model (parameters and their gradients) and an optimizer (its state)
     hold: what does not grow with the batch, measured from the tensors themselves."""
@@ -340,8 +365,9 @@ class Run:
         if not self.ranks.first:
             return
         self.summary["total_seconds"] = round(time.time() - self.t_start, 1)
-        if self.cuda:
-            self.summary["peak_vram_mb"] = round(torch.cuda.max_memory_allocated() / 1024**2, 1)
+        if self.cuda:  # None (n/a), never 0, where the allocator's statistics do not count (caching off)
+            from profiling.profile import memory_capture
+            self.summary["peak_vram_mb"] = memory_capture.allocator_peak_mb()
         now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         runfile.write_run(self.args.run_file, runfile.make_run(status, self.summary, time=now, error=error,
                                                                oom=oom_info, **self.record))
@@ -396,6 +422,9 @@ class Run:
             self.record["dataset"] = prepare.ensure_data()
         print(f"Device: {self.device} | torch {torch.__version__} | dataset: {self.record['dataset']}")
         print("Settings: " + ", ".join(f"{k}={v}" for k, v in self.record["settings"].items()))
+        if self.cuda and os.environ.get(oom.HISTORY_ENV) == "1":  # an out-of-memory failure names its lines
+            from profiling.profile import memory_capture
+            memory_capture.record_history()
         a = self.args
         reference, why_off = (None, "off (--no-gate)") if a.no_gate or a.profile else \
             gate.find_reference(experiments.default_path(), self.record["settings"], self.record["dataset"])
@@ -408,22 +437,41 @@ class Run:
 
     def out_of_memory(self, e):
         """What an out-of-memory error shows (profiling/profile/oom.py): its message's figures, the innermost line of the
-        user's code, the parameters, gradients and optimizer state still held (measured), the process's cap."""
+        user's code, the parameters, gradients and optimizer state still held (measured), the process's cap;
+        and when a kept run or the last profile fit this micro-batch with this model, what grew since
+        (profiling/profile/memory_capture.py `held_now`)."""
+        from profiling.profile import memory_capture
         here = os.path.dirname(os.path.abspath(__file__))
         where = oom.user_line([(f.filename, f.lineno, f.line) for f in traceback.extract_tb(e.__traceback__)
                                if not f.filename.startswith(here)], show=_shown)
         holders = [ref() for ref in self.holders]
         fixed = _held_mb(*holders) if self.holders else None
         model = next((h for h in holders if isinstance(h, torch.nn.Module)), None)
+        optimizer = next((h for h in holders if isinstance(h, torch.optim.Optimizer)), None)
         cap = device = None
         if self.cuda:
             device = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**20
             with contextlib.suppress(AttributeError, RuntimeError):
                 fraction = torch.cuda.get_per_process_memory_fraction()
                 cap = device * fraction if fraction < 1 else None
-        return oom.explain(str(e), micro_batch=self.record["hyperparameters"].get("DEVICE_BATCH_SIZE"),
-                           fixed_mb=fixed, where=where, cap_mb=cap, device_mb=device,
-                           profiled=_profiled_fits(_held_mb(model, grads=False)) if model is not None else None)
+        micro_batch = self.record["hyperparameters"].get("DEVICE_BATCH_SIZE")
+        parameters_mb = _held_mb(model, grads=False) if model is not None else None
+        before = oom.kept_fit(_fit_candidates(self.record["settings"], self.record["dataset"]), micro_batch,
+                              parameters_mb) if self.cuda else None
+        return oom.explain(str(e), micro_batch=micro_batch, fixed_mb=fixed, where=where, cap_mb=cap,
+                           device_mb=device,
+                           profiled=_profiled_fits(parameters_mb) if model is not None else None,
+                           sequences=self.sequences_per_step(), before=before,
+                           now=memory_capture.held_now(model, optimizer) if before else None)
+
+    def sequences_per_step(self):
+        """The sequences per optimizer step on this rank (TOTAL_BATCH_SIZE / MAX_SEQ_LEN / ranks): every
+        micro-batch train.py accepts divides it (train.check_batch_sizes). None when unknown."""
+        hp, n = self.record["hyperparameters"], self.ranks.world_size
+        if self.model_meta.get("micro_batches") and hp.get("DEVICE_BATCH_SIZE"):
+            return self.model_meta["micro_batches"] * hp["DEVICE_BATCH_SIZE"]
+        tokens, per_rank = hp.get("TOTAL_BATCH_SIZE"), prepare.MAX_SEQ_LEN * n
+        return tokens // per_rank if isinstance(tokens, int) and tokens % per_rank == 0 else None
 
     def describe_model(self, model, flops_per_token, tokens_per_step, micro_batches, optimizer=None):
         """Record the model's size (the summary, the profile's metadata) and print it. The model and optimizer

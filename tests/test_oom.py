@@ -108,3 +108,115 @@ def test_the_line_named_is_the_users_not_a_compiled_graphs_generated_code():
     assert oom.user_line(frames[:2]) == "train.py:389 loss = train_step(step, progress)"
     assert oom.user_line([torch_frame]) is None
     assert oom.user_line([frames[-1]]) == "a compiled graph (Inductor's generated code)"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# #43: a micro-batch train.py accepts; a failure at a micro-batch that fit before says what grew
+# ---------------------------------------------------------------------------------------------------------
+
+def test_the_recommendation_divides_the_sequences_per_step():
+    """The issue's line said "try 112" at 256 sequences a step: train.py exits 2 on it. With the step known,
+    the failure's own estimate (254) and a profile's (215) both give 128 with 2 micro-batches a step, from
+    one function (gpu_memory.advice), so they agree."""
+    info = oom.explain(H100, micro_batch=256, fixed_mb=6400.0, sequences=256)
+    assert (info["max_micro_batch"], info["recommended_micro_batch"], info["grad_accum_steps"]) == (254, 128, 2)
+    text = oom.message(info, knob="DEVICE_BATCH_SIZE")
+    assert ("try DEVICE_BATCH_SIZE=128 (gradient accumulation 2 for the 256 sequences per step, 10% margin)"
+            in text)
+    profiled = oom.explain(H100, micro_batch=256, fixed_mb=6400.0, sequences=256,
+                           profiled={"folder": "profiles/latest", "fits": FITS})
+    assert profiled["profiled"]["fits"]["recommended_micro_batch"] == 128 == profiled["recommended_micro_batch"]
+    assert "predicts at most 215 fit: try DEVICE_BATCH_SIZE=128 (gradient accumulation 2" in oom.message(
+        profiled, knob="DEVICE_BATCH_SIZE")
+    for sequences in (96, 256, 384, 1000):
+        b = oom.explain(H100, micro_batch=256, fixed_mb=6400.0, sequences=sequences)["recommended_micro_batch"]
+        assert sequences % b == 0
+
+
+def test_a_profile_that_predicted_this_micro_batch_fits_is_not_repeated():
+    """The profile said 215 fit; 256 failed, so not its prediction: the failure's own estimate is the advice."""
+    info = oom.explain(H100, micro_batch=200, fixed_mb=6400.0, sequences=400,
+                       profiled={"folder": "profiles/latest", "fits": FITS})
+    assert info["profiled"] is None and "the last profile" not in oom.message(info)
+
+
+KEPT = {"gpu_memory": {  # the H100's default config (tests/data/h100-memory-b128.trace.json.gz), as summary.json
+    "peak_allocated_mb": 44990.698, "micro_batch": 128,
+    "categories": {"parameters": 152.002, "gradients": 152.002, "optimizer_state": 208.192,
+                   "activations": 40310.502, "other_persistent": 64.0, "temporaries": 4104.0},
+    "lines": [{"where": "b128/train.py:122 (compiled graph)", "mb": 18540.0},
+              {"where": "b128/train.py:76 (compiled graph)", "mb": 5904.0}]}}
+# the run that kept each micro-batch's graph alive failed at the same micro-batch, holding ~76 GB
+DOUBLED = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+           "1.50 GiB is free. Including non-PyTorch memory, this process has 77.68 GiB memory in use. Of the "
+           "allocated memory 74.50 GiB is allocated by PyTorch, and 2.40 GiB is reserved by PyTorch but unallocated.")
+NOW = {"categories": {"parameters": 152.0, "gradients": 152.0, "optimizer_state": 0.0},
+       "lines": [{"where": "edit/train.py:122 (compiled graph)", "mb": 37080.0},
+                 {"where": "edit/train.py:76 (compiled graph)", "mb": 11808.0},
+                 {"where": "edit/train.py:300", "mb": 10.0}]}
+
+
+def test_a_failure_at_a_micro_batch_a_kept_run_fit_says_what_grew():
+    before = oom.kept_fit([("the kept run, experiment 1 (ac9b83f)", "profiles/a", KEPT)], 128, 152.0)
+    assert before["peak_mb"] == 44990.698 and before["micro_batch"] == 128
+    info = oom.explain(DOUBLED, micro_batch=128, fixed_mb=304.0, sequences=256, before=before, now=NOW,
+                       profiled={"folder": "profiles/latest", "fits": dict(FITS, max_micro_batch=211)})
+    f = info["fitted"]
+    assert (f["held_mb"], f["requested_mb"]) == (76288.0, 2048.0)
+    assert f["growth_mb"] == round(76288.0 + 2048.0 - 44990.698, 1)
+    rest = f["categories"][0]
+    assert rest["name"] == "activations, temporaries and buffers" and rest["before_mb"] == 44478.5
+    assert rest["now_mb"] == 76288.0 - 304.0 + 2048.0 and rest["change_mb"] > 33000
+    assert {c["name"]: c["change_mb"] for c in f["categories"]}["optimizer_state"] == -208.2
+    assert [r["where"] for r in f["lines"]][:2] == ["edit/train.py:122 (compiled graph)",
+                                                    "edit/train.py:76 (compiled graph)"]
+    assert f["lines"][0]["change_mb"] == 18540.0 and f["lines_missing"] is None
+    assert info["profiled"] is None   # it predicted 211 fit: this run's memory is not that profile's any more
+    text = oom.message(info, knob="DEVICE_BATCH_SIZE")
+    assert ("the kept run, experiment 1 (ac9b83f) fit DEVICE_BATCH_SIZE=128 with a peak of 44,991 MB allocated; "
+            "this run held 76,288 MB and asked for 2,048 MB more (+33,345 MB): activations, temporaries and "
+            "buffers +33,554 MB, optimizer state -208 MB; grew most at `edit/train.py:122 (compiled graph)` "
+            "+18,540 MB (37,080 MB now), `edit/train.py:76 (compiled graph)` +5,904 MB (11,808 MB now)") in text
+    assert "try DEVICE_BATCH_SIZE=64" in text   # the failure's own estimate, a divisor of 256
+    blind = oom.explain(DOUBLED, micro_batch=128, fixed_mb=304.0, before=before, now=dict(NOW, lines=None))
+    assert blind["fitted"]["lines"] is None
+    assert "run again with AUTORESEARCH_MEMORY_HISTORY=1 for the lines holding it" in oom.message(blind)
+
+
+def test_only_a_run_of_this_model_at_this_micro_batch_counts():
+    older = {"gpu_memory": dict(KEPT["gpu_memory"], micro_batch=None, fits={
+        "basis": "measured at micro-batch 128; memory outside PyTorch measured"})}  # before #43: in the basis
+    assert oom.measured_at(older["gpu_memory"]) == 128 and oom.measured_at({}) is None
+    at64 = {"gpu_memory": dict(KEPT["gpu_memory"], micro_batch=64)}
+    chosen = oom.kept_fit([("a", "f/a", at64), ("b", "f/b", None), ("c", "f/c", older)], 128, 152.0)
+    assert chosen["source"] == "c"
+    assert oom.kept_fit([("c", "f/c", older)], 128, 200.0) is None   # another model (a new DEPTH)
+    assert oom.kept_fit([("c", "f/c", older)], 64, 152.0) is None
+
+
+def test_the_crash_record_keeps_what_grew(tmp_path, monkeypatch):
+    """The runner's lookup reads the kept runs' profiles (these settings and dataset), newest first, then
+    profiles/latest; run.json, and the memory's record made from it, keep `fitted`."""
+    runner = pytest.importorskip("profiling.runner")  # the trainer's runner (torch, prepare.py)
+    kept = tmp_path / "profiles" / "kept"
+    kept.mkdir(parents=True)
+    (kept / "summary.json").write_text(json.dumps(KEPT))
+    settings = {"MAX_SEQ_LEN": 2048, "hardware": "1x H100"}
+    record = {"id": 4, "status": "keep", "commit": "ac9b83f", "profile": str(kept), "settings": settings,
+              "dataset": "builtin", "device": "H100"}
+    monkeypatch.setattr(runner.experiments, "load",
+                        lambda path: {"experiments": [record, dict(record, id=5, profile=None)]})
+    monkeypatch.setenv("AUTORESEARCH_PROFILE_DIR", str(tmp_path / "none"))
+    before = oom.kept_fit(runner._fit_candidates(settings, "builtin"), 128, 152.0)
+    assert before["source"] == "the kept run, experiment 4 (ac9b83f)" and before["folder"] == str(kept)
+    assert oom.kept_fit(runner._fit_candidates(dict(settings, MAX_SEQ_LEN=1024), "builtin"), 128, 152.0) is None
+    latest = tmp_path / "profiles" / "latest"
+    latest.mkdir()
+    (latest / "summary.json").write_text(json.dumps(KEPT))
+    monkeypatch.setenv("AUTORESEARCH_PROFILE_DIR", str(tmp_path / "profiles"))
+    assert oom.kept_fit(runner._fit_candidates({}, "builtin"), 128, 152.0)["source"] == \
+        "the last profile of this model"
+    info = oom.explain(DOUBLED, micro_batch=128, fixed_mb=304.0, before=before, now=NOW)
+    run = runfile.make_run("crash", {}, {}, "builtin", error=oom.message(info), oom=info)
+    runfile.write_run(tmp_path / "run.json", run)
+    assert runfile.read_run(tmp_path / "run.json")["oom"]["fitted"] == info["fitted"]

@@ -248,6 +248,9 @@ def test_cuda_out_of_memory_explains_itself_in_the_log_run_json_and_the_memory(t
     assert info["max_micro_batch"] < train.DEVICE_BATCH_SIZE  # what failed does not fit
     assert f"at most {info['max_micro_batch']} sequences per micro-batch can fit" in line
     assert f"try DEVICE_BATCH_SIZE={info['recommended_micro_batch']}" in line and 1 <= info["recommended_micro_batch"] <= 3
+    sequences = train.TOTAL_BATCH_SIZE // train.MAX_SEQ_LEN   # what train.py accepts divides it (#43)
+    assert sequences % info["recommended_micro_batch"] == 0 and info["sequences_per_step"] == sequences
+    assert info["fitted"] is None   # on the CPU no profile measured memory: nothing to compare with
     assert cli.main(["log", "--dimension", "batching", "--change", "micro-batch 16", "--run", str(tiny / "run.json")]) == 0
     record = json.loads((tiny / "experiments.json").read_text())["experiments"][-1]
     assert record["status"] == "crash" and record["oom"] == info and record["error"] == run["error"]

@@ -2,7 +2,8 @@
 Stdlib only, never torch; the snapshot (a dict, never a pickle) is reduced at once and dropped.
 
     record = reduce(snapshot, tags, device_total=..., other=..., allocations=...)
-    fits(record, micro_batch)           # the largest micro-batch predicted to fit, and the one recommended
+    fits(record, micro_batch, sequences)  # the largest micro-batch predicted to fit, the one recommended (a
+                                          # divisor of the sequences per step: what train.py accepts)
     max_depth(record, micro_batch, depth)
 
 The snapshot is `torch.cuda.memory._snapshot()` taken after one step run under
@@ -45,7 +46,7 @@ SCALED = ("activations", "temporaries")                                     # gr
 MAX_LINES = 8
 DEFAULT_OTHER_MB = 500.0   # the CUDA context and libraries outside the allocator, when not measured
 MARGIN = 0.10              # the recommended micro-batch leaves this share of the predicted one
-MULTIPLE = 8               # and is rounded down to a multiple of this
+MULTIPLE = 8               # and rounded down to a multiple of this (where the step is unknown)
 BEFORE = "(allocated before the step)"
 
 
@@ -184,6 +185,64 @@ def innermost_own(frames):
     return f"{_label(caller)} (compiled graph)" if caller else "a compiled graph"
 
 
+def placed(placement):
+    """A `where` for reduce: frames -> label, each frame first moved to the running code as the time lines'
+    frames are (profiling/profile/relocate.py, through provenance.placement()): a compiled graph from
+    Inductor's cache carries the source frames of the run that compiled it (another folder, the file before a
+    line was added). placement: {"frames": {(path, line, function): (path, line)}, "files": {recorded
+    path that no running file has: (running path, usual shift)}}; None or empty: the frames as recorded."""
+    if not placement or not (placement.get("frames") or placement.get("files")):
+        return None
+    exact, files = placement.get("frames") or {}, placement.get("files") or {}
+
+    def move(f):
+        path, line = f.get("filename"), f.get("line")
+        to = exact.get((path, line, f.get("name")))
+        if to is None and path in files:  # a file no process code is: only a cached graph names it
+            to = (files[path][0], line + files[path][1])
+        return f if to is None else dict(f, filename=to[0], line=to[1])
+
+    return lambda frames: innermost_own([move(f) for f in frames])
+
+
+NO_CACHING = "PYTORCH_NO_CUDA_MEMORY_CACHING"
+
+
+def uncached(value):
+    """Whether a value of PYTORCH_NO_CUDA_MEMORY_CACHING turns the caching allocator off (not empty or 0)."""
+    return value is not None and str(value).strip() not in ("", "0")
+
+
+def unmeasured(caching_off, allocator_peak_mb=None):
+    """The memory record when the allocator's snapshot held no block: why, and the allocator's own peak where
+    its statistics still counted (None: they read 0)."""
+    why = (f"the caching allocator is off ({NO_CACHING}=1): every tensor is its own cudaMalloc, outside the "
+           "allocator's blocks, so its snapshot holds nothing to split by category; profile once without it "
+           "for this table" if caching_off else "the allocator's snapshot held no block at the step's peak")
+    return {"missing": why, "caching_allocator": not caching_off, "allocator_peak_mb": allocator_peak_mb}
+
+
+def held_lines(snapshot, exclude=(), where=None, device=None):
+    """[{where, mb}] of the blocks allocated now (a snapshot taken at an out-of-memory failure), by line,
+    largest first, leaving out those starting in `exclude` ((start, end) address ranges: parameters,
+    gradients, optimizer state); None when no block has frames (the allocator's history was not recorded)."""
+    blocks = [b for seg in snapshot.get("segments") or []
+              if device is None or seg.get("device", device) == device
+              for b in seg.get("blocks") or [] if b.get("state") == "active_allocated"]
+    if not any(b.get("frames") for b in blocks):
+        return None
+    spans = sorted(exclude)
+    starts = [a for a, _ in spans]
+    by_line = {}
+    for b in blocks:
+        i = bisect.bisect_right(starts, b["address"]) - 1
+        if i >= 0 and b["address"] < spans[i][1]:
+            continue
+        label = (where or innermost_own)(b.get("frames") or []) or "(allocated before the history)"
+        by_line[label] = by_line.get(label, 0) + b["size"]
+    return [{"where": w, "mb": _mb(n)} for w, n in sorted(by_line.items(), key=lambda kv: -kv[1])][:MAX_LINES]
+
+
 def _mb(n):
     return round(n / MB, 3)
 
@@ -207,16 +266,34 @@ def _model(record):
     return fixed, scaled, record.get("reserved_unallocated_mb", 0) / scaled, room, basis
 
 
-def recommend(most, margin=MARGIN, multiple=MULTIPLE):
-    """The micro-batch to try when `most` is the largest predicted to fit: `margin` less, rounded down to a
-    multiple of `multiple` when that leaves one (else the value itself, at least 1; 0 when none fits)."""
-    lower = math.floor(most * (1 - margin))
-    return lower - lower % multiple if lower >= multiple else min(most, max(1, lower))
+def recommend(most, sequences=None, margin=MARGIN, multiple=MULTIPLE):
+    """The micro-batch to try when `most` is the largest predicted to fit: `margin` less, then, with
+    `sequences` (the sequences per optimizer step on one rank: TOTAL_BATCH_SIZE / MAX_SEQ_LEN / ranks), the
+    largest divisor of it up to that (train.py exits 2 on any other), else rounded down to a multiple of
+    `multiple` when that leaves one. At least 1 when anything fits, 0 when nothing does."""
+    if most < 1:
+        return 0
+    lower = max(1, math.floor(most * (1 - margin)))
+    if sequences:
+        return next(b for b in range(min(lower, sequences), 0, -1) if sequences % b == 0)
+    return lower - lower % multiple if lower >= multiple else min(most, lower)
 
 
-def fits(record, micro_batch, margin=MARGIN, multiple=MULTIPLE):
-    """The largest micro-batch predicted to fit, with no margin, and the one recommended; None without the
-    device's total or a peak.
+def advice(most, sequences=None, margin=MARGIN, multiple=MULTIPLE):
+    """What the profile's `fits` and the out-of-memory line both say (one function, so they agree):
+    {max_micro_batch, recommended_micro_batch, margin_percent} and, with `sequences` (per step, one rank),
+    the gradient accumulation the recommendation implies: {sequences_per_step, grad_accum_steps}."""
+    out = {"max_micro_batch": most, "recommended_micro_batch": recommend(most, sequences, margin, multiple),
+           "margin_percent": round(100 * margin)}
+    if sequences and out["recommended_micro_batch"]:
+        out.update(sequences_per_step=sequences, grad_accum_steps=sequences // out["recommended_micro_batch"])
+    return out
+
+
+def fits(record, micro_batch, sequences=None, margin=MARGIN, multiple=MULTIPLE):
+    """The largest micro-batch predicted to fit, with no margin, and the one recommended (`advice`: with
+    `sequences`, the sequences per optimizer step on this rank, a divisor of it, and the accumulation it
+    implies); None without the device's total or a peak.
 
     The model: at micro-batch B the device must hold
         other + fixed + (1 + f) * B * per_sequence  <=  device_mb
@@ -224,25 +301,18 @@ def fits(record, micro_batch, margin=MARGIN, multiple=MULTIPLE):
     fixed: parameters, gradients, optimizer state and other persistent blocks (they do not grow with B);
     per_sequence: (activations + temporaries) at the peak / today's B; f: the reserved-but-unallocated memory
     at the peak as a share of that scaled part (fragmentation and the allocator's cache, assumed to grow
-    with it). Recommended: B less `margin`, rounded down to a multiple of `multiple` (at least 1)."""
+    with it). Recommended: B less `margin`, then the largest divisor of `sequences` up to that (without it,
+    rounded down to a multiple of `multiple`)."""
     inputs = _model(record)
     if inputs is None or not micro_batch:
         return None
     fixed, scaled, frag, room, basis = inputs
     per_seq = scaled / micro_batch
     best = max(0, math.floor((room - fixed) / ((1 + frag) * per_seq)))
-    return {"max_micro_batch": best, "recommended_micro_batch": recommend(best, margin, multiple),
-            "margin_percent": round(100 * margin), "per_sequence_mb": round(per_seq, 1),
-            "fixed_mb": round(fixed, 1), "fragmentation_percent": round(100 * frag, 1),
-            "basis": f"measured at micro-batch {micro_batch}; memory outside PyTorch {basis}; reserved-unallocated "
-                     "assumed to grow with activations and temporaries"}
-
-
-def accepted(max_micro_batch, micro_batch, micro_batches):
-    """The largest micro-batch up to `max_micro_batch` that keeps today's tokens per step in whole micro-batches
-    (a divisor of micro_batches x micro_batch: what train.py accepts with today's TOTAL_BATCH_SIZE)."""
-    total = micro_batch * micro_batches
-    return next((b for b in range(min(max_micro_batch, total), 0, -1) if total % b == 0), None)
+    return dict(advice(best, sequences, margin, multiple), per_sequence_mb=round(per_seq, 1),
+                fixed_mb=round(fixed, 1), fragmentation_percent=round(100 * frag, 1),
+                basis=f"measured at micro-batch {micro_batch}; memory outside PyTorch {basis}; "
+                      "reserved-unallocated assumed to grow with activations and temporaries")
 
 
 def max_depth(record, micro_batch, depth, fixed_power=1.0, scaled_power=1.0, limit=4):

@@ -16,16 +16,58 @@ no pickle is written or read. Without CUDA nothing is recorded: `record_missing(
 
 Cost: one step with the history on (a few µs per allocation), a stats read per saved tensor, and the reduction
 (tens of ms for ~10^4 events). The timed steps are untouched.
+
+With the caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1) every tensor is its own cudaMalloc, outside
+the allocator's blocks: the snapshot holds nothing, so the record says why it is missing (never a table of 0
+MB), with the allocator's own peak where its statistics still count (`allocator_peak_mb`, None at 0).
+
+A run may record the allocator's history from its start (`record_history`: train.py's runner does under
+AUTORESEARCH_MEMORY_HISTORY=1), so an out-of-memory failure's snapshot names the line of every block held
+(profiling/profile/oom.py); the memory step then starts a fresh trace and leaves the history on.
+`held_now(model, optimizer)` is what such a failure holds: parameters, gradients and optimizer state measured
+from the tensors, and the other blocks by line where the history is recorded.
 """
+import os
+
 import torch
 
-from profiling.profile import gpu_memory
+from profiling.profile import gpu_memory, provenance
 
 MAX_ENTRIES = 100_000
+_history = False   # record_history() ran: the history stays on around the memory step
 
 
 def record_missing():
     return {"missing": "no CUDA device: GPU memory is recorded on CUDA only"}
+
+
+def caching_off(environ=None):
+    """Whether PyTorch's caching allocator is off in this process (PYTORCH_NO_CUDA_MEMORY_CACHING, read
+    once by torch when CUDA starts; any value but empty or 0 turns it off)."""
+    return gpu_memory.uncached((os.environ if environ is None else environ).get(gpu_memory.NO_CACHING))
+
+
+def allocator_peak_mb():
+    """torch.cuda.max_memory_allocated in MB, None where it reads 0 (no CUDA memory allocated, or the
+    allocator's statistics do not count: the caching allocator off): never a 0 MB peak."""
+    peak = torch.cuda.max_memory_allocated() / gpu_memory.MB if torch.cuda.is_available() else 0
+    return round(peak, 1) if peak > 0 else None
+
+
+def record_history():
+    """Record the allocator's history (the Python line of every allocation) for the rest of the run."""
+    global _history
+    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+    _history = True
+
+
+def history_recorded():
+    return _history
+
+
+def _history_off():
+    if not _history:
+        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def _allocations():
@@ -78,7 +120,8 @@ class MemoryStep:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         self.start = _allocations()
-        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python",
+                                                 **({"clear_history": True} if _history else {}))
         self.tags["parameters"] = [(*w, None) for w in map(_storage, self.parameters) if w]
         self.handles = [register_optimizer_step_pre_hook(self._pre_step),
                         register_optimizer_step_post_hook(self._post_step)]
@@ -100,18 +143,55 @@ class MemoryStep:
         self._stop()
         torch.cuda.synchronize()
         snapshot = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
+        _history_off()
         made = _allocations() - self.start
         free, total = torch.cuda.mem_get_info()
         other = max(0, total - free - torch.cuda.memory_reserved())
         record = gpu_memory.reduce(snapshot, self.tags, device=torch.cuda.current_device(), device_total=total,
-                                   other=other, allocations=made)
+                                   other=other, allocations=made,
+                                   where=gpu_memory.placed(provenance.placement()))
         del snapshot
-        record["allocator_peak_mb"] = round(torch.cuda.max_memory_allocated() / gpu_memory.MB, 3)
+        if not record["peak_allocated_mb"]:  # the allocator saw no block: never a table of 0 MB
+            return gpu_memory.unmeasured(caching_off(), allocator_peak_mb())
+        record["allocator_peak_mb"] = allocator_peak_mb()
         if self.note:
             record["note"] = "; ".join(x for x in (record.get("note"), self.note) if x)
         return record
 
     def abandon(self):
         self._stop()
-        torch.cuda.memory._record_memory_history(enabled=None)
+        _history_off()
+
+
+def _storages(tensors):
+    """{data_ptr: nbytes} of the distinct CUDA storages among `tensors`."""
+    out = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            s = t.untyped_storage()
+            out.setdefault(s.data_ptr(), s.nbytes())
+    return out
+
+
+def held_now(model, optimizer=None):
+    """What is held at the failure: {categories: parameters, gradients, optimizer_state (MB, measured from the
+    tensors)}, lines: [{where, mb}] of the other blocks (gpu_memory.held_lines, frames mapped like the time
+    lines), or None with `lines_missing` when the allocator's history is not recorded."""
+    params = list(model.parameters()) if model is not None else []
+    kinds = {"parameters": _storages(params), "gradients": _storages(p.grad for p in params),
+             "optimizer_state": _storages(t for state in (optimizer.state.values() if optimizer else ())
+                                          for t in state.values())}
+    now = {"categories": {k: round(sum(v.values()) / gpu_memory.MB, 1) for k, v in kinds.items()},
+           "lines": None}
+    if not torch.cuda.is_available():
+        return now
+    try:
+        exclude = [(p, p + n) for v in kinds.values() for p, n in v.items()]
+        now["lines"] = gpu_memory.held_lines(torch.cuda.memory._snapshot(), exclude,
+                                             gpu_memory.placed(provenance.placement()),
+                                             device=torch.cuda.current_device())
+    except Exception as e:  # noqa: BLE001 (private torch APIs)
+        now["lines_missing"] = f"the allocator's snapshot failed ({type(e).__name__}: {str(e)[:100]})"
+    if now["lines"] is None and "lines_missing" not in now and history_recorded():
+        now["lines_missing"] = "the allocator's history named no line for the blocks held"
+    return now

@@ -43,8 +43,8 @@ import os
 import re
 from collections import Counter
 
+import profiling.profile.relocate as relocation
 from profiling.profile import whose
-from profiling.profile.relocate import relocate
 
 VERSION = 1
 TAG = "autoresearch-provenance"   # torch.compiler.config.cache_key_tag while provenance is recorded
@@ -163,6 +163,15 @@ def result():
     return None if _collector is None else _collector.result()
 
 
+def placement():
+    """Where this run's compiles recorded each source frame and where it is in the running code, for other
+    records of the same compiled graphs (the GPU memory step's allocator frames: gpu_memory.placed), so both
+    map a cached graph's frames alike: {"frames": {(path, line, function): (running path, line)} of the frames
+    that moved, "files": {recorded path no running file has: (running path, its frames' usual line shift)}};
+    {} without a collector or a moved frame."""
+    return {} if _collector is None else _collector.placement()
+
+
 class Collector(logging.Handler):
     """Reads the provenance artifacts of each compiled graph off the structured-trace logger. running=False
     for records read away from the run they came from (a replayed TORCH_TRACE log): their frames are kept as
@@ -176,6 +185,7 @@ class Collector(logging.Handler):
         self.entries = UNSEEN  # its [(N, name, [stack trace])] from the stack-trace artifact; None: empty
         self.graphs, self.without, self.breaks = [], 0, {}
         self.frames, self.frame_ids, self.stacks, self.stack_ids = [], {}, [], {}  # frames as recorded
+        self._memo = (None, None)  # (how many frames, their relocation)
 
     def emit(self, record):
         try:
@@ -272,12 +282,34 @@ class Collector(logging.Handler):
                 "without": self.without, "breaks": [[stack, n] for stack, n in breaks.items()],
                 "relocated": moved, "unmapped": unmapped}
 
+    def _code(self):
+        return whose.current() if self.root is None else whose.of(self.root)
+
+    def _relocated(self, code):
+        """relocate() of the recorded frames (running records only), computed once per set of frames."""
+        if self._memo[0] != len(self.frames):
+            self._memo = (len(self.frames), relocation.relocate(self.frames, code))
+        return self._memo[1]
+
+    def placement(self):
+        """The module's `placement()` for this collector's frames."""
+        if not self.running or not self.frames:
+            return {}
+        frames, shifts = {}, {}
+        for (path, line, function, _), (where, n, found) in zip(self.frames, self._relocated(self._code())):
+            if found and (where, n) != (path, line):
+                frames[(path, line, function)] = (where, n)
+                shifts.setdefault(path, Counter())[(where, n - line)] += 1
+        running = relocation.running_files()
+        files = {p: c.most_common(1)[0][0] for p, c in shifts.items() if p not in running}
+        return {"frames": frames, "files": files} if frames else {}
+
     def _placed(self):
         """(frames as the record names them, the index of each recorded frame among them, the frames not
         found in the running code, how many frames moved to another file or line)."""
         frames, ids, frame_of, unmapped, moved = [], {}, [], [], 0
-        code = whose.current() if self.root is None else whose.of(self.root)
-        placed = (relocate(self.frames, code) if self.running
+        code = self._code()
+        placed = (self._relocated(code) if self.running
                   else [(path, n, True) for path, n, _, _ in self.frames])
         for (path, line, function, text), (where, n, found) in zip(self.frames, placed):
             name = code.name(where)

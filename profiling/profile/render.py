@@ -18,6 +18,7 @@ import json
 from tabulate import tabulate
 
 from profiling.profile import device_state, settings
+from profiling.profile.gpu_memory import NO_CACHING
 from profiling.profile.summary import diff
 
 PART_LABELS = {
@@ -224,12 +225,19 @@ def _budget(s):
 
 
 def _peak_memory(s):
-    """`peak memory 45,060 MB`; never 0 MB on a GPU run (the summary falls back to NVML, labelled, else
-    unknown)."""
-    mb, source = s.get("peak_memory_mb"), s.get("peak_memory_source")
+    """`peak memory 45,060 MB`; never 0 MB on a GPU run, and never a sample between steps called a peak:
+    `peak memory unknown (...) · memory in use between steps 1,699 MB (NVML, device-wide; not a peak)`."""
+    mb, off = s.get("peak_memory_mb"), s.get("caching_allocator") is False
+    why = (f"the caching allocator is off ({NO_CACHING}=1)" if off else "")
     if mb:
-        return f"peak memory {_num(mb, ',.0f')} MB" + (f" ({source})" if source and source != "allocator" else "")
-    return "peak memory unknown" if s.get("kind") == "cuda" else "peak memory n/a"
+        return f"peak memory {_num(mb, ',.0f')} MB" + (f" ({why}; the allocator's statistics)" if off else "")
+    if s.get("kind") != "cuda":
+        return "peak memory n/a"
+    text = "peak memory unknown" + (f" ({why}: the allocator's statistics read 0)" if off else "")
+    if s.get("memory_in_use_mb"):
+        text += (f" · memory in use at the profiled steps' edges {_num(s['memory_in_use_mb'], ',.0f')} MB "
+                 "(NVML, device-wide; a sample between steps, not a peak)")
+    return text
 
 
 MEMORY_LABELS = {"optimizer_state": "optimizer state", "activations": "activations (saved for backward)",
@@ -259,15 +267,21 @@ def _gpu_memory(s):
                                                                for r in g["lines"][:5]))
     f = g.get("fits")
     lines.append(f"largest micro-batch predicted to fit: {f['max_micro_batch']} (recommended "
-                 f"{f['recommended_micro_batch']}, {f['margin_percent']}% margin"
-                 + (f"; {f['accepted_micro_batch']} keeps today's tokens per step in whole micro-batches"
-                    if f.get("accepted_micro_batch") else "")
+                 f"{f['recommended_micro_batch']}, {f['margin_percent']}% margin" + _accumulation(f)
                  + (f"; at today's micro-batch, DEPTH up to about {f['max_depth']}" if f.get("max_depth") else "")
                  + f"; {f['basis']}; model: profiling/profile/gpu_memory.py `fits`)" if f else
                  "largest micro-batch predicted to fit: unknown (needs the micro-batch and the device's total)")
     if g.get("note"):
         lines.append(f"note: {g['note']}")
     return lines
+
+
+def _accumulation(f):
+    """`, a divisor of the 256 sequences per step: gradient accumulation 2`, where the step is known."""
+    if not f.get("grad_accum_steps"):
+        return ""
+    return (f", a divisor of the {f['sequences_per_step']:,} sequences per step: gradient accumulation "
+            f"{f['grad_accum_steps']}")
 
 
 def _ranks(s):

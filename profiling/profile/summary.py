@@ -29,15 +29,22 @@ How the numbers are made (so they add up and can be trusted):
 The summary (plain JSON data; `render.to_json` writes it as is):
     version, kind ("cuda" or "cpu"), device, torch, commit, tokens_per_step, tokens_per_second,
     samples_per_step, samples_per_s, mfu_percent,
-    peak_memory_mb, unprofiled_step_ms                header; None where unknown
-    peak_memory_source                                "allocator" (max_memory_allocated), "NVML, device-wide"
-                                                      (the allocator read 0 on a GPU run), None: unknown
+    peak_memory_mb, unprofiled_step_ms                header; None where unknown (never 0 MB)
+    peak_memory_source                                "allocator" (max_memory_allocated), None: unknown
+    memory_in_use_mb                                  where the peak is unknown on a GPU: NVML's device-wide
+                                                      use at the profiled steps' edges (a sample, not a peak)
+    caching_allocator                                 False: PYTORCH_NO_CUDA_MEMORY_CACHING turned it off (its
+                                                      statistics and snapshot read nothing); None: CPU or not
+                                                      recorded
     gpu_memory                                        GPU memory at the memory step's peak
                                                       (profiling/profile/gpu_memory.py): {peak_allocated_mb,
                                                       reserved_mb, reserved_unallocated_mb, device_mb, other_mb,
                                                       categories: {name: mb}, lines: [{where, mb}], events,
-                                                      allocator_peak_mb, note?, fits: {max_micro_batch,
-                                                      recommended_micro_batch, margin_percent, per_sequence_mb,
+                                                      allocator_peak_mb, note?, micro_batch (measured at),
+                                                      fits: {max_micro_batch,
+                                                      recommended_micro_batch (a divisor of the sequences per
+                                                      step where micro_batches is known), margin_percent,
+                                                      sequences_per_step?, grad_accum_steps?, per_sequence_mb,
                                                       fixed_mb, fragmentation_percent, basis} or None}; or
                                                       {missing: why}; None when not recorded
     settings                                          the process's settings (profiling/profile/settings.py):
@@ -420,22 +427,38 @@ def _header(kind, meta, n, step_ms, each):
     flops, peak = meta.get("flops_per_step"), meta.get("peak_flops")
     if mfu is None and num(flops) and num(peak) and peak > 0 and step_ms > 0:
         mfu = 100 * flops / (step_ms / 1e3) / peak
-    memory, source = meta.get("peak_memory_mb"), "allocator"
-    if not memory:  # never 0 MB for a run that launched kernels (#35 item 5): NVML's figure, else unknown
-        nvml = device_state.memory_mb(meta.get("device_state")) if kind == "cuda" else None
-        memory, source = (nvml, "NVML, device-wide") if nvml else (None, None)
+    memory = _peak_memory(kind, meta)
     return {
         "version": VERSION, "kind": kind, "device": meta.get("device") or ("CPU" if kind == "cpu" else None),
         "torch": meta.get("torch"), "commit": meta.get("commit"), "tokens_per_step": tokens,
         "tokens_per_second": _r(tokens / (step_ms / 1e3)) if num(tokens) and step_ms > 0 else None,
         "samples_per_step": samples if num(samples) else None,
         "samples_per_s": _r(samples / (step_ms / 1e3)) if num(samples) and step_ms > 0 else None,
-        "mfu_percent": _r(mfu) if num(mfu) else None, "peak_memory_mb": memory,
-        "peak_memory_source": source, "gpu_memory": _gpu_memory(meta),
+        "mfu_percent": _r(mfu) if num(mfu) else None, **memory, "gpu_memory": _gpu_memory(meta),
         "unprofiled_step_ms": meta.get("unprofiled_step_ms"), "device_state": meta.get("device_state"),
         "settings": settings.summary(meta.get("settings")),
         "steps": n, "step_ms": _r(step_ms), "step_ms_each": [_r(x) for x in each],
     }
+
+
+def _peak_memory(kind, meta):
+    """The header's memory figures, each only from a source that measures what it names: the peak from the
+    allocator's statistics (max_memory_allocated), None where they read 0 (never 0 MB for a run that launched
+    kernels); NVML's device-wide use at the profiled steps' edges is a sample between steps, never a peak, and
+    is named as such. `caching_allocator` False where PYTORCH_NO_CUDA_MEMORY_CACHING turned it off (the
+    settings record), which is why the statistics read 0."""
+    peak = meta.get("peak_memory_mb")
+    out = {"peak_memory_mb": peak if num(peak) and peak > 0 else None, "peak_memory_source": None,
+           "memory_in_use_mb": None, "caching_allocator": None}
+    if out["peak_memory_mb"]:
+        out["peak_memory_source"] = "allocator"
+    if kind != "cuda":
+        return out
+    env = settings.value(meta.get("settings"), "env." + gpu_memory.NO_CACHING)
+    out["caching_allocator"] = not gpu_memory.uncached(env) if meta.get("settings") else None
+    if not out["peak_memory_mb"]:
+        out["memory_in_use_mb"] = device_state.memory_mb(meta.get("device_state"))
+    return out
 
 
 def _gpu_memory(meta):
@@ -446,12 +469,12 @@ def _gpu_memory(meta):
         return None
     if "missing" in record:
         return dict(record)
-    batch, fits = meta.get("micro_batch"), gpu_memory.fits(record, meta.get("micro_batch"))
-    if fits and num(meta.get("micro_batches")):  # train.py: what it accepts, and the depth (it widens with it)
-        fits["accepted_micro_batch"] = gpu_memory.accepted(fits["max_micro_batch"], batch, meta["micro_batches"])
-    if fits and num(meta.get("depth")):
+    batch, per_step = meta.get("micro_batch"), meta.get("micro_batches")
+    sequences = batch * per_step if num(batch) and num(per_step) else None  # this rank's, per step
+    fits = gpu_memory.fits(record, batch, sequences)  # recommended: a micro-batch train.py accepts
+    if fits and num(meta.get("depth")):  # train.py: the depth (it widens with it)
         fits["max_depth"] = gpu_memory.max_depth(record, batch, meta["depth"], *TRAIN_PY_DEPTH_POWERS)
-    return dict(record, fits=fits)
+    return dict(record, micro_batch=batch, fits=fits)
 
 
 def _check(name, ok, detail):

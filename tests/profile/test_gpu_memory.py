@@ -154,12 +154,39 @@ def test_max_depth():
     assert max_depth(dict(H100, device_mb=None), 128, 8) is None
 
 
-def test_the_micro_batch_train_py_accepts():
-    """Today's tokens per step in whole micro-batches: 4 micro-batches of 128 = 512 sequences a step, so 220
-    cannot be used; 128 can (256 would fit 512 but not the memory)."""
-    assert gpu_memory.accepted(220, 128, 4) == 128
-    assert gpu_memory.accepted(300, 128, 4) == 256
-    assert gpu_memory.accepted(100, 128, 1) == 64
+def test_every_recommendation_is_a_micro_batch_train_py_accepts():
+    """train.py exits 2 unless the micro-batch divides the sequences per step on a rank (TOTAL_BATCH_SIZE /
+    MAX_SEQ_LEN / ranks): the recommendation is the largest divisor under the margin, with its accumulation.
+    The issue's H100 figures: 211 predicted at 256 sequences a step recommended 184 (refused); now 128 x 2."""
+    assert gpu_memory.advice(211, 256) == {"max_micro_batch": 211, "recommended_micro_batch": 128,
+                                           "margin_percent": 10, "sequences_per_step": 256, "grad_accum_steps": 2}
+    assert gpu_memory.advice(126, 256)["recommended_micro_batch"] == 64       # the OOM line's 112, refused
+    assert gpu_memory.advice(300, 256)["recommended_micro_batch"] == 256      # 270 under the margin: all of it
+    assert gpu_memory.advice(220, 384)["recommended_micro_batch"] == 192      # 198 -> 192 = 384 / 2
+    assert gpu_memory.advice(220, 3 * 5 * 13)["recommended_micro_batch"] == 195  # no power of two needed
+    assert gpu_memory.advice(1, 256)["recommended_micro_batch"] == 1
+    assert gpu_memory.advice(0, 256) == {"max_micro_batch": 0, "recommended_micro_batch": 0, "margin_percent": 10}
+    for most in range(1, 600):
+        for sequences in (1, 7, 96, 256, 384, 1000):
+            b = gpu_memory.advice(most, sequences)["recommended_micro_batch"]
+            assert sequences % b == 0 and b <= max(1, 0.9 * most)
+    assert gpu_memory.advice(211)["recommended_micro_batch"] == 184  # no step known (the API): a multiple of 8
+    f = fits(H100, 128, sequences=512)
+    assert (f["max_micro_batch"], f["recommended_micro_batch"], f["grad_accum_steps"]) == (220, 128, 4)
+
+
+def test_the_lines_held_at_an_out_of_memory_failure():
+    """The snapshot at the failure (blocks allocated now, with their frames when the allocator's history is
+    recorded): the blocks by line, parameters' and other excluded ranges left out; None without frames."""
+    snap = snapshot()
+    blocks = snap["segments"][0]["blocks"]
+    blocks[1]["frames"] = frames(50)                     # 8 MB at train.py:50
+    snap["segments"][1]["blocks"].append({"address": B + M, "size": 2 * M, "state": "active_allocated",
+                                          "frames": frames(60)})
+    assert gpu_memory.held_lines(snap, exclude=[(A, A + 4 * M)]) == [{"where": "run/train.py:50", "mb": 8.0},
+                                                                     {"where": "run/train.py:60", "mb": 2.0}]
+    assert gpu_memory.held_lines(snap)[1] == {"where": "(allocated before the history)", "mb": 4.0}
+    assert gpu_memory.held_lines(snapshot()) is None     # no history: no frames
 
 
 def test_the_record_is_small_json():
@@ -202,10 +229,12 @@ def test_the_report_section_and_fits(h100_trace):
     assert "held at the peak, by line: `train.py:212` 30,000 MB" in section
     assert "largest micro-batch predicted to fit: 220 (recommended 192, 10% margin;" in section
     assert "note: a note" in section
-    ours = _summary(h100_trace, micro_batch=128, micro_batches=4, depth=8, gpu_memory=H100)["gpu_memory"]["fits"]
-    assert (ours["accepted_micro_batch"], ours["max_depth"]) == (128, 10)  # train.py's: 512 sequences a step
-    assert ("220 (recommended 192, 10% margin; 128 keeps today's tokens per step in whole micro-batches; at "
-            "today's micro-batch, DEPTH up to about 10;") in to_markdown(
+    ours = _summary(h100_trace, micro_batch=128, micro_batches=4, depth=8, gpu_memory=H100)["gpu_memory"]
+    assert ours["micro_batch"] == 128
+    ours = ours["fits"]
+    assert (ours["recommended_micro_batch"], ours["grad_accum_steps"], ours["max_depth"]) == (128, 4, 10)
+    assert ("220 (recommended 128, 10% margin, a divisor of the 512 sequences per step: gradient accumulation 4; "
+            "at today's micro-batch, DEPTH up to about 10;") in to_markdown(
         _summary(h100_trace, micro_batch=128, micro_batches=4, depth=8, gpu_memory=H100))
     no_batch = to_markdown(_summary(h100_trace, gpu_memory=H100))
     assert "largest micro-batch predicted to fit: unknown" in no_batch
@@ -214,20 +243,50 @@ def test_the_report_section_and_fits(h100_trace):
     assert "GPU memory" not in to_markdown(_summary(h100_trace))
 
 
-def test_peak_memory_is_never_0_mb_on_a_gpu_run(h100_trace):
+def test_peak_memory_is_never_0_mb_on_a_gpu_run_nor_a_sample_called_a_peak(h100_trace):
+    """#43 item 3: NVML's device-wide use, read at the profiled steps' edges, is a sample between steps, not the
+    step's peak: the header names it so and says the peak is unknown."""
     from profiling.profile.render import to_markdown
     nvml = {"sm_mhz": 1980, "sm_max_mhz": 1980, "power_w": 600, "power_limit_w": 700, "temperature_c": 60,
             "events": []}
     state = {"start": dict(nvml, memory_used_mb=40000.0), "end": dict(nvml, memory_used_mb=46123.4)}
     for zero in (0, 0.0, None):
         s = _summary(h100_trace, peak_memory_mb=zero, device_state=state)
-        assert (s["peak_memory_mb"], s["peak_memory_source"]) == (46123.4, "NVML, device-wide")
-        assert "peak memory 46,123 MB (NVML, device-wide)" in to_markdown(s)
+        assert (s["peak_memory_mb"], s["peak_memory_source"], s["memory_in_use_mb"]) == (None, None, 46123.4)
+        assert ("peak memory unknown · memory in use at the profiled steps' edges 46,123 MB (NVML, device-wide; "
+                "a sample between steps, not a peak)") in to_markdown(s)
         s = _summary(h100_trace, peak_memory_mb=zero)
         assert s["peak_memory_mb"] is None and "peak memory unknown" in to_markdown(s)
         assert " 0 MB" not in to_markdown(s)
     s = _summary(h100_trace, peak_memory_mb=45060.2, device_state=state)
     assert s["peak_memory_source"] == "allocator" and re.search(r"peak memory 45,060 MB$", to_markdown(s), re.M)
+    assert s["memory_in_use_mb"] is None
+
+
+def test_with_the_caching_allocator_off_the_report_says_so_and_shows_no_zeros(h100_trace):
+    """The H100 run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (tests/data/h100-plant33-no_caching_allocator): the
+    allocator read 0 and the header printed `peak memory 1,699 MB (NVML, device-wide)` from one sample
+    between steps. Now: caching off is named, the peak is unknown unless the allocator's statistics counted,
+    the memory step's record says why it has no table."""
+    from profiling.profile.render import to_markdown
+    from profiling.profile.summary import load_trace
+    meta = load_trace(os.path.join(DATA, "h100-plant33-no_caching_allocator.trace.json.gz"))["autoresearch"]
+    assert meta["peak_memory_mb"] == 0.0
+    record = gpu_memory.unmeasured(True, None)
+    s = _summary(h100_trace, peak_memory_mb=0.0, settings=meta["settings"], device_state=meta["device_state"],
+                 gpu_memory=record)
+    assert s["caching_allocator"] is False and s["peak_memory_mb"] is None
+    md = to_markdown(s)
+    assert ("peak memory unknown (the caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): the "
+            "allocator's statistics read 0)") in md
+    assert "GPU memory at the peak: not recorded (the caching allocator is off" in md
+    assert not re.search(r"peak memory [\d,]+ MB \(NVML", md) and "| 0 " not in md
+    counted = _summary(h100_trace, peak_memory_mb=44990.7, settings=meta["settings"])  # if its statistics count
+    assert "peak memory 44,991 MB (the caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING=1); the " \
+           "allocator's statistics)" in to_markdown(counted)
+    assert _summary(h100_trace, peak_memory_mb=1.0)["caching_allocator"] is None  # no settings record: unknown
+    assert gpu_memory.uncached("1") and gpu_memory.uncached("true") and not gpu_memory.uncached("0")
+    assert not gpu_memory.uncached(None) and not gpu_memory.uncached("")
 
 
 def test_nvml_memory_in_the_device_state():
@@ -332,7 +391,8 @@ def test_a_real_h100_memory_record(tmp_path):
     assert abs(sum(cats.values()) - g["peak_allocated_mb"]) < 0.01 and g["peak_allocated_mb"] > 40_000
     assert cats["parameters"] == cats["gradients"] == 152.002 and cats["optimizer_state"] == 208.192
     assert cats["activations"] > 0.85 * g["peak_allocated_mb"]
-    assert g["fits"]["max_micro_batch"] == 211 and g["fits"]["recommended_micro_batch"] == 184
-    assert g["fits"]["accepted_micro_batch"] == 128 and g["fits"]["max_depth"] == 10
+    assert g["fits"]["max_micro_batch"] == 211 and g["fits"]["max_depth"] == 10
+    # 184 (211 less 10%, a multiple of 8) was what this record said before #43: train.py refuses it
+    assert (g["fits"]["recommended_micro_batch"], g["fits"]["grad_accum_steps"]) == (128, 2)
     assert g["lines"][0]["where"].endswith("train.py:122 (compiled graph)")
     assert not any("torchinductor" in x["where"] or re.search(r"/c\w{50}\.py", x["where"]) for x in g["lines"])

@@ -135,6 +135,69 @@ def test_the_lines_table_notes_lines_not_in_the_running_code():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The GPU memory lines: the allocator's frames of a cached graph mapped as the time lines' (#43)
+# ---------------------------------------------------------------------------------------------------------
+
+GENERATED = {"filename": "/tmp/torchinductor_u/ab/cabcdef.py", "line": 90, "name": "call"}
+
+
+def memory_snapshot(*stacks):
+    """An allocator snapshot with one 1 MB allocation per stack (frames innermost first) and nothing freed: the
+    peak holds them all."""
+    trace = [{"action": "alloc", "addr": 4096 * (i + 1) << 20, "size": 1 << 20, "frames": frames}
+             for i, frames in enumerate(stacks)]
+    return {"segments": [], "device_traces": [trace]}
+
+
+def graph_frames(path, line, function="forward"):
+    """An allocation inside a compiled graph: the generated code's frame, then the FX node's source frame
+    (torch's PyCodeCache.stack_frames_for_code: the record of the run that compiled the graph)."""
+    return [GENERATED, {"filename": path, "line": line, "name": function}]
+
+
+def memory_lines(snapshot, placement):
+    from profiling.profile import gpu_memory
+    return {r["where"] for r in gpu_memory.reduce(snapshot, {}, where=gpu_memory.placed(placement))["lines"]}
+
+
+def test_memory_lines_of_a_cached_graph_name_the_copys_file_and_shifted_lines(tmp_path, monkeypatch):
+    """train.py copied to another folder with a line added at its top, sharing the compile cache: the memory
+    step's allocator frames come from the cached graph (baseline's path and lines), as the provenance record's
+    do; both go through relocate, so the memory lines name the copy's file and the shifted lines. A line the
+    record has no frame for (PROJ here) takes the file's shift; the copy's own live frames are left alone."""
+    a = checkout(tmp_path / "baseline")
+    b = checkout(tmp_path / "copy", top="# one line added\n")
+    monkeypatch.setattr(relocate, "running_files", lambda: {b})
+    c = provenance.Collector(str(tmp_path / "copy"))
+    emit_graph(c, "fcached", [trace_of(a, RELU, "forward", H)])
+    monkeypatch.setattr(provenance, "_collector", c)
+    placement = provenance.placement()
+    assert placement == {"frames": {(a, RELU, "forward"): (b, RELU + 1)}, "files": {a: (b, 1)}}
+    live = [{"filename": b, "line": 12, "name": "train_step"}]
+    snap = memory_snapshot(graph_frames(a, RELU), graph_frames(a, PROJ), live)
+    assert memory_lines(snap, {}) == {f"baseline/train.py:{RELU} (compiled graph)",
+                                      f"baseline/train.py:{PROJ} (compiled graph)", "copy/train.py:12"}
+    assert memory_lines(snap, placement) == {f"copy/train.py:{RELU + 1} (compiled graph)",
+                                             f"copy/train.py:{PROJ + 1} (compiled graph)", "copy/train.py:12"}
+
+
+def test_memory_lines_of_the_same_file_with_a_line_added(tmp_path, monkeypatch):
+    """The file that compiled the cached graph is the one running, a line added since: the frames the record
+    mapped move; others of that path may be live ones (the running file's own lines) and stay."""
+    b = checkout(tmp_path / "b", top="\n")
+    monkeypatch.setattr(relocate, "running_files", lambda: {b})
+    c = provenance.Collector(str(tmp_path / "b"))
+    emit_graph(c, "fcached", [trace_of(b, RELU, "forward", H)])
+    monkeypatch.setattr(provenance, "_collector", c)
+    placement = provenance.placement()
+    assert placement == {"frames": {(b, RELU, "forward"): (b, RELU + 1)}, "files": {}}
+    snap = memory_snapshot(graph_frames(b, RELU), [{"filename": b, "line": PROJ, "name": "forward"}])
+    assert memory_lines(snap, placement) == {f"b/train.py:{RELU + 1} (compiled graph)", f"b/train.py:{PROJ}"}
+    monkeypatch.setattr(provenance, "_collector", None)
+    assert provenance.placement() == {}
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Acceptance: one Inductor cache, two folders, the second file shifted by a line
 # ---------------------------------------------------------------------------------------------------------
 
