@@ -138,3 +138,13 @@ def test_research_profile_of_an_older_trace_puts_the_idle_first(tmp_path, capsys
     assert main(["profile", str(_older(tmp_path))]) == 0
     out = capsys.readouterr().out
     assert "1. **gpu_waits_on_host**" in out and "No rule found a cause" not in out
+
+
+def test_a_real_trace_where_two_rules_price_the_same_gemms():
+    """h100-fresh-mlp_width_1365 with its peak tripled: no GEMM reaches 40% of it, so slow_device prices the
+    large GEMMs, and misaligned_shapes (run after it) prices some of the same: its gain is cut by that share."""
+    s = _with_peak("h100-fresh-mlp_width_1365", 3.0)
+    kinds = [f["kind"] for f in s["findings"]]
+    assert kinds[0] == "slow_device"
+    cut = next(f for f in s["findings"] if f["kind"] == "misaligned_shapes")
+    assert "priced by slow_device above: its gain cut by that share" in cut["evidence"]
