@@ -4,7 +4,8 @@ Categories (the rules, applied in this order; the first that matches wins):
 
 0. `communication`: collectives between ranks. On the GPU, NCCL's and RCCL's kernels
    (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`, `ncclKernel_...`), NVLS/multimem and symmetric-memory kernels
-   (`multimem_all_reduce_kernel`, `one_shot_all_reduce_kernel`, `two_shot_...`); on the CPU, the c10d and gloo collectives (`c10d::allreduce_`,
+   (`multimem_all_reduce_kernel`, `one_shot_all_reduce_kernel`, `two_shot_...`); on the CPU, the c10d and gloo
+   collectives (`c10d::allreduce_`,
    `gloo:all_reduce`, `record_param_comms`, the functional `_c10d_functional::all_reduce` and its
    `wait_tensor`). DDP's own bucket copies and gradient division (`...reducer::...`) stay compute.
 1. `optimizer`: launched inside an optimizer annotation window (decided by the caller, see summary.py; a

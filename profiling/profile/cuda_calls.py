@@ -29,7 +29,8 @@ from profiling.profile.timeline import SYNC_SLACK_US
 from profiling.profile.traceio import LAUNCH_SLACK_US, corr
 
 KINDS = ("launch", "allocation", "copy", "set", "synchronization", "other")
-KIND_PATTERNS = (  # CUDA's runtime and driver, and ROCm's HIP runtime (hipLaunchKernel, hipExtModuleLaunchKernel...)
+# CUDA's runtime and driver, and ROCm's HIP runtime (hipLaunchKernel, hipExtModuleLaunchKernel, hipFree...)
+KIND_PATTERNS = (
     ("launch", re.compile(r"^(cu(da)?|hip(Ext)?(Module)?)(Launch|GraphLaunch)")),
     ("allocation", re.compile(r"^(cudaMalloc|cudaFree|cudaHostAlloc|cudaHostRegister|cudaHostUnregister|cudaMemPool"
                               r"|cuMemAlloc|cuMemFree|cuMemHost(Alloc|Register|Unregister)|cuMemCreate|cuMemRelease"
@@ -40,9 +41,9 @@ KIND_PATTERNS = (  # CUDA's runtime and driver, and ROCm's HIP runtime (hipLaunc
     ("set", re.compile(r"^(cu(da)?|hip)Memset")),
     ("synchronization", re.compile(r"^(cu(da)?|hip)\w*Synchronize$")),
 )
-DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize", "hipDeviceSynchronize")   # what torch.cuda.synchronize() calls
-FREES = re.compile(r"^(cudaFree|cudaFreeHost|cuMemFree|cuMemFreeHost|hipFree|hipHostFree)(_v2)?$")  # these wait for the device (the
-                                                                                # stream-ordered *Async ones do not)
+DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize", "hipDeviceSynchronize")  # torch.cuda.synchronize
+# the frees that wait for the device (the stream-ordered *Async ones do not)
+FREES = re.compile(r"^(cudaFree|cudaFreeHost|cuMemFree|cuMemFreeHost|hipFree|hipHostFree)(_v2)?$")
 FILLS = 0.5          # a gap the host spends at least this share of inside a call is that call's
 TOP_NAMES = 3        # call names shown per kind
 

@@ -19,7 +19,8 @@ from profiling.profile.traceio import by_thread, find, merge, outer_names, paren
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
               # ROCm's HIP runtime (hipMemcpyWithStream: its blocking copy, as .item() and .cpu() make)
-              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy", "hipMemcpyWithStream")
+              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
+              "hipMemcpyWithStream")
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")  # compiled code's op names
 # a tensor tested for the host, reduced to one boolean; called by compiled code itself, Inductor's debug checks
 # (nan_asserts: `assert not buf.isnan().any().item()` and isinf after every buffer) are the case seen

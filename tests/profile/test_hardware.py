@@ -13,7 +13,8 @@ from profiling.profile.timeline import LAUNCH_CALLS
     ("NVIDIA A100-PCIE-40GB", "tf32", 156.0), ("NVIDIA A100-SXM4-40GB", "fp8", None),
     ("NVIDIA A10", "bf16", 125.0), ("NVIDIA L4", "fp8", 242.5), ("NVIDIA L40S", "fp8", 733.0),
     ("NVIDIA GeForce RTX 3090", "bf16", 71.0), ("NVIDIA GeForce RTX 2080 Ti", "bf16", 53.8),  # fp16: no bf16
-    ("NVIDIA GeForce RTX 2080 Ti", "tf32", None), ("Tesla T4", "fp16", 65.0), ("Tesla V100S-PCIE-32GB", "fp16", 130.0),
+    ("NVIDIA GeForce RTX 2080 Ti", "tf32", None), ("Tesla T4", "fp16", 65.0),
+    ("Tesla V100S-PCIE-32GB", "fp16", 130.0),
     ("Tesla V100-PCIE-16GB", "fp32", 14.0), ("Tesla V100-DGXS-32GB", "bf16", 125.0),
     ("AMD Instinct MI300X", "fp8", 2614.9), ("AMD Instinct MI250X/MI250", "bf16", 383.0),
     ("AMD Instinct MI210", "fp32", 45.3), ("AMD Radeon Graphics", "bf16", None),
@@ -25,7 +26,8 @@ def test_peaks_per_format(name, fmt, tflops):
 def test_every_row_names_its_source_and_whole_words_match():
     assert all(row.source and row.tbs for row in hardware.PEAKS)
     assert hardware.lookup("NVIDIA L40").name == "L40" and hardware.lookup("NVIDIA L4").name == "L4"
-    assert hardware.lookup("NVIDIA GH200 480GB").name == "GH200" and hardware.lookup("NVIDIA H200").name == "H200"
+    assert hardware.lookup("NVIDIA GH200 480GB").name == "GH200"
+    assert hardware.lookup("NVIDIA H200").name == "H200"
     assert hardware.peak_bandwidth("AMD Instinct MI300X") == 5.3e12
     with pytest.raises(ValueError, match="unknown number format 'int8'"):
         hardware.peak_flops("NVIDIA H100 80GB HBM3", "int8")
@@ -50,7 +52,8 @@ def test_hip_calls_have_their_cuda_kinds():
 
 
 @pytest.mark.parametrize("kernel", [
-    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "void c10d::symmetric_memory::multimem_all_reduce_kernel<...>",
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+    "void c10d::symmetric_memory::multimem_all_reduce_kernel<...>",
     "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 8>",
     "two_shot_all_reduce_kernel_inplace", "ncclKernel_AllGather_RING_LL_Sum_int8_t", "nvls_allreduce",
     "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>"])

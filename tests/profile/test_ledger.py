@@ -1,6 +1,6 @@
-"""profiling.profile.findings.ledger: each millisecond of the step claimed once, over every recorded trace; and the
-findings issue #42 asks to hold on any trace: slow_device only where the trace tells a slow device from slow
-kernels, a large GPU idle without host samples is still a finding (effect first)."""
+"""profiling.profile.findings.ledger: each millisecond of the step claimed once, over every recorded trace;
+and the findings issue #42 asks to hold on any trace: slow_device only where the trace tells a slow device
+from slow kernels, a large GPU idle without host samples is still a finding (effect first)."""
 import glob
 import gzip
 import json
@@ -14,7 +14,8 @@ from profiling.profile.summary import META_KEY, load_trace, summarize
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 SLOW_FIXTURES = ("h100-plant33-nan_asserts", "h100-plant-small_batch")  # over 5 s each on a 2-core CPU
-TRACES = sorted(p for p in glob.glob(os.path.join(DATA, "*.json.gz")) + glob.glob(os.path.join(DATA, "foreign", "*.json.gz"))
+TRACES = sorted(p for pattern in ("*.json.gz", os.path.join("foreign", "*.json.gz"))
+                for p in glob.glob(os.path.join(DATA, pattern))
                 if not os.path.basename(p).startswith("cpu-"))  # CPU profiles have no device findings
 
 
@@ -63,12 +64,12 @@ def test_a_finding_on_kernels_already_priced_is_cut_or_left_out():
                                  _finding("eager_code", 5.0, kernels=(5, 6))], ctx)
     assert [(f["kind"], f["ms_per_step"]) for f in found] == [("fp32_matmul", 30.0), ("slow_device", 10.0),
                                                               ("eager_code", 5.0)]
-    assert "priced by fp32_matmul above: its gain cut by that share, from 20.0 to 10.0" in found[1]["evidence"]
+    assert "by fp32_matmul above: its gain cut by that share, from 20.0 to 10.0" in found[1]["evidence"]
     assert set(found[1]["_kernels"]) == {3, 4}
     found, notes = ledger.admit([_finding("fp32_matmul", 30.0, kernels=(1, 2)),
                                  _finding("slow_device", 20.0, kernels=(1, 2))], ctx)
     assert [f["kind"] for f in found] == ["fp32_matmul"]
-    assert notes[0].startswith("slow_device (20.0 ms/step) left out: 2.0 of the 2.0 ms/step of kernels it prices")
+    assert notes[0].startswith("slow_device (20.0 ms/step) left out: 2.0 of the 2.0 ms/step of kernels")
 
 
 def test_the_findings_never_sum_past_the_step():
@@ -142,7 +143,7 @@ def test_research_profile_of_an_older_trace_puts_the_idle_first(tmp_path, capsys
 
 def test_a_real_trace_where_two_rules_price_the_same_gemms():
     """h100-fresh-mlp_width_1365 with its peak tripled: no GEMM reaches 40% of it, so slow_device prices the
-    large GEMMs, and misaligned_shapes (run after it) prices some of the same: its gain is cut by that share."""
+    large GEMMs, and misaligned_shapes (run after it) prices some of them too: its gain cut by that share."""
     s = _with_peak("h100-fresh-mlp_width_1365", 3.0)
     kinds = [f["kind"] for f in s["findings"]]
     assert kinds[0] == "slow_device"

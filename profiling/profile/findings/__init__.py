@@ -3,8 +3,9 @@
     result = diagnose(timeline, summary)   # {findings: [...], unknown: [...], skipped: [...], ledger: [...]}
 
 `findings`: [{kind, ms_per_step, pct_of_step, evidence, fix}], costliest first (profiler_overhead, which costs
-training nothing, last); no two price the same kernels or GPU idle (ledger.py; `ledger`: its notes). `unknown`: time a rule saw but could not explain, with the evidence that would tell
-({rule, missing, ms_per_step, what}). `skipped`: the rules whose evidence the trace lacks ({rule, missing}).
+training nothing, last); no two price the same kernels or GPU idle (ledger.py; `ledger`: its notes).
+`unknown`: time a rule saw but could not explain, with the evidence that would tell ({rule, missing,
+ms_per_step, what}). `skipped`: the rules whose evidence the trace lacks ({rule, missing}).
 
 One module per family of causes, every rule of the same shape (contract.py: what it needs, a skip when that
 is missing, a match that returns a finding with evidence, gain and fix):
@@ -31,9 +32,9 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
   unprofiled run's idle (unprofiled step - device busy; over 3%, the profiler_overhead finding says so).
 - An idle finding's gain is net of the clock: without the idle, a GPU at its power limit clocks down and its
   GEMMs and attention slow (power.py, from the GPU state the live capture records).
-- Each millisecond is claimed once (ledger.py): a finding whose kernels a larger finding already prices has its
-  gain cut by that share (left out under 1% of the step, said in `ledger`'s notes); the findings never sum past
-  the step.
+- Each millisecond is claimed once (ledger.py): a finding whose kernels a larger finding already prices has
+  its gain cut by that share (left out under 1% of the step, said in `ledger`'s notes); the findings never
+  sum past the step.
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """

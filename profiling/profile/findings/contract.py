@@ -8,9 +8,9 @@ A rule is a function `match(tl, ctx, found) -> finding or None`, declared with `
   recorded (`tl.meta`), never train.py's source. It sees the findings earlier rules returned (`found`) and
   the GPU idle they claimed (`Gap.cause`): no two findings claim the same gap.
 - kernels: a rule that prices device events declares them with `claim(ctx, events)`: later rules that read
-  `ctx["claimed"]` skip them (attention as matmuls is not also float32 GEMMs), and the ledger
-  (profiling/profile/findings/ledger.py) cuts the gain of a finding whose kernels an earlier, larger one prices.
-  `run` attaches what each finding prices (`_kernels`, `_gaps`: the gaps its rule gave a cause) for the ledger.
+  `ctx["claimed"]` skip them (attention as matmuls is not also float32 GEMMs), and the ledger (ledger.py)
+  cuts the gain of a finding whose kernels a larger one prices. `run` attaches what each finding prices
+  (`_kernels`; `_gaps`, the gaps its rule gave a cause) for the ledger.
 - a finding: {kind, ms_per_step, pct_of_step, evidence, fix}; its `ms_per_step` is what applying its fix
   would save, so a rule that cannot name a fix that recovers the time reports under `unknown` instead
   (`ctx["unknown"]`: the rule, the evidence it lacked, the ms/step it leaves unexplained).
@@ -110,8 +110,8 @@ def claim(ctx, events):
 
 
 def _priced(tl, ctx, before):
-    """{event id: device us} a rule priced: what it declared with claim(), and what it added to `ctx["claimed"]`
-    by hand."""
+    """{event id: device us} a rule priced: what it declared with claim(), and what it added to
+    `ctx["claimed"]` by hand."""
     priced = dict(ctx.get("pricing") or {})
     added = ctx["claimed"] - before - set(priced)
     if added:

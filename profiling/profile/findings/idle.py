@@ -179,14 +179,14 @@ def graph_break(tl, ctx, found):
     per_mb = max(counts) / max(1, mb)
     if per_mb <= 1:
         return None
-    eager_us, eager_ops, idle, eager = 0.0, {}, [], []
+    eager_us, eager_ops, idle, eager, claimed = 0.0, {}, [], [], ctx["claimed"]
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
             if cat != "other compute":
                 continue  # GEMMs and attention kernels run as long in one graph: only the fusion is lost
             chain = tl.chain(tl.op_of(launch))
             op = made_by(chain) if chain and not any(c.startswith(COMPILED) for c in chain) else None
-            if op and op.startswith("aten::") and not op.startswith(UNFUSED_OPS) and id(e) not in ctx["claimed"]:
+            if op and op.startswith("aten::") and not op.startswith(UNFUSED_OPS) and id(e) not in claimed:
                 eager_us += e["dur"]
                 eager_ops[op] = eager_ops.get(op, 0.0) + e["dur"]
                 eager.append(e)
@@ -304,10 +304,10 @@ def _train_line(tl, label):
 
 @rule("gpu_waits_on_host", needs=("device", "own_idle"))
 def gpu_waits_on_host(tl, ctx, found):
-    """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing. With host
-    samples, the gaps a sample shows are the finding (its line is the fix) and the rest go to `unknown`. Without
-    any (an older or foreign trace), the idle is still measured: the finding is the effect, its cause unknown,
-    with how to record it (effect first: a large idle is never left to an `unexplained` line)."""
+    """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing. With
+    host samples, the gaps a sample shows are the finding (its line is the fix) and the rest go to `unknown`.
+    Without any (an older or foreign trace), the idle is still measured: the finding is the effect, its cause
+    unknown, with how to record it (effect first: a large idle is never left to an `unexplained` line)."""
     gaps = [g for g in _open_gaps(tl) if g.us >= LONG_GAP_US]
     if not gaps:
         return None
@@ -359,17 +359,17 @@ def _cause_unknown(tl, ctx, gaps):
     ms = idle_ms(gaps, ctx)
     (before, after, op), _ = places.most_common(1)[0]
     inside = ("; the host was inside CUDA calls for " + ", ".join(
-        f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2)) + " of it") if calls else ""
-    evidence = (f"cause unknown: {len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU idle "
-                f"{ms:.1f} ms/step ({100 * ms / ctx['step']:.0f}% of the step){scaled(ctx)}, the GPU waiting for "
-                f"the host to launch; mostly after `{before}`, before `{after}` (launched by {op}){inside}; what the "
-                "host did meanwhile is not in this trace (no host samples)")
+        f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2)) + " of it" if calls else "")
+    evidence = (f"cause unknown: {len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU "
+                f"idle {ms:.1f} ms/step ({100 * ms / ctx['step']:.0f}% of the step){scaled(ctx)}, the GPU "
+                f"waiting for the host to launch; mostly after `{before}`, before `{after}` (launched by "
+                f"{op}){inside}; what the host did meanwhile is not in this trace (no host samples)")
     return finding("gpu_waits_on_host", ms, ctx, evidence,
                    "find what the host does between those kernels: profile again with this profiler "
-                   "(profiling.Profiler around the loop, or train.py --profile: it samples the host's Python stacks "
-                   "every 2 ms and names the line the GPU waits on), or with torch.profiler's with_stack=True "
-                   "(it slows the host: give --unprofiled-ms); a data loader, a .item(), logging or checkpointing "
-                   "inside the step are the usual causes")
+                   "(profiling.Profiler around the loop, or train.py --profile: it samples the host's Python "
+                   "stacks every 2 ms and names the line the GPU waits on), or with torch.profiler's "
+                   "with_stack=True (it slows the host: give --unprofiled-ms); a data loader, a .item(), "
+                   "logging or checkpointing inside the step are the usual causes")
 
 
 LOADER_FRAMES = ("torch/utils/data/", "prepare.py")  # torch's DataLoader; this repository's loader

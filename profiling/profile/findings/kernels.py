@@ -26,8 +26,8 @@ LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the 
 SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (a healthy H100 here:
                              # 0.70, benchmarks/diagnoses_results.md; a shared one 0.30; braked: 140 of 989, 0.14)
 BEST_QUANTILE = 0.9    # a rate "at its best": what the fastest tenth of the calls reach
-SPREAD_SHARE = 0.25    # the same shapes lose this share of their time against their own best: the device was slow at
-                       # times (h100-plant-shared_gpu: 0.50; the healthy H100 fixtures: 0.04-0.05)
+SPREAD_SHARE = 0.25    # the same shapes lose this share of their time against their own best: the device was
+                       # slow at times (h100-plant-shared_gpu: 0.50; the healthy H100 fixtures: 0.04-0.05)
 FP8_WORDS = ("e4m3", "e5m2", "fp8", "f8f8", "mxf4", "nvf4", "fp4")  # low-precision GEMM kernels, by name
 EXPECTED_GEMM_FRACTION = 0.60  # what large bf16 GEMMs reach on a healthy device, for the gain estimate
 ATTENTION_FAST_FRACTION = 0.45  # the fused kernels' rate, of the device's peak, when the trace has none to
@@ -50,8 +50,8 @@ SDPA_NAMES = {"cudnn": ("cudnn", "CUDNN_ATTENTION", "can_use_cudnn_attention"),
 
 
 def _gemms(tl, skip=()):
-    """[(first kernel, launching op or None, device us, flops or None, [its kernels])] per GEMM operator call of
-    every step: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once."""
+    """[(first kernel, launching op or None, device us, flops or None, [its kernels])] per GEMM operator call
+    of every step: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once."""
     calls = {}
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
@@ -143,31 +143,34 @@ def slow_device(tl, ctx, found):
         return None
     rate, best = flops / (us / 1e6), _quantile([(g[3] / (g[2] / 1e6), g[2]) for g in large], BEST_QUANTILE)
     ms, n = us / ctx["n"] / 1e3, len(large) / ctx["n"]
-    said = (f"{n:g} large half-precision GEMMs/step (>= {LARGE_GEMM_FLOPS:.0e} FLOP each) run at {rate / 1e12:.0f} "
-            f"TFLOP/s, {100 * rate / ctx['peak']:.0f}% of the device's {ctx['peak'] / 1e12:.0f}")
+    said = (f"{n:g} large half-precision GEMMs/step (>= {LARGE_GEMM_FLOPS:.0e} FLOP each) run at "
+            f"{rate / 1e12:.0f} TFLOP/s, {100 * rate / ctx['peak']:.0f}% of the device's "
+            f"{ctx['peak'] / 1e12:.0f}")
     if best < SLOW_DEVICE_FRACTION * ctx["peak"]:  # not even the fastest: the device
         expected = flops / (EXPECTED_GEMM_FRACTION * ctx["peak"]) / ctx["n"] * 1e3
         gain = ms - expected
         said += (f"; even their fastest tenth reach only {100 * best / ctx['peak']:.0f}% (a healthy GPU: "
-                 f"~{100 * EXPECTED_GEMM_FRACTION:.0f}% or more): {ms:.1f} ms/step where {expected:.1f} would do")
+                 f"~{100 * EXPECTED_GEMM_FRACTION:.0f}% or more): {ms:.1f} ms/step where {expected:.1f} "
+                 "would do")
     else:
         gain = _below_own_best(large) / ctx["n"] / 1e3
         if gain < SPREAD_SHARE * ms:
             return None  # steady rates, some healthy: slow kernels for their shapes, not a slow device
-        said += (f"; the same shapes reach {best / 1e12:.0f} TFLOP/s ({100 * best / ctx['peak']:.0f}%) at their best "
-                 f"in this trace and far less at other times: {gain:.1f} ms/step over each shape's own best rate "
-                 "(a GPU shared with another process, or a clock brake that came and went)")
+        said += (f"; the same shapes reach {best / 1e12:.0f} TFLOP/s ({100 * best / ctx['peak']:.0f}%) at "
+                 f"their best in this trace and far less at other times: {gain:.1f} ms/step over each shape's "
+                 "own best rate (a GPU shared with another process, or a clock brake that came and went)")
     events = [e for g in large for e in g[4]]
     claim(ctx, events)
-    return finding("slow_device", max(0.0, gain), ctx, said + "; every other kernel is likely slowed too (not "
-                   "counted)" + _nvml(tl.meta.get("device_state")),
+    return finding("slow_device", max(0.0, gain), ctx, said + "; every other kernel is likely slowed too "
+                   "(not counted)" + _nvml(tl.meta.get("device_state")),
                    "check the GPU before editing code: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: "
-                   "power brake, thermal), other processes on it (`nvidia-smi`), one timed 8192^3 bf16 matmul")
+                   "power brake, thermal), other processes on it (`nvidia-smi`), one timed 8192^3 bf16 "
+                   "matmul")
 
 
 def _half(g):
-    """Whether a GEMM call runs in bf16 or fp16 (the peak ctx["peak"] is): its recorded dtypes, else its kernel's
-    name (no float32 and no fp8 words)."""
+    """Whether a GEMM call runs in bf16 or fp16 (the peak ctx["peak"] is): its recorded dtypes, else its
+    kernel's name (no float32 and no fp8 words)."""
     fmt = hardware.gemm_format(input_types(g[1]))
     if fmt:
         return fmt in ("bf16", "fp16")
@@ -186,8 +189,8 @@ def _quantile(rates, q):
 
 
 def _below_own_best(gemms):
-    """us the GEMM calls take over what each shape's calls take at that shape's best rate (its BEST_QUANTILE of
-    calls): time a shape loses only some of the time is the device's, not the shape's."""
+    """us the GEMM calls take over what each shape's calls take at that shape's best rate (its BEST_QUANTILE
+    of calls): time a shape loses only some of the time is the device's, not the shape's."""
     shapes, lost = {}, 0.0
     for g in gemms:
         shapes.setdefault(_dims(g[1]), []).append(g)

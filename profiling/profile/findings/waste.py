@@ -299,7 +299,8 @@ def over_bound(tl, ctx, found):
                 acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0, []])
                 acc[0], acc[1] = acc[0] + e["dur"], acc[1] + b
                 acc[2].append(e)
-    over = {key: (us, b) for key, (us, b, _) in rows.items() if us > OVER_RATIO.get(key[1], OVER_RATIO_OTHER) * b}
+    over = {key: (us, b) for key, (us, b, _) in rows.items()
+            if us > OVER_RATIO.get(key[1], OVER_RATIO_OTHER) * b}
     excess = {key: (us - b) / ctx["n"] / 1e3 for key, (us, b) in over.items()}
     ms = sum(excess.values())
     if ms < OVER_MIN_SHARE * ctx["step"]:
