@@ -34,7 +34,7 @@ PEAKS = (
     # Blackwell: per GPU (the datasheets give 8 GPUs of an HGX B200, 2 of a GB200 superchip)
     Peak("GB200", 2500.0, 2500.0, 1250.0, 90.0, 5000.0, 10000.0, 8.0,
          "NVIDIA GB200 NVL72 datasheet (per superchip, halved)"),
-    Peak("B200", 2250.0, 2250.0, 1100.0, 75.0, 4500.0, 9000.0, 8.0, "NVIDIA HGX B200 datasheet (per GPU)"),
+    Peak("B200", 2250.0, 2250.0, 1125.0, 75.0, 4500.0, 9000.0, 8.0, "NVIDIA HGX B200 datasheet (per GPU)"),
     # Ampere
     Peak("A100 80GB PCIe", 312.0, 312.0, 156.0, 19.5, None, None, 1.935,
          "NVIDIA A100 Tensor Core GPU datasheet"),
