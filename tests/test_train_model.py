@@ -104,10 +104,10 @@ def test_batch_sizes_that_do_not_divide_are_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("name,tflops", [
-    ("NVIDIA H100 80GB HBM3", 989.5), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.5),
+    ("NVIDIA H100 80GB HBM3", 989.5), ("NVIDIA H100 PCIe", 756.5), ("NVIDIA H200", 989.5),
     ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L40S", 362.05), ("NVIDIA GeForce RTX 4090", 165.2),
     ("NVIDIA B200", 2250.0), ("NVIDIA L4", 121.0), ("NVIDIA GH200 480GB", 989.5),
-    ("NVIDIA L40", None), ("NVIDIA A10G", None), ("Some Future GPU", None), ("cpu", None),
+    ("NVIDIA L40", 181.05), ("Tesla V100-SXM2-16GB", 125.0), ("Some Future GPU", None), ("cpu", None),
 ])
 def test_peak_flops_table(name, tflops):
     peak = hardware.peak_flops(name)

@@ -2,8 +2,10 @@
 
 Categories (the rules, applied in this order; the first that matches wins):
 
-0. `communication`: collectives between ranks. On the GPU, NCCL's kernels (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`,
-   `ncclKernel_...`: every name starting `nccl`); on the CPU, the c10d and gloo collectives (`c10d::allreduce_`,
+0. `communication`: collectives between ranks. On the GPU, NCCL's and RCCL's kernels
+   (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`, `ncclKernel_...`), NVLS/multimem and symmetric-memory kernels
+   (`multimem_all_reduce_kernel`, `one_shot_all_reduce_kernel`, `two_shot_...`); on the CPU, the c10d and gloo
+   collectives (`c10d::allreduce_`,
    `gloo:all_reduce`, `record_param_comms`, the functional `_c10d_functional::all_reduce` and its
    `wait_tensor`). DDP's own bucket copies and gradient division (`...reducer::...`) stay compute.
 1. `optimizer`: launched inside an optimizer annotation window (decided by the caller, see summary.py; a
@@ -33,8 +35,13 @@ _OTHER_COMPUTE = re.compile(r"^triton_|at::|c10::|cub::|thrust::|at_cuda_detail|
                             r"softmax|loss|cross_entropy|embedding|index|gather|scatter|copy|fill|cat_|sort", re.IGNORECASE)
 _CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|_scaled_mm|mkldnn_|convolution|"
                        r"_convolution|conv\w*|linear)", re.IGNORECASE)
-_COMM_KERNEL = re.compile(r"^nccl", re.IGNORECASE)
-_COMM_OP = re.compile(r"^(gloo:|nccl:|c10d::|_?c10d_functional::|record_param_comms$)")
+# NCCL's and RCCL's kernels; NVLink SHARP (NVLS) and multimem collectives; torch's symmetric-memory kernels
+# (one_shot_all_reduce_kernel, two_shot_all_reduce_kernel, multimem_all_reduce_kernel, symm_mem ops); custom
+# all-reduce kernels of inference engines (vLLM's cross_device_reduce_1stage)
+_COMM_KERNEL = re.compile(r"^(nccl|rccl)|multimem|nvls|symm_mem|one_shot_all_reduce|two_shot_all_reduce|"
+                          r"cross_device_reduce|all_?reduce_kernel|all_?gather_kernel|reduce_?scatter_kernel",
+                          re.IGNORECASE)
+_COMM_OP = re.compile(r"^(gloo:|nccl:|c10d::|_?c10d_functional::|symm_mem::|record_param_comms$)")
 _CPU_MEMORY = re.compile(r"^aten::(copy_|to|_to_copy|empty\w*|zero_|zeros\w*|ones\w*|fill_|clone|"
                          r"contiguous|new_\w+|full\w*|resize_)$", re.IGNORECASE)
 
@@ -75,7 +82,7 @@ def classify_cpu_op(name, in_optimizer=False):
 
 def is_communication(name, device=False):
     """True for a collective: an NCCL kernel (device=True), or a c10d/gloo/NCCL operator or annotation on the CPU."""
-    return bool((_COMM_KERNEL if device else _COMM_OP).match(name))
+    return bool((_COMM_KERNEL if device else _COMM_OP).search(name))
 
 
 def _is_triton_mm(raw):

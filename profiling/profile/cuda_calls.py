@@ -29,18 +29,21 @@ from profiling.profile.timeline import SYNC_SLACK_US
 from profiling.profile.traceio import LAUNCH_SLACK_US, corr
 
 KINDS = ("launch", "allocation", "copy", "set", "synchronization", "other")
+# CUDA's runtime and driver, and ROCm's HIP runtime (hipLaunchKernel, hipExtModuleLaunchKernel, hipFree...)
 KIND_PATTERNS = (
-    ("launch", re.compile(r"^cu(da)?(Launch|GraphLaunch)")),
+    ("launch", re.compile(r"^(cu(da)?|hip(Ext)?(Module)?)(Launch|GraphLaunch)")),
     ("allocation", re.compile(r"^(cudaMalloc|cudaFree|cudaHostAlloc|cudaHostRegister|cudaHostUnregister|cudaMemPool"
                               r"|cuMemAlloc|cuMemFree|cuMemHost(Alloc|Register|Unregister)|cuMemCreate|cuMemRelease"
-                              r"|cuMemMap|cuMemUnmap|cuMemAddress|cuMemSetAccess|cuMemPool)")),
-    ("copy", re.compile(r"^cu(da)?Mem(cpy|Prefetch)")),
-    ("set", re.compile(r"^cu(da)?Memset")),
-    ("synchronization", re.compile(r"^cu(da)?\w*Synchronize$")),
+                              r"|cuMemMap|cuMemUnmap|cuMemAddress|cuMemSetAccess|cuMemPool"
+                              r"|hip(Ext)?Malloc|hipFree|hipHost(Malloc|Free|Register|Unregister)|hipMemPool"
+                              r"|hipMem(Create|Release|Map|Unmap|Address|SetAccess))")),
+    ("copy", re.compile(r"^(cu(da)?|hip)Mem(cpy|Prefetch)")),
+    ("set", re.compile(r"^(cu(da)?|hip)Memset")),
+    ("synchronization", re.compile(r"^(cu(da)?|hip)\w*Synchronize$")),
 )
-DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")   # what torch.cuda.synchronize() calls
-FREES = re.compile(r"^(cudaFree|cudaFreeHost|cuMemFree|cuMemFreeHost)(_v2)?$")  # these wait for the device (the
-                                                                                # stream-ordered *Async ones do not)
+DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize", "hipDeviceSynchronize")  # torch.cuda.synchronize
+# the frees that wait for the device (the stream-ordered *Async ones do not)
+FREES = re.compile(r"^(cudaFree|cudaFreeHost|cuMemFree|cuMemFreeHost|hipFree|hipHostFree)(_v2)?$")
 FILLS = 0.5          # a gap the host spends at least this share of inside a call is that call's
 TOP_NAMES = 3        # call names shown per kind
 

@@ -185,6 +185,7 @@ def _findings(s, shown=MAX_FINDINGS):
     if len(found) > len(big):
         lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
     lines += [f"note: {f['evidence']}" for f in s["findings"] if f["kind"] == "profiler_overhead"]
+    lines += [f"note: {note}" for note in s.get("ledger") or ()]  # what the ledger cut (findings/ledger.py)
     return lines + _unknown(s)
 
 

@@ -17,12 +17,16 @@ import re
 from profiling.profile.traceio import by_thread, find, merge, outer_names, parents
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2")
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
+              # ROCm's HIP runtime (hipMemcpyWithStream: its blocking copy, as .item() and .cpu() make)
+              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
+              "hipMemcpyWithStream")
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")  # compiled code's op names
 # a tensor tested for the host, reduced to one boolean; called by compiled code itself, Inductor's debug checks
 # (nan_asserts: `assert not buf.isnan().any().item()` and isinf after every buffer) are the case seen
 CHECK_OPS = ("aten::isnan", "aten::isinf", "aten::isfinite", "aten::any", "aten::all")
-LAUNCH_CALLS = re.compile(r"^(cuda|cu)LaunchKernel|^cudaLaunch|^cuLaunch")
+LAUNCH_CALLS = re.compile(r"^(cudaLaunch|cuLaunch|hip(Ext)?(Module)?Launch)")  # HIP: hipLaunchKernel,
+                                                                             # hipExtModuleLaunchKernel...
 REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 MAX_LOOKBACK = 400     # operators looked back through for the one around a runtime call
 SYNC_SLACK_US = 50.0   # the GPU drains a few us before the sync call returns; clocks agree to ~1 us

@@ -1,10 +1,11 @@
 """Pure: the causes that cost the most, each with its evidence, an estimated gain and a fix. Stdlib only.
 
-    result = diagnose(timeline, summary)   # {findings: [...], unknown: [...], skipped: [...]}
+    result = diagnose(timeline, summary)   # {findings: [...], unknown: [...], skipped: [...], ledger: [...]}
 
 `findings`: [{kind, ms_per_step, pct_of_step, evidence, fix}], costliest first (profiler_overhead, which costs
-training nothing, last). `unknown`: time a rule saw but could not explain, with the evidence that would tell
-({rule, missing, ms_per_step, what}). `skipped`: the rules whose evidence the trace lacks ({rule, missing}).
+training nothing, last); no two price the same kernels or GPU idle (ledger.py; `ledger`: its notes).
+`unknown`: time a rule saw but could not explain, with the evidence that would tell ({rule, missing,
+ms_per_step, what}). `skipped`: the rules whose evidence the trace lacks ({rule, missing}).
 
 One module per family of causes, every rule of the same shape (contract.py: what it needs, a skip when that
 is missing, a match that returns a finding with evidence, gain and fix):
@@ -31,11 +32,14 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
   unprofiled run's idle (unprofiled step - device busy; over 3%, the profiler_overhead finding says so).
 - An idle finding's gain is net of the clock: without the idle, a GPU at its power limit clocks down and its
   GEMMs and attention slow (power.py, from the GPU state the live capture records).
+- Each millisecond is claimed once (ledger.py): a finding whose kernels a larger finding already prices has
+  its gain cut by that share (left out under 1% of the step, said in `ledger`'s notes); the findings never
+  sum past the step.
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
 from profiling.profile import hardware
-from profiling.profile.findings import calls, idle, kernels, power, settings, unplaced, waste
+from profiling.profile.findings import calls, idle, kernels, ledger, power, settings, unplaced, waste
 from profiling.profile.findings.contract import run, unknown
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
@@ -57,10 +61,10 @@ def diagnose(tl, summary, stacks=False):
                 "GPU idle in a trace recorded with Python stacks (with_stack=True), which slow the host several-"
                 "fold: the idle may be the profiler's own cost, so no idle or launch finding is priced; give the "
                 "unprofiled ms/step (--unprofiled-ms, measured without the profiler) to price them")
-    found = settings.merge(power.net_of_clock(tl, ctx, found))
-    found.sort(key=lambda f: -f["ms_per_step"])
+    found, notes = ledger.admit(settings.merge(power.net_of_clock(tl, ctx, found)), ctx)
     overhead, _ = run((idle.profiler_overhead,), tl, ctx)
-    return {"findings": found + overhead, "unknown": ctx.get("unknown", []), "skipped": skipped}
+    return {"findings": [ledger.public(f) for f in found + overhead], "unknown": ctx.get("unknown", []),
+            "skipped": skipped, "ledger": notes}
 
 
 def context(tl, s):
@@ -73,5 +77,6 @@ def context(tl, s):
         scale = max(0.0, min(1.0, (unprofiled - busy) / idle_ms)) if idle_ms > 0 else 1.0
     peak = tl.meta.get("peak_flops") or hardware.peak_flops(s.get("device"))
     return {"step": step, "idle": idle_ms, "busy": busy, "unprofiled": unprofiled, "scale": scale, "peak": peak,
+            "device": s.get("device"),
             "n": tl.n, "micro_batches": tl.meta.get("micro_batches"), "peak_memory_mb": s.get("peak_memory_mb"),
             "regions": (s.get("regions") or {}).get("rows", []), "unknown": [], "claimed": set()}

@@ -7,8 +7,10 @@ A rule is a function `match(tl, ctx, found) -> finding or None`, declared with `
 - `match`: reads the trace's events through the Timeline (profiling/profile/timeline.py) and what the live run
   recorded (`tl.meta`), never train.py's source. It sees the findings earlier rules returned (`found`) and
   the GPU idle they claimed (`Gap.cause`): no two findings claim the same gap.
-- kernels: a rule that prices device events adds them to `ctx["claimed"]` when later rules must not price
-  them again (attention as matmuls is not also float32 GEMMs).
+- kernels: a rule that prices device events declares them with `claim(ctx, events)`: later rules that read
+  `ctx["claimed"]` skip them (attention as matmuls is not also float32 GEMMs), and the ledger (ledger.py)
+  cuts the gain of a finding whose kernels a larger one prices. `run` attaches what each finding prices
+  (`_kernels`; `_gaps`, the gaps its rule gave a cause) for the ledger.
 - a finding: {kind, ms_per_step, pct_of_step, evidence, fix}; its `ms_per_step` is what applying its fix
   would save, so a rule that cannot name a fix that recovers the time reports under `unknown` instead
   (`ctx["unknown"]`: the rule, the evidence it lacked, the ms/step it leaves unexplained).
@@ -89,10 +91,35 @@ def run(rules, tl, ctx):
         if missing:
             skipped.append({"rule": r.kind, "missing": missing})
             continue
+        ctx["pricing"], before = {}, set(ctx.setdefault("claimed", set()))
+        open_gaps = [g for g in tl.gaps if g.cause is None]
         f = r(tl, ctx, found)
         if f:
+            f["_kernels"] = _priced(tl, ctx, before)
+            f["_gaps"] = {id(g): g.us for g in open_gaps if g.cause is not None}
             found.append(f)
     return found, skipped
+
+
+def claim(ctx, events):
+    """Declare the device events a rule prices: later rules skip them (`ctx["claimed"]`), and the ledger
+    knows what the finding prices (profiling/profile/findings/ledger.py)."""
+    for e in events:
+        ctx.setdefault("claimed", set()).add(id(e))
+        ctx.setdefault("pricing", {})[id(e)] = e["dur"]
+
+
+def _priced(tl, ctx, before):
+    """{event id: device us} a rule priced: what it declared with claim(), and what it added to
+    `ctx["claimed"]` by hand."""
+    priced = dict(ctx.get("pricing") or {})
+    added = ctx["claimed"] - before - set(priced)
+    if added:
+        for evs in tl.per_step:
+            for e, _ in evs:
+                if id(e) in added:
+                    priced[id(e)] = e["dur"]
+    return priced
 
 
 def finding(kind, ms, ctx, evidence, fix):

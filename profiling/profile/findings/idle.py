@@ -10,6 +10,7 @@ from collections import Counter
 from profiling.profile import cuda_calls
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import (
+    claim,
     finding,
     idle_ms,
     made_by,
@@ -139,6 +140,7 @@ def _check_work(tl, ctx):
         ops[op] += e["dur"]
     if not ops:
         return 0.0, ""
+    claim(ctx, [e for e, _ in tl.checks])
     ms = sum(ops.values()) / ctx["n"] / 1e3
     return ms, ("; the tests whose result they read, called by the compiled code itself, take "
                 + ", ".join(f"{op} {us / ctx['n'] / 1e3:.1f}" for op, us in top(ops)) + f" ms/step of device time "
@@ -177,20 +179,22 @@ def graph_break(tl, ctx, found):
     per_mb = max(counts) / max(1, mb)
     if per_mb <= 1:
         return None
-    eager_us, eager_ops, idle = 0.0, {}, []
+    eager_us, eager_ops, idle, eager, claimed = 0.0, {}, [], [], ctx["claimed"]
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
             if cat != "other compute":
                 continue  # GEMMs and attention kernels run as long in one graph: only the fusion is lost
             chain = tl.chain(tl.op_of(launch))
             op = made_by(chain) if chain and not any(c.startswith(COMPILED) for c in chain) else None
-            if op and op.startswith("aten::") and not op.startswith(UNFUSED_OPS):
+            if op and op.startswith("aten::") and not op.startswith(UNFUSED_OPS) and id(e) not in claimed:
                 eager_us += e["dur"]
                 eager_ops[op] = eager_ops.get(op, 0.0) + e["dur"]
+                eager.append(e)
     for g in tl.gaps:
         if g.cause is None and g.us < FRAGMENT_GAP_US and _between_fragments(tl, g):
             g.cause = "graph_break"
             idle.append(g)
+    claim(ctx, eager)
     eager = eager_us / ctx["n"] / 1e3
     dynamo = tl.meta.get("dynamo") or {}
     reasons = "; ".join(f"{r['reason']} x{r['count']}" for r in dynamo.get("graph_breaks", [])[:2])
@@ -300,12 +304,17 @@ def _train_line(tl, label):
 
 @rule("gpu_waits_on_host", needs=("device", "own_idle"))
 def gpu_waits_on_host(tl, ctx, found):
-    """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing. Only the
-    gaps a host sample shows are a finding (its line is the fix); the rest go to `unknown`, with the CUDA calls
-    the host was in, since nothing there says what to change."""
+    """Long GPU idle gaps no sync explains: where they fall in the step and what the host was doing. With
+    host samples, the gaps a sample shows are the finding (its line is the fix) and the rest go to `unknown`.
+    Without any (an older or foreign trace), the idle is still measured: the finding is the effect, its cause
+    unknown, with how to record it (effect first: a large idle is never left to an `unexplained` line)."""
     gaps = [g for g in _open_gaps(tl) if g.us >= LONG_GAP_US]
     if not gaps:
         return None
+    if not (tl.meta.get("host_samples") or {}).get("stacks"):
+        for g in gaps:
+            g.cause = "gpu_waits_on_host"
+        return _cause_unknown(tl, ctx, gaps)
     by_line, places, unsampled = {}, {}, []
     for g in gaps:
         g.cause = "gpu_waits_on_host"
@@ -337,6 +346,30 @@ def gpu_waits_on_host(tl, ctx, found):
             "or prepare batches ahead")) if _in_loader(tl, sampled) else
            f"make the host work at {main} cheaper or move it out of the step")
     return finding("gpu_waits_on_host", idle_ms(sampled, ctx), ctx, evidence, fix)
+
+
+def _cause_unknown(tl, ctx, gaps):
+    """The GPU idle in long gaps of a trace without host samples: where the gaps fall, the CUDA calls the host
+    was in meanwhile, the cause unknown and how to see it."""
+    places, calls = Counter(), Counter()
+    for g in gaps:
+        places[(short_name(str(g.before.get("name", ""))), short_name(str(g.after.get("name", ""))),
+                made_by(tl.chain(tl.op_of(g.launch))))] += g.us
+        calls.update(cuda_calls.calls_during(tl, g.start, g.end))
+    ms = idle_ms(gaps, ctx)
+    (before, after, op), _ = places.most_common(1)[0]
+    inside = ("; the host was inside CUDA calls for " + ", ".join(
+        f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2)) + " of it" if calls else "")
+    evidence = (f"cause unknown: {len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU "
+                f"idle {ms:.1f} ms/step ({100 * ms / ctx['step']:.0f}% of the step){scaled(ctx)}, the GPU "
+                f"waiting for the host to launch; mostly after `{before}`, before `{after}` (launched by "
+                f"{op}){inside}; what the host did meanwhile is not in this trace (no host samples)")
+    return finding("gpu_waits_on_host", ms, ctx, evidence,
+                   "find what the host does between those kernels: profile again with this profiler "
+                   "(profiling.Profiler around the loop, or train.py --profile: it samples the host's Python "
+                   "stacks every 2 ms and names the line the GPU waits on), or with torch.profiler's "
+                   "with_stack=True (it slows the host: give --unprofiled-ms); a data loader, a .item(), "
+                   "logging or checkpointing inside the step are the usual causes")
 
 
 LOADER_FRAMES = ("torch/utils/data/", "prepare.py")  # torch's DataLoader; this repository's loader

@@ -133,6 +133,8 @@ def merge(found):
             first = by[names]
             first["evidence"] += " and: " + f["evidence"].split("; its cost in this trace: ", 1)[-1]
             first["ms_per_step"] = round(first["ms_per_step"] + f["ms_per_step"], 2)
+            for key in ("_kernels", "_gaps"):  # one edit prices what both mechanisms priced (ledger.py)
+                first[key] = {**(first.get(key) or {}), **(f.get(key) or {})}
             first["pct_of_step"] = round(first["pct_of_step"] + f["pct_of_step"], 1)
         else:
             by[names] = f

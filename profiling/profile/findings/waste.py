@@ -18,7 +18,7 @@ Each rule takes (timeline, context, findings so far) and returns a finding or No
 import re
 
 from profiling.profile.classify import short_name
-from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.contract import claim, finding, rule, top
 from profiling.profile.findings.kernels import fused_causal
 from profiling.profile.findings.settings import attribute
 from profiling.profile.regions import PAD_ALIGNMENTS
@@ -60,12 +60,14 @@ def eager_code(tl, ctx, found):
     if any(f["kind"] == "graph_break" for f in found):
         return None  # graph_break counts the eager kernels between the compiled fragments
     us, gain, kernels, chains, longest, ops, optimizer = 0.0, 0.0, 0, 0, 0, {}, 0.0
+    events = []
     for evs, cats in zip(tl.per_step, tl.labels):
         run = []
         for (e, launch), cat in sorted(zip(evs, cats), key=lambda x: x[0][0]["ts"]) + [((None, None), None)]:
             chain = tl.chain(tl.op_of(launch)) if cat in EAGER_CATEGORIES else []
             if e is not None and _eager(tl, chain, cat):
                 run.append(e["dur"])
+                events.append(e)
                 aten = [c for c in chain if c.startswith("aten::")]
                 name = aten[-1] if aten else chain[0]
                 ops[name] = ops.get(name, 0.0) + e["dur"]
@@ -77,6 +79,7 @@ def eager_code(tl, ctx, found):
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     part = "the optimizer" if optimizer > us / 2 else "the model"
+    claim(ctx, events)
     evidence = (f"{kernels / ctx['n']:.0f} kernels/step ({us / ctx['n'] / 1e3:.1f} ms) launched by eager PyTorch "
                 f"outside torch.compile, mostly in {part}, in {chains / ctx['n']:.0f} chains of elementwise kernels "
                 f"(longest {longest}); top: " + ", ".join(f"{op} {t / ctx['n'] / 1e3:.1f} ms" for op, t in top(ops))
@@ -107,7 +110,7 @@ def _fp32_share(op):
 @rule("fp32_intermediate", needs=("device", "shapes"))
 def fp32_intermediate(tl, ctx, found):
     """Compiled non-GEMM kernels moving large float32 tensors: half of those bytes would do in bf16."""
-    us, gain, kernels, shapes, claimed = 0.0, 0.0, {}, {}, ctx.get("claimed", ())
+    us, gain, kernels, shapes, claimed, events = 0.0, 0.0, {}, {}, ctx.get("claimed", ()), []
     for evs, cats in zip(tl.per_step, tl.labels):
         for (e, launch), cat in zip(evs, cats):
             op = tl.op_of(launch)
@@ -116,6 +119,7 @@ def fp32_intermediate(tl, ctx, found):
                 continue  # eager kernels and copies are eager_code's
             fp32, total, shape = share
             us, gain = us + e["dur"], gain + e["dur"] * fp32 / 2 / total
+            events.append(e)
             name = short_name(str(e.get("name", "")))
             kernels[name] = kernels.get(name, 0.0) + e["dur"]
             shapes[shape] = shapes.get(shape, 0.0) + e["dur"]
@@ -123,6 +127,7 @@ def fp32_intermediate(tl, ctx, found):
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     (shape, _), = top(shapes, 1)
+    claim(ctx, events)
     evidence = (f"{us / ctx['n'] / 1e3:.1f} ms/step of compiled kernels read or write float32 tensors of "
                 f"{LARGE_FP32_BYTES / 1e6:.0f} MB or more (largest {list(shape)}, "
                 f"{_mb(shape)} MB): " + ", ".join(f"`{k}` {t / ctx['n'] / 1e3:.1f} ms" for k, t in top(kernels))
@@ -230,7 +235,7 @@ def misaligned_shapes(tl, ctx, found):
     bad, dims = _misaligned(tl.meta.get("parameters"))
     if not bounds or not bad:
         return None
-    acc, kernels = {}, {}  # (category, on misaligned shapes) -> [us, bound us]; kernel name -> us
+    acc, kernels, events = {}, {}, []  # (category, on misaligned shapes) -> [us, bound us]; kernel name -> us
     for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
         for (e, launch), cat, b in zip(evs, cats, bs):
             if not b or cat not in ("GEMM", "other compute"):
@@ -240,6 +245,7 @@ def misaligned_shapes(tl, ctx, found):
             row[0], row[1] = row[0] + e["dur"], row[1] + b
             if hit:
                 kernels[str(e.get("name", ""))] = kernels.get(str(e.get("name", "")), 0.0) + e["dur"]
+                events.append(e)
     gain, parts = 0.0, []
     for cat in ("GEMM", "other compute"):
         (us, b), (ref_us, ref_b) = acc.get((cat, True), (0.0, 0.0)), acc.get((cat, False), (0.0, 0.0))
@@ -250,6 +256,7 @@ def misaligned_shapes(tl, ctx, found):
     ms = gain / ctx["n"] / 1e3
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
+    claim(ctx, events)
     names = list(bad)
     shown = ", ".join(f"{n} {bad[n]}" for n in names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
     evidence = (f"{len(names)} parameters have a dimension not a multiple of {ALIGN}: {shown}; the kernels on "
@@ -289,13 +296,16 @@ def over_bound(tl, ctx, found):
     for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
         for (e, launch), cat, b in zip(evs, cats, bs):
             if b and not (cat == "attention" and fused_causal(tl, launch)):
-                acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0])
+                acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0, []])
                 acc[0], acc[1] = acc[0] + e["dur"], acc[1] + b
-    over = {key: (us, b) for key, (us, b) in rows.items() if us > OVER_RATIO.get(key[1], OVER_RATIO_OTHER) * b}
+                acc[2].append(e)
+    over = {key: (us, b) for key, (us, b, _) in rows.items()
+            if us > OVER_RATIO.get(key[1], OVER_RATIO_OTHER) * b}
     excess = {key: (us - b) / ctx["n"] / 1e3 for key, (us, b) in over.items()}
     ms = sum(excess.values())
     if ms < OVER_MIN_SHARE * ctx["step"]:
         return None
+    claim(ctx, [e for key in over for e in rows[key][2]])
     shown = ", ".join(f"`{short_name(name)}` ({cat}) {over[(name, cat)][0] / over[(name, cat)][1]:.1f}x its bound, "
                       f"+{x:.1f} ms" for (name, cat), x in top(excess))
     evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
