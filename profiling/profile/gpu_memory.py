@@ -38,6 +38,7 @@ The record (JSON-able; summary.json `gpu_memory`):
 import bisect
 import math
 import os
+import re
 
 MB = 2 ** 20
 TAGGED = ("parameters", "gradients", "optimizer_state", "activations")
@@ -160,9 +161,17 @@ def _category(a, spans, starts):
     return best
 
 
+# Inductor names each generated module by its code's hash, `c<hash>.py`, in a folder named by the hash's next two
+# characters (torch/_inductor/codecache.py): `.../24/c24adrdp...py`, wherever TORCHINDUCTOR_CACHE_DIR puts it
+GENERATED_FILE = re.compile(r"(?:^|/)([a-z0-9]{2})/c\1[a-z0-9]{20,}\.py$")
+
+
 def generated(path):
-    """A file torch.compile wrote (Inductor's generated code, in its cache folder): not a line the user wrote."""
-    return "torchinductor" in str(path).replace("\\", "/").lower()
+    """A file torch.compile wrote (Inductor's generated code, in its cache folder): not a line the user wrote.
+    By the folder's name (`torchinductor_<user>` by default) or by Inductor's own file naming, so a cache
+    moved by TORCHINDUCTOR_CACHE_DIR is recognized too."""
+    path = str(path).replace("\\", "/").lower()
+    return "torchinductor" in path or GENERATED_FILE.search(path) is not None
 
 
 def _label(f):
