@@ -59,25 +59,25 @@ def decide(calls, meta, names, mask_ops):
     """The Kind from the counted evidence: calls {CAUSAL: n, BIDIRECTIONAL: n}, names {kind: [names]}, the
     number of causal-mask operators."""
     c, b = calls.get(CAUSAL, 0), calls.get(BIDIRECTIONAL, 0)
-    said = {CAUSAL: f"{c} attention calls are causal (is_causal=True or a window)",
-            BIDIRECTIONAL: f"{b} attention calls attend to every key (is_causal=False, no [T, T] mask)"}
+    said = {CAUSAL: f"{c} attention calls are causal, by is_causal=True or a window",
+            BIDIRECTIONAL: f"{b} attention calls attend to every key, is_causal=False with no [T, T] mask"}
     if c and b:
-        return Kind(UNKNOWN, said[CAUSAL] + " and " + said[BIDIRECTIONAL] + " (an encoder-decoder?)", None)
+        return Kind(UNKNOWN, said[CAUSAL] + " and " + said[BIDIRECTIONAL] + " : an encoder-decoder?", None)
     if c or b:
         return Kind(CAUSAL if c else BIDIRECTIONAL, said[CAUSAL if c else BIDIRECTIONAL], None)
     if meta.get("trainer") == "train.py" or (meta.get("trainer") is None and "micro_batches" in meta):
-        return Kind(CAUSAL, "train.py's GPT (causal attention)", None)
+        return Kind(CAUSAL, "train.py's GPT, causal", None)
     shown = {k: ", ".join(f"`{n}`" for n in v[:2]) for k, v in names.items() if v}
     if len(shown) == 2:
         return Kind(UNKNOWN, f"names of both kinds: causal {shown[CAUSAL]}, bidirectional {shown[BIDIRECTIONAL]}",
                     None)
     if shown:
         (k, text), = shown.items()
-        return Kind(k, f"the model's names say {k}: {text}", None)
+        return Kind(k, f"the model's names say so: {text}", None)
     if mask_ops:
         return Kind(CAUSAL, f"{mask_ops} tril/triu operators build a causal mask in the step", None)
-    return Kind(UNKNOWN, "nothing in the trace says whether the attention is causal (no is_causal recorded, no "
-                "model name known)", None)
+    return Kind(UNKNOWN, "nothing in the trace says whether the attention is causal: no is_causal recorded, no "
+                "model name known", None)
 
 
 def call_kind(op):
