@@ -71,20 +71,11 @@ def attention_flops(op, causal=True, force=None):
     attention_kind.py says from the model; a bidirectional or unknown model: False). force: True or False
     counts the pairs of that mask whatever the call says (the work a [T, T] mask needs: causal when it hides
     the future)."""
-    args = (op.get("args") or {}) if op else {}
-    dims, name = args.get("Input Dims"), str(op.get("name", "")) if op else ""
-    backward = "backward" in name
-    at = 1 if backward else 0   # backward operators take the output's gradient first, then q, k, v
-    if not isinstance(dims, list) or len(dims) < at + 2:
+    sizes = _qk(op)
+    if sizes is None:
         return None
-    q, k = dims[at], dims[at + 1]
-    if not (isinstance(q, list) and isinstance(k, list) and len(q) == 4 and len(k) == 4):
-        return None
-    (b, h, tq, d), (b2, _, tk, d2) = q, k
-    if name.startswith(("aten::_flash_attention", "aten::_efficient_attention")):  # ATen's kernels: [B, T, H, D]
-        (b, tq, h, d), (b2, tk, _, d2) = q, k
-    if (b, d) != (b2, d2) or not all(num(x) and x > 0 for x in (b, h, tq, d, tk)):
-        return None
+    b, h, tq, d, tk = sizes
+    args, name = op.get("args") or {}, str(op.get("name", ""))
     concrete = args.get("Concrete Inputs") or []
     window = None
     if "window" in name:
@@ -95,7 +86,36 @@ def attention_flops(op, causal=True, force=None):
         flag = force
     pairs = _pairs(tq, tk, "window" in name or (causal if flag is None else flag), window)
     forward = 4.0 * b * h * d * pairs
-    return forward * BACKWARD_FACTOR if backward else forward
+    return forward * BACKWARD_FACTOR if "backward" in name else forward
+
+
+def _qk(op):
+    """(B, H, Tq, D, Tk) of an attention operator from its recorded q and k shapes, or None."""
+    args = (op.get("args") or {}) if op else {}
+    dims, name = args.get("Input Dims"), str(op.get("name", "")) if op else ""
+    at = 1 if "backward" in name else 0   # backward operators take the output's gradient first, then q, k, v
+    if not isinstance(dims, list) or len(dims) < at + 2:
+        return None
+    q, k = dims[at], dims[at + 1]
+    if not (isinstance(q, list) and isinstance(k, list) and len(q) == 4 and len(k) == 4):
+        return None
+    (b, h, tq, d), (b2, _, tk, d2) = q, k
+    if name.startswith(("aten::_flash_attention", "aten::_efficient_attention")):  # ATen's kernels: [B, T, H, D]
+        (b, tq, h, d), (b2, tk, _, d2) = q, k
+    if (b, d) != (b2, d2) or not all(num(x) and x > 0 for x in (b, h, tq, d, tk)):
+        return None
+    return b, h, tq, d, tk
+
+
+def tile_padding(op, tile):
+    """How much more work a kernel tiling queries and keys by `tile` does than the call's sequence lengths
+    need: (Tq and Tk rounded up to the tile) over (Tq x Tk); 1.0 where unknown. At T=197 (ViT-B/16) and
+    128-wide tiles: 256^2 / 197^2 = 1.69, work no edit of the model's own code removes."""
+    sizes = _qk(op)
+    if sizes is None:
+        return 1.0
+    _, _, tq, _, tk = sizes
+    return (-(-tq // tile) * tile) * (-(-tk // tile) * tile) / (tq * tk)
 
 
 def causal_flag(concrete):

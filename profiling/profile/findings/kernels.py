@@ -1,6 +1,7 @@
 """Pure: the findings about kernels running below their rate (profiling/profile/findings/ runs them). Stdlib only.
 
-- fp32_matmul: GEMMs on float32 inputs, against this trace's bf16 GEMM rate.
+- fp32_matmul: GEMMs on float32 inputs, against this trace's bf16 GEMM rate (without one: a share of the
+  datasheet peak, and the evidence says which).
 - slow_device: large bf16 GEMMs far below the device's peak (a braked, throttled or shared GPU).
 - attention_fallback: attention operators far below the fused kernels' rate (a masked fallback, the math path).
 - math_attention: attention as batched matmuls and a softmax over [T, T] score matrices in a graph (no attention
@@ -106,7 +107,9 @@ def fp32_matmul(tl, ctx, found):
     else:
         rest = (us - known_us) / ctx["n"] / 1e3  # those without FLOPs: half their time
         estimate = flops / rate / ctx["n"] * 1e3 + rest / 2
-        basis = (f"{estimate:.1f} ms at this run's bf16 GEMM rate ({rate / 1e12:.0f} TFLOP/s)"
+        source = (f"this trace's {half} GEMM rate" if bf16 else f"{100 * EXPECTED_GEMM_FRACTION:.0f}% of the "
+                  f"device's datasheet {half} peak (no {half} GEMM in this trace to measure)")
+        basis = (f"{estimate:.1f} ms at {source}, {rate / 1e12:.0f} TFLOP/s"
                  + (f", half the time of the {rest:.1f} ms without known FLOPs" if rest >= 0.05 else ""))
     kernels, shapes = {}, {}
     for e, op, g_us, _ in fp32:

@@ -10,8 +10,9 @@
 - forward_without_backward: the same ratio under 2 (forward GEMMs no backward trains through): the share of the
   forward time without a backward.
 - over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
-  bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where; not the
-  kernels of a causal attention call off the math path (kernels.fused_causal: the form attention should take).
+  bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth; the evidence says which rate), by
+  how much, and where; not the kernels of a causal attention call off the math path (kernels.fused_causal: the
+  form attention should take), nor kernels of a few microseconds (their fixed cost is their time).
 
 Each rule takes (timeline, context, findings so far) and returns a finding or None (profiling/profile/findings/contract.py).
 """
@@ -35,6 +36,8 @@ LARGE_FP32_BYTES = 256e6  # a float32 tensor this large per micro-batch is an ac
 # fused elementwise and loss kernels at most 4.0x (the fused loss: exp-bound, its bytes a floor))
 OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
 OVER_RATIO_OTHER = 5.0
+OVER_MIN_KERNEL_US = 10.0  # a kernel this short is its fixed cost (launch on the device, one wave, its tail;
+                           # the shortest kernels of the H100 fixtures take 1.06 us): its bound says nothing
 OVER_MIN_SHARE = 0.02    # of the step, summed over the flagged kernels: a clean Llama (examples/llama_train.py,
                          # batch 32, H100) has 1.3% in narrow GEMMs (its 4 k/v heads' projections at 1.7-2.1x
                          # their bound) that no edit of the user's code recovers
@@ -288,7 +291,7 @@ def over_bound(tl, ctx, found):
     rows = {}
     for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
         for (e, launch), cat, b in zip(evs, cats, bs):
-            if b and not (cat == "attention" and fused_causal(tl, launch)):
+            if b and e["dur"] >= OVER_MIN_KERNEL_US and not (cat == "attention" and fused_causal(tl, launch)):
                 acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + e["dur"], acc[1] + b
     over = {key: (us, b) for key, (us, b) in rows.items() if us > OVER_RATIO.get(key[1], OVER_RATIO_OTHER) * b}
@@ -299,8 +302,10 @@ def over_bound(tl, ctx, found):
     shown = ", ".join(f"`{short_name(name)}` ({cat}) {over[(name, cat)][0] / over[(name, cat)][1]:.1f}x its bound, "
                       f"+{x:.1f} ms" for (name, cat), x in top(excess))
     evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
-                f"(beyond what their category reaches in a clean run): {shown}; see the lines and the regions below "
-                "for where they come from")
+                f"(beyond what their category reaches in a clean run): {shown}; bounds: FLOPs at "
+                f"{getattr(tl, 'bound_basis', None) or 'the best GEMM rate'}, bytes at the device's datasheet "
+                f"bandwidth; kernels under {OVER_MIN_KERNEL_US:g} us not judged (their fixed cost dominates); see the "
+                "lines and the regions below for where they come from")
     f = finding("over_bound", ms, ctx, evidence,
                 "find the work done in a slow form at those kernels' lines: shapes not multiples of 64 "
                 "(misaligned GEMMs), float32 where bf16 would do, unfused or eager ops, extra copies; compare "
