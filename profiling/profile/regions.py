@@ -1,7 +1,8 @@
 """Pure: where a step's time goes inside the model -- the region table of the profile. Stdlib only, never torch.
 
-Regions: embedding, attention (projections and attention kernels), MLP, norms and residuals, head and loss,
-optimizer, data movement, communication (collectives between ranks: a row only where there are some), and
+Regions: embedding, convolution (a conv net's convolutions, pooling and, in a model without an MLP, its
+activations; a row only where there is some), attention (projections and attention kernels), MLP, norms and
+residuals, head and loss, optimizer, data movement, communication (collectives between ranks: a row only where there are some), and
 `unattributed` (time no rule below could place: shown, never dropped); then
 GPU idle and overlap from the step budget, so the rows add up to the step. The model regions (and
 unattributed) are split into forward and backward.
@@ -24,9 +25,10 @@ Each device event (CPU profile: each operator's self time) is placed by the firs
 3. Names: the ops a Triton kernel fused (Inductor names the kernel after them:
    `triton_per_fused__fused_rms_norm_add_embedding_mul_select_0`), then the launching operator's name and
    those of the operators around it (eager: aten::index_select inside aten::embedding; autograd nodes
-   such as ReluBackward0). In this order: attention (flex_attention, attention, attn, flash, fmha, sdpa,
+   such as ReluBackward0). In this order: convolution (convolution, conv2d, max/avg pooling); attention (flex_attention, attention, attn, flash, fmha, sdpa,
    scaled_dot_product); embedding (embedding, embedding_dense_backward); MLP (relu, gelu, silu, glu,
-   mish, threshold_backward; relu squared is relu + pow); head and loss (log_softmax, nll_loss,
+   mish, threshold_backward; relu squared is relu + pow; a conv net without an MLP: convolution, its
+   activations are its conv blocks'); head and loss (log_softmax, nll_loss,
    cross_entropy, tanh: the logit soft-cap); attention again for a plain softmax; norms and residuals
    (rms_norm, layer_norm, any *norm). Generic CUDA kernel names (templates) are not read: they name
    functors, not layers.
@@ -40,8 +42,10 @@ Each device event (CPU profile: each operator's self time) is placed by the firs
 Parameters -> regions, by module path (`blocks.3.mlp.c_fc.weight`), innermost name first; each name whole
 with its `_` dropped, then its `_`-separated words from the last (attention_norm is a norm, tok_embeddings an
 embedding): embedding (wte, wpe, emb, embed, embeds, embedding...), head and loss (head, unembed,
-classifier), attention (attn, attention, qkv, rotary), MLP (mlp, ffn, ff, fc, experts, moe, feed_forward),
-norms and residuals (ln, *norm, resid, residual, lambda, lambdas). Failing those, a module named `output` or
+classifier, pooler), convolution (conv, conv1, Conv2d, stem), attention (attn, attention, qkv, rotary), MLP (mlp,
+ffn, ff, fc, experts, moe, feed_forward, intermediate), norms and residuals (ln, bn, bn1, *norm, BatchNorm2d,
+resid, residual, lambda, lambdas). A model's own top-level `fc` (torchvision's ResNet) is its classifier; BERT's
+`layer.N.output.dense` its MLP's second matrix; a 3-D to 5-D weight no name places, a convolution's. Failing those, a module named `output` or
 `output_layer` that holds the parameter itself, outside any numbered block, is the model's head (Meta's
 Llama, torchtitan, Megatron; BERT's layer.3.output.dense is not). A path naming none of these (a new layer
 type) places nothing: its GEMMs stay unattributed and the parameter is listed.
@@ -49,6 +53,12 @@ type) places nothing: its GEMMs stay unattributed and the parameter is listed.
 Padded shapes: Inductor pads a GEMM dimension that is not a multiple of 8 (bf16; 4 in float32) before
 multiplying (its pad_mm pass: a [262144, 2049] activation becomes [262144, 2056]), so a GEMM also matches a
 parameter whose shape, rounded up to a multiple of 4, 8 or 16, is the GEMM's (`Parameters.padded`).
+
+Roles: a 2-D GEMM a @ b multiplies one weight: second in a forward (x @ W^T) and an input gradient (dY @ W), as
+the product in a weight gradient (dY^T @ x, whose inner dimension is the tokens per micro-batch: the most
+common row count of the trace's GEMMs). The first of (b, a, product), or (product, b, a) for a weight gradient,
+that has a parameter's shape decides, so an activation that happens to have a weight's shape ([768, 768] with 768
+tokens per micro-batch) does not.
 
 Shared shapes: when the parameters with a GEMM's shape live in several regions (c_q and c_proj are both
 [512, 512], both attention: fine; an MLP of 1x width would share [512, 512] with attention), the time is
@@ -110,7 +120,8 @@ def _words(*words):
 
 _NAME_RULES = (
     ("convolution", _words("convolution", "convolution_backward", "cudnn_convolution", "conv1d", "conv2d",
-                           "conv3d", "conv_depthwise2d", "slow_conv2d_forward")),
+                           "conv3d", "conv_depthwise2d", "slow_conv2d_forward", r"max_pool\w*", r"avg_pool\w*",
+                           r"adaptive_\w*pool\w*")),
     ("attention", _words("flex_attention", "attention", "attn", "flash", "fmha", "sdpa", "scaled_dot_product")),
     ("embedding", _words("embedding")),
     ("MLP", _words("relu", "gelu", "silu", "swiglu", "geglu", "glu", "mish", "threshold_backward")),
@@ -489,7 +500,7 @@ def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), mo
     moved_us = 0.0
     for k, (evs, cats) in enumerate(zip(tl.per_step, categories)):
         for i, ((e, launch), cat) in enumerate(zip(evs, cats)):
-            op = tl.ops.get((launch.get("args") or {}).get("External id"))
+            op = tl.op_of(launch)  # by External id, else the operator around the launch (torch 1.9's traces)
             name = str(e.get("name", ""))
             placed = placer.place(name, cat, op, outer_names(op, tl.parent, tl.memo) if op else ())
             backward = is_backward(launch, windows) or id(e) in moved

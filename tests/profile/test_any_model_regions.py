@@ -90,3 +90,15 @@ def test_conv_net_parameters_and_module_names():
     assert params.region["features.0.bias"] is None
     assert regions.activation_region(params, None, []) == "convolution"
     assert regions.activation_region(regions.Parameters({"h.0.mlp.fc.weight": [8, 8]}), None, []) == "MLP"
+
+
+def test_a_torch_1_9_resnet50_trace_is_placed_by_its_operators():
+    """Kineto's V100 ResNet-50 sample: no parameter metadata, no External id on its launches (the operator around
+    each launch is its own), cuDNN's convolution and batch-norm kernels: 3.5% attributed before, its ReLUs as MLP."""
+    import os
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "foreign")
+    s = summarize(load_trace(os.path.join(data, "kineto-v100-resnet50-train.json.gz")))
+    rows = {r["region"]: r["ms_per_step"] for r in s["regions"]["rows"]}
+    assert s["regions"]["attributed_percent"] >= 90
+    assert rows["MLP"] == 0 and rows["convolution"] == max(rows[r] for r in regions.MODEL_REGIONS)
+    assert rows["norms and residuals"] > 0
