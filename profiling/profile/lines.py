@@ -130,9 +130,12 @@ class Calls:
             by_name.setdefault(name, []).append(lines)
         seen, table = {}, {}
         counts = {n: names.count(n) for n in set(names)}
+        inserted = _inserted_lines(calls)
         for op, name in zip(tops, names):
             recorded = by_name.get(name)
             if recorded is None:
+                if name in INSERTED_BACKWARD and inserted:
+                    table[id(op)] = (inserted, None)
                 continue
             k = seen[name] = seen.get(name, -1) + 1
             if counts[name] == len(recorded) or len(set(recorded)) == 1:
@@ -151,6 +154,24 @@ class Calls:
         lo = bisect.bisect_left(self.op_starts[key], call["ts"])
         hi = bisect.bisect_right(self.op_starts[key], call["ts"] + call["dur"])
         return [op for op in ops[lo:hi] if (self.parent.get(id(op)) or {"ts": -1})["ts"] < call["ts"]]
+
+
+# scatter-adds the compiler calls as ATen operators for an embedding's backward (its deterministic fallback):
+# no node of the graph records them, their work is that embedding line's backward
+INSERTED_BACKWARD = ("aten::index_put_", "aten::_index_put_impl_", "aten::embedding_dense_backward",
+                     "aten::index_add_", "aten::scatter_add_")
+
+
+def _inserted_lines(calls):
+    """The lines of a graph's embedding backward (its recorded embedding_dense_backward calls; else the
+    embedding's), from the calls that fuse the fewest lines (a kernel of the embedding alone, not one fused with
+    the norms after it): where a scatter-add the compiler inserted for it belongs. () when the graph has none."""
+    for word in ("embedding_dense_backward", "embedding"):
+        found = [lines for name, lines in calls if word in name and lines]
+        if found:
+            fewest = min(len(lines) for lines in found)
+            return tuple(sorted({line for lines in found if len(lines) == fewest for line in lines}))
+    return ()
 
 
 def _overlap(calls, names):

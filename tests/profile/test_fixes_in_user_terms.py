@@ -45,3 +45,14 @@ def test_an_eager_model_is_told_to_compile_naming_train_py_only_in_its_own_trace
     assert f["fix"].startswith("torch.compile the model")
     assert ("as train.py does by default" in f["fix"]) is named
     assert "TORCHDYNAMO_DISABLE" in f["evidence"]  # no settings record: the setting that would also explain it
+
+
+def test_a_scatter_the_compiler_inserted_is_placed_at_the_embeddings_line(data_trace):
+    """Deterministic algorithms put ATen's sorted scatter-add (aten::index_put_) inside the compiled backward: no
+    node of the graph records it, it was "no line of the model" (74 ms); it is the backward of the embedding."""
+    s = summarize(data_trace("h100-plant33-deterministic"))
+    row = next(r for r in s["lines"]["rows"] if any("self.wte(idx)" in line["text"] for line in r["lines"]))
+    assert row["ms_per_step"] > 70 and len(row["lines"]) <= 2
+    assert not any("index_put" in str(u) for u in s["lines"]["unplaced"])
+    setting = next(f for f in s["findings"] if f["kind"] == "setting")
+    assert "the backward of the model's embedding lookups" in setting["evidence"]
