@@ -34,7 +34,7 @@ Kind = namedtuple("Kind", "kind evidence builder")
 
 # families by the words of their names (module classes, files, parameters), after camelCase is split
 CAUSAL_WORDS = re.compile(r"^(causal|gpt\w*|nanogpt|llama\d*|mistral|mixtral|qwen\d*|gemma\d*|falcon|olmo\d*|"
-                          r"deepseek\w*|phi\d*|starcoder\d*|bloom|gptneox|opt)$")
+                          r"deepseek\w*|phi\d*|starcoder\d*|bloom|gptneox)$")  # not "opt": /opt/ in paths
 BIDIRECTIONAL_WORDS = re.compile(r"^(bidirectional|bert|roberta|distilbert|albert|deberta\w*|electra|xlm|vit|"
                                  r"deit|beit|swin\w*|dinov2|siglip|hubert|wav2vec2|visiontransformer|"
                                  r"patch_embed|cls_token|pos_embed)$")
