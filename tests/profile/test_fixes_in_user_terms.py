@@ -56,3 +56,14 @@ def test_a_scatter_the_compiler_inserted_is_placed_at_the_embeddings_line(data_t
     assert not any("index_put" in str(u) for u in s["lines"]["unplaced"])
     setting = next(f for f in s["findings"] if f["kind"] == "setting")
     assert "the backward of the model's embedding lookups" in setting["evidence"]
+
+
+@pytest.mark.parametrize("name", ["hta-v100-trace-diff-test", "hta-a100-nccl", "kineto-v100-resnet50-train"])
+def test_a_foreign_report_never_names_this_projects_train_py(name):
+    import os
+
+    from profiling.profile.summary import load_trace
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "foreign")
+    s = summarize(load_trace(os.path.join(data, f"{name}.json.gz")))
+    assert s["findings"]
+    assert not [f["kind"] for f in s["findings"] if "train.py" in f["fix"] + f["evidence"]]
