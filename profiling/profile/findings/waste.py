@@ -121,7 +121,8 @@ def eager_code(tl, ctx, found):
     compiled = _compiled(tl)
     shown = [p for p, t in top(parts) if t >= PART_MIN_SHARE * us]
     evidence = (f"{kernels / ctx['n']:.0f} kernels/step ({us / ctx['n'] / 1e3:.1f} ms) launched by eager PyTorch "
-                f"outside torch.compile, in {chains / ctx['n']:.0f} chains of elementwise kernels (longest "
+                f"outside torch.compile, mostly in {shown[0]}, in {chains / ctx['n']:.0f} chains of elementwise "
+                f"kernels (longest "
                 f"{longest}): " + ", ".join(f"{p} {t / ctx['n'] / 1e3:.1f} ms" for p, t in top(parts)) + "; top "
                 "operators: " + ", ".join(f"{op} {t / ctx['n'] / 1e3:.1f} ms" for op, t in top(ops))
                 + ("; the model is compiled (its graphs are in the trace)" if compiled else
