@@ -17,7 +17,9 @@ Placing one device event (CPU profile: one operator's self time):
 3. The lines: each source stack's innermost own frame: the user's code or installed model code
    (profiling/profile/whose.py: train.py, or transformers' modeling_llama.py under `trainer.train()`; a frame
    in torch is passed over for the line that called it). A call whose nodes came from several
-   lines (a fused kernel) is one row against all its lines, never counted twice.
+   lines (a fused kernel) is one row against all its lines, never counted twice. A scatter-add the compiler
+   calls as an ATen operator for an embedding's backward (its deterministic fallback: no graph node records
+   it) goes to the lines of that graph's embedding backward (INSERTED_BACKWARD).
 
 Eager work (outside every graph call: an uncompiled model or part of it, the optimizer's eager operators, copies,
 their backward) is placed through the capture's record of one more step's eager lines (the trace metadata's

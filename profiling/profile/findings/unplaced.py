@@ -3,7 +3,8 @@ the kernel itself shows of why it runs. Stdlib only. Rules: profiling/profile/fi
 
 - sort_scatter: scatter-adds (the embedding's backward, index_put_ with accumulate) run by ATen's sort-based
   kernels (a radix sort of the indices, then indexing_backward_kernel) inside a compiled graph, where Inductor
-  would emit one atomic scatter-add kernel: Inductor falls back to them under deterministic algorithms.
+  would emit one atomic scatter-add kernel: Inductor falls back to them under deterministic algorithms. The
+  lines table places them at the embedding's line, whose backward they are (lines.INSERTED_BACKWARD).
 What no rule names stays in the lines table's `not placed` list, with the operator that launched it.
 """
 from collections import Counter
