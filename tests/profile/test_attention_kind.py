@@ -136,3 +136,29 @@ def test_matmul_softmax_attention_of_a_model_that_is_not_known_causal(data_trace
         assert "is_causal=True" not in other["fix"].replace("never is_causal=True", "")
     else:
         assert "is_causal=True only if" in other["fix"] and "were it causal" in other["evidence"]
+
+
+@pytest.mark.slow  # importing transformers: ~5 s
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_a_transformers_bert_reads_as_bidirectional(tmp_path, implementation):
+    """A tiny BERT of transformers, profiled on the CPU with its module scopes: its matmul + softmax attention
+    (eager) or its SDPA calls say it attends both ways, whatever padding mask it is given."""
+    transformers = pytest.importorskip("transformers")
+    import types
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from profiling.profile.summary import load_trace
+    from profiling.profile.traceio import by_thread, index, parents
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                  vocab_size=100, attn_implementation=implementation)
+    model = transformers.BertModel(cfg).eval()
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 12:] = 0  # padding
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True, record_shapes=True) as prof:
+        model(torch.randint(0, 100, (2, 16)), attention_mask=mask)
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    ix = index(load_trace(str(tmp_path / "t.json"))["traceEvents"])
+    kind = ak.of(types.SimpleNamespace(ix=ix, parent=parents(by_thread(ix.cpu_ops)), meta={}))
+    assert kind.kind == ak.BIDIRECTIONAL, kind
