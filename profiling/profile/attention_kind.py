@@ -41,7 +41,7 @@ BIDIRECTIONAL_WORDS = re.compile(r"^(bidirectional|bert|roberta|distilbert|alber
 PHRASES = (("vision_transformer", BIDIRECTIONAL), ("patch_embed", BIDIRECTIONAL), ("cls_token", BIDIRECTIONAL),
            ("causal_mask", CAUSAL), ("bidirectional_mask", BIDIRECTIONAL))
 CAUSAL_MASK_OPS = ("aten::tril", "aten::triu", "aten::tril_", "aten::triu_")
-MASK_FUNC = re.compile(r"mask", re.I)   # a library function that builds a mask (create_causal_mask, sdpa_mask)
+MASK_FUNC = re.compile(r"mask", re.IGNORECASE)   # a library function that builds a mask (create_causal_mask, sdpa_mask)
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 _SPLIT = re.compile(r"[^a-z0-9]+")
 

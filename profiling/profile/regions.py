@@ -2,8 +2,8 @@
 
 Regions: embedding, convolution (a conv net's convolutions, pooling and, in a model without an MLP, its
 activations; a row only where there is some), attention (projections and attention kernels), MLP, norms and
-residuals, head and loss, optimizer, data movement, communication (collectives between ranks: a row only where there are some), and
-`unattributed` (time no rule below could place: shown, never dropped); then
+residuals, head and loss, optimizer, data movement, communication (collectives between ranks: a row only
+where there are some), and `unattributed` (time no rule below could place: shown, never dropped); then
 GPU idle and overlap from the step budget, so the rows add up to the step. The model regions (and
 unattributed) are split into forward and backward.
 
@@ -25,8 +25,8 @@ Each device event (CPU profile: each operator's self time) is placed by the firs
 3. Names: the ops a Triton kernel fused (Inductor names the kernel after them:
    `triton_per_fused__fused_rms_norm_add_embedding_mul_select_0`), then the launching operator's name and
    those of the operators around it (eager: aten::index_select inside aten::embedding; autograd nodes
-   such as ReluBackward0). In this order: convolution (convolution, conv2d, max/avg pooling); attention (flex_attention, attention, attn, flash, fmha, sdpa,
-   scaled_dot_product); embedding (embedding, embedding_dense_backward); MLP (relu, gelu, silu, glu,
+   such as ReluBackward0). In this order: convolution (convolution, conv2d, max/avg pooling); attention
+   (flex_attention, attention, attn, flash, fmha, sdpa, scaled_dot_product); embedding (embedding, embedding_dense_backward); MLP (relu, gelu, silu, glu,
    mish, threshold_backward; relu squared is relu + pow; a conv net without an MLP: convolution, its
    activations are its conv blocks'); head and loss (log_softmax, nll_loss,
    cross_entropy, tanh: the logit soft-cap); attention again for a plain softmax; norms and residuals
@@ -45,9 +45,9 @@ embedding): embedding (wte, wpe, emb, embed, embeds, embedding...), head and los
 classifier, pooler), convolution (conv, conv1, Conv2d, stem), attention (attn, attention, qkv, rotary), MLP (mlp,
 ffn, ff, fc, experts, moe, feed_forward, intermediate), norms and residuals (ln, bn, bn1, *norm, BatchNorm2d,
 resid, residual, lambda, lambdas). A model's own top-level `fc` (torchvision's ResNet) is its classifier; BERT's
-`layer.N.output.dense` its MLP's second matrix; a 3-D to 5-D weight no name places, a convolution's. Failing those, a module named `output` or
-`output_layer` that holds the parameter itself, outside any numbered block, is the model's head (Meta's
-Llama, torchtitan, Megatron; BERT's layer.3.output.dense is not). A path naming none of these (a new layer
+`layer.N.output.dense` its MLP's second matrix; a 3-D to 5-D weight no name places, a convolution's. Failing
+those, a module named `output` or `output_layer` that holds the parameter itself, outside any numbered block, is
+the model's head (Meta's Llama, torchtitan, Megatron; BERT's layer.3.output.dense is not). A path naming none of these (a new layer
 type) places nothing: its GEMMs stay unattributed and the parameter is listed.
 
 Padded shapes: Inductor pads a GEMM dimension that is not a multiple of 8 (bf16; 4 in float32) before

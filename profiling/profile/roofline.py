@@ -5,7 +5,8 @@
 - FLOPs of attention: from q [B, H, Tq, D] and k [B, Hk, Tk, D] of the attention operator around the kernels
   (`aten::_scaled_dot_product_*`, `autoresearch::window_attention*`): 4 x B x H x D per attended (query, key)
   pair, the pairs counted exactly for the mask the operator names (full; causal when its `is_causal` input
-  is True, or, unrecorded, when the model is causal (profiling/profile/attention_kind.py); train.py's window attention: causal over the last `window` keys, its last integer input). A
+  is True, or, unrecorded, when the model is causal (profiling/profile/attention_kind.py); train.py's window
+  attention: causal over the last `window` keys, its last integer input). A
   backward counts 2.5 x its forward (the useful work: five matrix products against two; the recomputation
   of the scores that flash kernels do is not counted), as MFU conventions do.
 - Bytes of a Triton kernel (Inductor's fused kernels, train.py's own): every tensor argument once, read or

@@ -50,10 +50,10 @@ CAUSES = {
          "PYTORCH_CUDA_ALLOC_CONF (expandable_segments:True is the setting that fights fragmentation)"),),
     "eager_code": (
         ("env.TORCHDYNAMO_DISABLE", lambda v: str(v).strip() not in ("", "0"),
-         "it turns torch.compile off for the whole process: every torch.compile call in the code returns the "
-         "function unchanged, so the model runs eagerly",
-         "unset TORCHDYNAMO_DISABLE (remove it from os.environ or the shell): the code's torch.compile then "
-         "applies"),
+         ("it turns torch.compile off for the whole process: every torch.compile call in the code returns the "
+          "function unchanged, so the model runs eagerly"),
+         ("unset TORCHDYNAMO_DISABLE (remove it from os.environ or the shell): the code's torch.compile then "
+          "applies")),
         ("dynamo.disable", lambda v: v is True,
          "torch._dynamo.config.disable turns torch.compile off for the whole process",
          "remove torch._dynamo.config.disable = True: the code's torch.compile then applies"),),

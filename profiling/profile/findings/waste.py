@@ -60,17 +60,17 @@ def _eager(tl, chain, cat):
 # the eager parts of a step, by the operators around a kernel (innermost first), and each one's own remedy
 EAGER_PARTS = (
     ("gradient clipping", ("aten::_foreach_norm", "aten::linalg_vector_norm", "clip_grad"),
-     "gradient clipping (clip_grad_norm_): clip_grad_norm_(..., foreach=True), or torch.compile one function "
-     "that clips and steps the optimizer"),
+     ("gradient clipping (clip_grad_norm_): clip_grad_norm_(..., foreach=True), or torch.compile one function "
+      "that clips and steps the optimizer")),
     ("the optimizer", ("Optimizer.", "optimizer"),
-     "the optimizer's update: fused=True (Adam, AdamW, SGD) or foreach=True, or torch.compile the function that "
-     "calls optimizer.step()"),
+     ("the optimizer's update: fused=True (Adam, AdamW, SGD) or foreach=True, or torch.compile the function "
+      "that calls optimizer.step()")),
     ("gradient accumulation", ("AccumulateGrad", "accumulate_grad"),
-     "gradient accumulation's adds into .grad: fewer, larger micro-batches, or compiled autograd "
-     "(torch._dynamo.config.compiled_autograd = True)"),
+     ("gradient accumulation's adds into .grad: fewer, larger micro-batches, or compiled autograd "
+      "(torch._dynamo.config.compiled_autograd = True)")),
     ("the loss", ("cross_entropy", "nll_loss", "log_softmax", "mse_loss"),
-     "the loss computed outside the compiled model: compute it inside the compiled function (return the loss "
-     "from it)"),
+     ("the loss computed outside the compiled model: compute it inside the compiled function (return the loss "
+      "from it)")),
 )
 
 
