@@ -17,7 +17,9 @@ Placing one device event (CPU profile: one operator's self time):
 3. The lines: each source stack's innermost own frame: the user's code or installed model code
    (profiling/profile/whose.py: train.py, or transformers' modeling_llama.py under `trainer.train()`; a frame
    in torch is passed over for the line that called it). A call whose nodes came from several
-   lines (a fused kernel) is one row against all its lines, never counted twice.
+   lines (a fused kernel) is one row against all its lines, never counted twice. A scatter-add the compiler
+   calls as an ATen operator for an embedding's backward (its deterministic fallback: no graph node records
+   it) goes to the lines of that graph's embedding backward (INSERTED_BACKWARD).
 
 Eager work (outside every graph call: an uncompiled model or part of it, the optimizer's eager operators, copies,
 their backward) is placed through the capture's record of one more step's eager lines (the trace metadata's
@@ -130,9 +132,12 @@ class Calls:
             by_name.setdefault(name, []).append(lines)
         seen, table = {}, {}
         counts = {n: names.count(n) for n in set(names)}
+        inserted = _inserted_lines(calls)
         for op, name in zip(tops, names):
             recorded = by_name.get(name)
             if recorded is None:
+                if name in INSERTED_BACKWARD and inserted:
+                    table[id(op)] = (inserted, None)
                 continue
             k = seen[name] = seen.get(name, -1) + 1
             if counts[name] == len(recorded) or len(set(recorded)) == 1:
@@ -151,6 +156,24 @@ class Calls:
         lo = bisect.bisect_left(self.op_starts[key], call["ts"])
         hi = bisect.bisect_right(self.op_starts[key], call["ts"] + call["dur"])
         return [op for op in ops[lo:hi] if (self.parent.get(id(op)) or {"ts": -1})["ts"] < call["ts"]]
+
+
+# scatter-adds the compiler calls as ATen operators for an embedding's backward (its deterministic fallback):
+# no node of the graph records them, their work is that embedding line's backward
+INSERTED_BACKWARD = ("aten::index_put_", "aten::_index_put_impl_", "aten::embedding_dense_backward",
+                     "aten::index_add_", "aten::scatter_add_")
+
+
+def _inserted_lines(calls):
+    """The lines of a graph's embedding backward (its recorded embedding_dense_backward calls; else the
+    embedding's), from the calls that fuse the fewest lines (a kernel of the embedding alone, not one fused with
+    the norms after it): where a scatter-add the compiler inserted for it belongs. () when the graph has none."""
+    for word in ("embedding_dense_backward", "embedding"):
+        found = [lines for name, lines in calls if word in name and lines]
+        if found:
+            fewest = min(len(lines) for lines in found)
+            return tuple(sorted({line for lines in found if len(lines) == fewest for line in lines}))
+    return ()
 
 
 def _overlap(calls, names):

@@ -1,8 +1,9 @@
 """Pure: where a step's time goes inside the model -- the region table of the profile. Stdlib only, never torch.
 
-Regions: embedding, attention (projections and attention kernels), MLP, norms and residuals, head and loss,
-optimizer, data movement, communication (collectives between ranks: a row only where there are some), and
-`unattributed` (time no rule below could place: shown, never dropped); then
+Regions: embedding, convolution (a conv net's convolutions, pooling and, in a model without an MLP, its
+activations; a row only where there is some), attention (projections and attention kernels), MLP, norms and
+residuals, head and loss, optimizer, data movement, communication (collectives between ranks: a row only
+where there are some), and `unattributed` (time no rule below could place: shown, never dropped); then
 GPU idle and overlap from the step budget, so the rows add up to the step. The model regions (and
 unattributed) are split into forward and backward.
 
@@ -24,9 +25,10 @@ Each device event (CPU profile: each operator's self time) is placed by the firs
 3. Names: the ops a Triton kernel fused (Inductor names the kernel after them:
    `triton_per_fused__fused_rms_norm_add_embedding_mul_select_0`), then the launching operator's name and
    those of the operators around it (eager: aten::index_select inside aten::embedding; autograd nodes
-   such as ReluBackward0). In this order: attention (flex_attention, attention, attn, flash, fmha, sdpa,
-   scaled_dot_product); embedding (embedding, embedding_dense_backward); MLP (relu, gelu, silu, glu,
-   mish, threshold_backward; relu squared is relu + pow); head and loss (log_softmax, nll_loss,
+   such as ReluBackward0). In this order: convolution (convolution, conv2d, max/avg pooling); attention
+   (flex_attention, attention, attn, flash, fmha, sdpa, scaled_dot_product); embedding (embedding, embedding_dense_backward); MLP (relu, gelu, silu, glu,
+   mish, threshold_backward; relu squared is relu + pow; a conv net without an MLP: convolution, its
+   activations are its conv blocks'); head and loss (log_softmax, nll_loss,
    cross_entropy, tanh: the logit soft-cap); attention again for a plain softmax; norms and residuals
    (rms_norm, layer_norm, any *norm). Generic CUDA kernel names (templates) are not read: they name
    functors, not layers.
@@ -40,15 +42,23 @@ Each device event (CPU profile: each operator's self time) is placed by the firs
 Parameters -> regions, by module path (`blocks.3.mlp.c_fc.weight`), innermost name first; each name whole
 with its `_` dropped, then its `_`-separated words from the last (attention_norm is a norm, tok_embeddings an
 embedding): embedding (wte, wpe, emb, embed, embeds, embedding...), head and loss (head, unembed,
-classifier), attention (attn, attention, qkv, rotary), MLP (mlp, ffn, ff, fc, experts, moe, feed_forward),
-norms and residuals (ln, *norm, resid, residual, lambda, lambdas). Failing those, a module named `output` or
-`output_layer` that holds the parameter itself, outside any numbered block, is the model's head (Meta's
-Llama, torchtitan, Megatron; BERT's layer.3.output.dense is not). A path naming none of these (a new layer
+classifier, pooler), convolution (conv, conv1, Conv2d, stem), attention (attn, attention, qkv, rotary), MLP (mlp,
+ffn, ff, fc, experts, moe, feed_forward, intermediate), norms and residuals (ln, bn, bn1, *norm, BatchNorm2d,
+resid, residual, lambda, lambdas). A model's own top-level `fc` (torchvision's ResNet) is its classifier; BERT's
+`layer.N.output.dense` its MLP's second matrix; a 3-D to 5-D weight no name places, a convolution's. Failing
+those, a module named `output` or `output_layer` that holds the parameter itself, outside any numbered block, is
+the model's head (Meta's Llama, torchtitan, Megatron; BERT's layer.3.output.dense is not). A path naming none of these (a new layer
 type) places nothing: its GEMMs stay unattributed and the parameter is listed.
 
 Padded shapes: Inductor pads a GEMM dimension that is not a multiple of 8 (bf16; 4 in float32) before
 multiplying (its pad_mm pass: a [262144, 2049] activation becomes [262144, 2056]), so a GEMM also matches a
 parameter whose shape, rounded up to a multiple of 4, 8 or 16, is the GEMM's (`Parameters.padded`).
+
+Roles: a 2-D GEMM a @ b multiplies one weight: second in a forward (x @ W^T) and an input gradient (dY @ W), as
+the product in a weight gradient (dY^T @ x, whose inner dimension is the tokens per micro-batch: the most
+common row count of the trace's GEMMs). The first of (b, a, product), or (product, b, a) for a weight gradient,
+that has a parameter's shape decides, so an activation that happens to have a weight's shape ([768, 768] with 768
+tokens per micro-batch) does not.
 
 Shared shapes: when the parameters with a GEMM's shape live in several regions (c_q and c_proj are both
 [512, 512], both attention: fine; an MLP of 1x width would share [512, 512] with attention), the time is
@@ -70,17 +80,18 @@ are fused into one rms_norm kernel and count as norms; value-embedding gates fus
 """
 import itertools
 import re
+from collections import Counter
 
 from profiling.profile import roofline
 from profiling.profile.classify import classify_cpu_op, short_name
 from profiling.profile.traceio import MODULE_PREFIX, backward_windows, by_thread, is_backward, outer_names, parents
 
-MODEL_REGIONS = ("embedding", "attention", "MLP", "norms and residuals", "head and loss")
+MODEL_REGIONS = ("embedding", "convolution", "attention", "MLP", "norms and residuals", "head and loss")
 REGIONS = MODEL_REGIONS + ("optimizer", "data movement", "communication", "unattributed")
 PAD_ALIGNMENTS = (4, 8, 16)  # Inductor pads a GEMM's misaligned dimension to a multiple of 8 (bf16) or 4 (fp32)
 BY_CATEGORY = {"optimizer": "optimizer", "memory": "data movement", "attention": "attention",
                "communication": "communication"}
-SOMETIMES = ("communication",)  # regions with a row only where they have time
+SOMETIMES = ("communication", "convolution")  # regions with a row only where they have time
 NO_PARAMETERS = "no parameter shapes in the trace metadata (autoresearch.parameters): GEMMs are unattributed"
 BY_MODULES = ("no parameter shapes in the trace metadata: what no name places is placed by the nn.Module it ran "
               "in (the trace's module scopes)")
@@ -92,11 +103,14 @@ MAX_LISTED = 5          # unattributed kernels and parameters listed in the summ
 
 _PATH_WORDS = (
     ("embedding", {"wte", "wpe", "emb", "embed", "embeds", "embedding", "embeddings"}),
-    ("head and loss", {"head", "unembed", "unembedding", "classifier"}),
+    ("head and loss", {"head", "unembed", "unembedding", "classifier", "pooler"}),
+    ("convolution", {"conv", "convs", "convolution", "stem"}),
     ("attention", {"attn", "attention", "qkv", "rotary"}),
-    ("MLP", {"mlp", "ffn", "ff", "fc", "experts", "moe", "feedforward"}),
-    ("norms and residuals", {"ln", "norm", "resid", "residual", "lambda", "lambdas"}),
+    ("MLP", {"mlp", "ffn", "ff", "fc", "experts", "moe", "feedforward", "intermediate"}),
+    ("norms and residuals", {"ln", "norm", "resid", "residual", "lambda", "lambdas", "bn"}),
 )
+_NUMBERED = re.compile(r"^(conv|bn|fc)(\d+)$")  # conv1, bn2, fc1: a layer's kind, numbered
+_DIMS = re.compile(r"(?<=[a-z])[123]d$")          # torch's Conv2d, BatchNorm1d: the kind without its dims
 _OUTPUT = {"output", "outputlayer"}  # the model's own output layer (Llama's `output`, Megatron's `output_layer`)
 
 
@@ -105,6 +119,9 @@ def _words(*words):
 
 
 _NAME_RULES = (
+    ("convolution", _words("convolution", "convolution_backward", "cudnn_convolution", "conv1d", "conv2d",
+                           "conv3d", "conv_depthwise2d", "slow_conv2d_forward", r"max_pool\w*", r"avg_pool\w*",
+                           r"adaptive_\w*pool\w*")),
     ("attention", _words("flex_attention", "attention", "attn", "flash", "fmha", "sdpa", "scaled_dot_product")),
     ("embedding", _words("embedding")),
     ("MLP", _words("relu", "gelu", "silu", "swiglu", "geglu", "glu", "mish", "threshold_backward")),
@@ -126,6 +143,8 @@ def path_region(name):
     word says what a compound is (attention_norm and post_attention_layernorm are norms, lm_head a head).
     """
     parts = name.lower().split(".")
+    if parts[:1] == ["fc"] and len(parts) == 2:
+        return "head and loss"  # a model's own top-level fc (torchvision's ResNet): its classifier
     for part in reversed(parts):
         for word in [part.replace("_", "")] + part.split("_")[::-1]:
             region = _word_region(word)
@@ -133,10 +152,14 @@ def path_region(name):
                 return region
     if len(parts) >= 2 and parts[-2].replace("_", "") in _OUTPUT and not any(p.isdigit() for p in parts[:-2]):
         return "head and loss"
+    if "output" in parts[:-1] and "dense" in parts and any(p.isdigit() for p in parts):
+        return "MLP"  # BERT's and HF ViT's layer.N.output.dense: the feed-forward's second matrix
     return None
 
 
 def _word_region(word):
+    numbered = _NUMBERED.match(word)
+    word = numbered.group(1) if numbered else _DIMS.sub("", word)  # conv1 -> conv; conv2d, batchnorm2d
     for region, words in _PATH_WORDS:
         if word in words:
             return region
@@ -176,7 +199,8 @@ class Parameters:
         for name, shape in (parameters or {}).items():
             if not (isinstance(shape, list) and shape and all(isinstance(x, int) for x in shape)):
                 continue
-            self.region[name] = path_region(name)
+            # a kernel-shaped weight (3-D to 5-D) of no named region: a convolution's (VGG's features.0.weight)
+            self.region[name] = path_region(name) or ("convolution" if 3 <= len(shape) <= 5 else None)
             for key in {tuple(shape), tuple(reversed(shape)) if len(shape) == 2 else tuple(shape)}:
                 self.by_shape.setdefault(key, []).append(name)
         for name in self.region:
@@ -242,9 +266,11 @@ def _shapes(dims, gemm):
 class Placer:
     """Places events by the rules of the module docstring; results cached by what they depend on."""
 
-    def __init__(self, params, modules=None):
+    def __init__(self, params, modules=None, tokens=None, activations=None):
         self.params = params
         self.modules = modules  # Modules: the last rule, for what nothing else placed
+        self.tokens = tokens    # the rows of a forward GEMM's activation (tokens per micro-batch), or None
+        self.activations = activations or "MLP"  # the region of activation functions (activation_region)
         self.cache = {}
 
     def place(self, kernel, category, op, outer=()):
@@ -281,7 +307,7 @@ class Placer:
         for text in texts:
             region = name_region(text)
             if region:
-                return ((region, 1.0),), None, None
+                return ((self.activations if region == "MLP" else region, 1.0),), None, None
         if not gemm and self.params and dims:
             placed = self._by_shape(dims, gemm=False)
             if placed[0]:
@@ -299,6 +325,11 @@ class Placer:
             return None, "GEMM: no input shapes recorded (record_shapes=False)", None
         shapes = _shapes(dims, gemm)
         names = self.params.matching(shapes)
+        for role in _roles(shapes, self.tokens) if gemm else ():
+            names = self.params.matching([role])
+            if names:
+                shapes = [role]
+                break
         if not names:
             return None, "GEMM: no parameter has its shapes " + " x ".join(map(_fmt, shapes[:3])), None
         counts = self.params.counts(names, gemm=gemm)
@@ -311,6 +342,40 @@ class Placer:
             shape = next(s for s in shapes if s in self.params.by_shape)
             shared = (shape, tuple(counts.items()))
         return shares, reason, shared
+
+
+def _roles(shapes, tokens):
+    """A 2-D GEMM's matrices in the order they are likely the weight, so a coincidence of sizes (tokens per
+    micro-batch equal to the hidden size: x [768, 768] has an attention weight's shape) cannot place it. a @ b:
+    forward (x @ W^T) and input gradient (dY @ W) multiply the weight second; a weight gradient (dY^T @ x)
+    sums over the tokens (inner dimension = tokens) and produces the weight's shape. [] when not 2-D."""
+    mats = [s for s in shapes if len(s) == 2]
+    if len(mats) < 2 or mats[0][1] != mats[1][0]:
+        return []
+    a, b = mats[0], mats[1]
+    product = (a[0], b[1])
+    return [product, b, a] if tokens and a[1] == tokens else [b, a, product]
+
+
+def tokens_of(cpu_ops):
+    """The most common row count of the GEMMs' first matrix: the tokens per micro-batch of every forward and
+    input-gradient GEMM (x [tokens, C] @ W^T); None when no 2-D GEMM is recorded."""
+    rows = Counter()
+    for op in cpu_ops:
+        if roofline.GEMM_OPS.match(str(op.get("name", ""))):
+            dims = (op.get("args") or {}).get("Input Dims")
+            mats = [d for d in dims if isinstance(d, list) and len(d) == 2] if isinstance(dims, list) else []
+            if mats and isinstance(mats[0][0], int):
+                rows[mats[0][0]] += 1
+    return rows.most_common(1)[0][0] if rows else None
+
+
+def activation_region(params, modules, cpu_ops):
+    """Where activation functions (relu, gelu, ...) go: MLP in a model with one; a conv net's (convolutions,
+    no MLP; by its parameters, module scopes or operators) are part of its convolution blocks."""
+    known = set(params.region.values()) | {path_region(p) for p in set((modules.path if modules else {}).values())}
+    conv = "convolution" in known or any("convolution" in str(op.get("name", "")) for op in cpu_ops[:5000])
+    return "convolution" if conv and "MLP" not in known else "MLP"
 
 
 UNATTRIBUTED = (("unattributed", 1.0),)
@@ -427,14 +492,15 @@ def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), mo
     moved: `moved_to_backward`'s result, when the caller has it; bounds: each event's bound in us or None
     (profiling/profile/bound.py), nested as tl.per_step, or None.
     """
-    placer = Placer(Parameters(meta.get("parameters")), Modules(tl.ix.modules, tl.ix.cpu_ops, tl.parent))
+    params, modules = Parameters(meta.get("parameters")), Modules(tl.ix.modules, tl.ix.cpu_ops, tl.parent)
+    placer = Placer(params, modules, tokens_of(tl.ix.cpu_ops), activation_region(params, modules, tl.ix.cpu_ops))
     windows = backward_windows(tl.threads)
     totals = Totals(work=work is not None)
     moved = moved_to_backward(tl, placer.params) if moved is None else moved
     moved_us = 0.0
     for k, (evs, cats) in enumerate(zip(tl.per_step, categories)):
         for i, ((e, launch), cat) in enumerate(zip(evs, cats)):
-            op = tl.ops.get((launch.get("args") or {}).get("External id"))
+            op = tl.op_of(launch)  # by External id, else the operator around the launch (torch 1.9's traces)
             name = str(e.get("name", ""))
             placed = placer.place(name, cat, op, outer_names(op, tl.parent, tl.memo) if op else ())
             backward = is_backward(launch, windows) or id(e) in moved
@@ -522,7 +588,8 @@ def cpu_table(ix, placed_ops, meta, budget):
     """The region table of a CPU profile: placed_ops is [(operator, self time in us, budget category)]."""
     threads = by_thread(ix.cpu_ops)
     parent, windows = parents(threads), backward_windows(threads)
-    placer, memo = Placer(Parameters(meta.get("parameters")), Modules(ix.modules, ix.cpu_ops, parent)), {}
+    params, modules, memo = Parameters(meta.get("parameters")), Modules(ix.modules, ix.cpu_ops, parent), {}
+    placer = Placer(params, modules, tokens_of(ix.cpu_ops), activation_region(params, modules, ix.cpu_ops))
     totals = Totals()
     for op, self_us, cat in placed_ops:
         name = str(op.get("name", ""))

@@ -5,7 +5,8 @@
 - FLOPs of attention: from q [B, H, Tq, D] and k [B, Hk, Tk, D] of the attention operator around the kernels
   (`aten::_scaled_dot_product_*`, `autoresearch::window_attention*`): 4 x B x H x D per attended (query, key)
   pair, the pairs counted exactly for the mask the operator names (full; causal when its `is_causal` input
-  is True; train.py's window attention: causal over the last `window` keys, its last integer input). A
+  is True, or, unrecorded, when the model is causal (profiling/profile/attention_kind.py); train.py's window
+  attention: causal over the last `window` keys, its last integer input). A
   backward counts 2.5 x its forward (the useful work: five matrix products against two; the recomputation
   of the scores that flash kernels do is not counted), as MFU conventions do.
 - Bytes of a Triton kernel (Inductor's fused kernels, train.py's own): every tensor argument once, read or
@@ -64,15 +65,36 @@ def _pairs(tq, tk, causal, window):
     return seen + tq
 
 
-def attention_flops(op, exact=True):
+def attention_flops(op, causal=True, force=None):
     """FLOPs of one attention operator call, or None when its q and k shapes are not recorded.
 
-    exact=False: as if the mask were causal, whatever it is (an upper bound for any causal or narrower mask,
-    the basis the attention_fallback finding was calibrated on)."""
+    causal: whether the call is causal when its is_causal input is not recorded (profiling/profile/
+    attention_kind.py says from the model; a bidirectional or unknown model: False). force: True or False
+    counts the pairs of that mask whatever the call says (the work a [T, T] mask needs: causal when it hides
+    the future)."""
+    sizes = _qk(op)
+    if sizes is None:
+        return None
+    b, h, tq, d, tk = sizes
+    args, name = op.get("args") or {}, str(op.get("name", ""))
+    concrete = args.get("Concrete Inputs") or []
+    window = None
+    if "window" in name:
+        ints = [int(c) for c in concrete if isinstance(c, str) and c.isdigit()]
+        window = ints[-1] if ints else None
+    flag = causal_flag(concrete)
+    if force is not None and "window" not in name:
+        flag = force
+    pairs = _pairs(tq, tk, "window" in name or (causal if flag is None else flag), window)
+    forward = 4.0 * b * h * d * pairs
+    return forward * BACKWARD_FACTOR if "backward" in name else forward
+
+
+def _qk(op):
+    """(B, H, Tq, D, Tk) of an attention operator from its recorded q and k shapes, or None."""
     args = (op.get("args") or {}) if op else {}
     dims, name = args.get("Input Dims"), str(op.get("name", "")) if op else ""
-    backward = "backward" in name
-    at = 1 if backward else 0   # backward operators take the output's gradient first, then q, k, v
+    at = 1 if "backward" in name else 0   # backward operators take the output's gradient first, then q, k, v
     if not isinstance(dims, list) or len(dims) < at + 2:
         return None
     q, k = dims[at], dims[at + 1]
@@ -83,24 +105,18 @@ def attention_flops(op, exact=True):
         (b, tq, h, d), (b2, tk, _, d2) = q, k
     if (b, d) != (b2, d2) or not all(num(x) and x > 0 for x in (b, h, tq, d, tk)):
         return None
-    if exact:
-        concrete = args.get("Concrete Inputs") or []
-        window = None
-        if "window" in name:
-            ints = [int(c) for c in concrete if isinstance(c, str) and c.isdigit()]
-            window = ints[-1] if ints else None
-        causal = "window" in name or _is_causal(concrete)
-        pairs = _pairs(tq, tk, causal, window)
-    else:
-        pairs = tq * tk / 2
-    forward = 4.0 * b * h * d * pairs
-    return forward * BACKWARD_FACTOR if backward else forward
+    return b, h, tq, d, tk
 
 
-def _is_causal(concrete):
-    """The is_causal input of an SDPA operator; causal when unreadable."""
-    flag = causal_flag(concrete)
-    return True if flag is None else flag
+def tile_padding(op, tile):
+    """How much more work a kernel tiling queries and keys by `tile` does than the call's sequence lengths
+    need: (Tq and Tk rounded up to the tile) over (Tq x Tk); 1.0 where unknown. At T=197 (ViT-B/16) and
+    128-wide tiles: 256^2 / 197^2 = 1.69, work no edit of the model's own code removes."""
+    sizes = _qk(op)
+    if sizes is None:
+        return 1.0
+    _, _, tq, _, tk = sizes
+    return (-(-tq // tile) * tile) * (-(-tk // tile) * tile) / (tq * tk)
 
 
 def causal_flag(concrete):
@@ -142,7 +158,7 @@ def elements(shape):
     return n
 
 
-def _flops_of(tl, op, category):
+def _flops_of(tl, op, category, causal=True):
     """(operator owning the FLOPs, its FLOPs) for a device event launched by `op`; None when unknown."""
     if category == "GEMM" and op is not None and GEMM_OPS.match(str(op.get("name", ""))):
         owner, flops = op, gemm_flops(op)
@@ -150,21 +166,22 @@ def _flops_of(tl, op, category):
         owner = op
         while owner is not None and not ATTENTION_OP.match(str(owner.get("name", ""))):
             owner = tl.parent.get(id(owner))
-        flops = attention_flops(owner) if owner is not None else None
+        flops = attention_flops(owner, causal) if owner is not None else None
     else:
         return None
     return (owner, flops) if flops else None
 
 
-def work(tl):
+def work(tl, causal=True):
     """[[(flops or None, bytes or None)]] parallel to tl.per_step: what each device event does. An operator's
-    FLOPs are shared among its kernels by device time."""
+    FLOPs are shared among its kernels by device time. causal: whether an attention call whose is_causal input
+    is not recorded is causal (the model's kind, profiling/profile/attention_kind.py)."""
     found, us = [], {}   # per event: (owner, FLOPs) or None, bytes; device us per owning operator
     for evs, cats in zip(tl.per_step, tl.labels):
         row = []
         for (e, launch), cat in zip(evs, cats):
             op = tl.op_of(launch)
-            owned = _flops_of(tl, op, cat)
+            owned = _flops_of(tl, op, cat, causal)
             if owned:
                 us[id(owned[0])] = us.get(id(owned[0]), 0.0) + e["dur"]
             row.append((owned, tensor_bytes(op)))

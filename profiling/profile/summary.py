@@ -131,6 +131,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
 """
 from profiling.errors import UserError
 from profiling.profile import (
+    attention_kind,
     bound,
     closures,
     cuda_calls,
@@ -298,11 +299,11 @@ def _summarize_device(ix, meta, how):
     step_ms = sum(each) / n
     kernels = _kernel_rows(rows, n, step_ms)
     tl = Timeline(ix, per_step, windows, labels, meta)
-    work = roofline.work(tl)
+    work = roofline.work(tl, attention_kind.of(tl).kind == attention_kind.CAUSAL)
     moved = regions.moved_to_backward(tl, regions.Parameters(meta.get("parameters")))
     peaks = (meta.get("peak_flops") or hardware.peak_flops(meta.get("device")), hardware.peak_bandwidth(meta.get("device")))
     _kernel_work(kernels, tl, work, n, peaks)
-    rate = bound.best_gemm_rate(tl, work, peaks[0])
+    rate, tl.bound_basis = bound.gemm_ceiling(tl, work, peaks[0])
     bounds = bound.event_bounds(tl, work, rate, peaks[1]) if peaks[1] else None
     s = _header("cuda", meta, n, step_ms, each)
     counted = sum(f for done in work for f, _ in done if f) / n

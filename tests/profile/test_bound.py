@@ -70,7 +70,8 @@ def test_an_uncompiled_model_is_eager_code_with_its_loss():
 def test_an_uncompiled_optimizer_is_named_as_such():
     s = load("h100-plant26-eager_optimizer")
     f = next(f for f in s["findings"] if f["kind"] == "eager_code")
-    assert "mostly in the optimizer" in f["evidence"] and "torch.compile the optimizer" in f["fix"]
+    assert "mostly in the optimizer" in f["evidence"] and "torch.compile the function that calls optimizer.step()" \
+        in f["fix"] and "fused=True" in f["fix"]
 
 
 def test_misaligned_widths_are_named_with_their_parameters_and_loss():

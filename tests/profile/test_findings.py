@@ -118,7 +118,7 @@ def test_fp32_matmul_shows_shapes_and_the_bf16_estimate(summaries):
     f = next(f for f in summaries("fp32_mlp")["findings"] if f["kind"] == "fp32_matmul")
     assert "on float32 inputs" in f["evidence"]
     assert "[262144, 512] x [512, 2048]" in f["evidence"]
-    assert "at this run's bf16 GEMM rate" in f["evidence"] and "tf32" in f["evidence"]
+    assert "at this trace's bf16 GEMM rate" in f["evidence"] and "tf32" in f["evidence"]
 
 
 def test_attention_fallback_names_the_mask_and_the_rates(summaries):

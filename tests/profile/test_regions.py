@@ -80,10 +80,15 @@ def assert_adds_up(s):
     ("norm.weight", "norms and residuals"), ("output.weight", "head and loss"),
     ("model.layers.0.post_attention_layernorm.weight", "norms and residuals"),
     ("output_layer.weight", "head and loss"),
-    # `output` inside a block, or holding a submodule, is not the model's head
-    ("encoder.layer.3.output.dense.weight", None), ("layers.3.output.weight", None),
+    # `output` inside a block, or holding a submodule, is not the model's head (BERT's output.dense: its MLP)
+    ("encoder.layer.3.output.dense.weight", "MLP"), ("layers.3.output.weight", None),
+    ("encoder.layer.3.attention.output.dense.weight", "attention"),
+    ("bert.encoder.layer.0.intermediate.dense.weight", "MLP"), ("bert.pooler.dense.weight", "head and loss"),
+    # conv nets (torchvision's ResNet): convolutions, batch norms, the top-level fc is the classifier
+    ("layer1.0.conv1.weight", "convolution"), ("layer1.0.bn2.weight", "norms and residuals"),
+    ("fc.weight", "head and loss"), ("blocks.0.mlp.fc1.weight", "MLP"), ("blocks.0.conv.weight", "convolution"),
     # a new layer type names no region
-    ("blocks.0.mixer.w_in.weight", None), ("blocks.0.conv.weight", None),
+    ("blocks.0.mixer.w_in.weight", None), ("layer1.0.downsample.0.weight", None),
 ])
 def test_parameter_path_to_region(name, region):
     assert regions.path_region(name) == region

@@ -91,7 +91,10 @@ def test_attention_flops_count_the_mask():
     assert roofline.attention_flops(sdpa) == causal
     sdpa["args"]["Concrete Inputs"][6] = "False"
     assert roofline.attention_flops(sdpa) == 4.0 * 8 * 4 * 128 * 2048 * 2048
-    assert roofline.attention_flops(sdpa, exact=False) == 4.0 * 8 * 4 * 128 * 2048 * 2048 / 2
+    assert roofline.attention_flops(sdpa, force=True) == causal  # a mask counted as causal, whatever the flag
+    del sdpa["args"]["Concrete Inputs"]  # the flag not recorded: the model's kind decides (attention_kind)
+    assert roofline.attention_flops(sdpa, causal=True) == causal
+    assert roofline.attention_flops(sdpa, causal=False) == 4.0 * 8 * 4 * 128 * 2048 * 2048
     window = {"name": "autoresearch::window_attention", "args": {"Input Dims": [q, q, q, []],
                                                                  "Concrete Inputs": ["", "", "", "1024"]}}
     pairs = sum(min(i, 1024) + 1 for i in range(2048))

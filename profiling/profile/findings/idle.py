@@ -116,7 +116,8 @@ def host_sync(tl, ctx, found):
                        "DataLoader (or .pin_memory() on the host tensor), then .to(device, non_blocking=True)")
     return finding("host_sync", idle_ms(claimed + exposed, ctx), ctx, evidence,
                     "keep values on the GPU inside the step (no .item(), `if tensor:`, .cpu() or print of a "
-                    "tensor); read them once per step after the next step is launched, as train.py's loop does")
+                    "tensor); read them once per step after the next step is launched"
+                    + (", as train.py's loop does" if trainer_is_train_py(tl.meta) else ""))
 
 
 def _per_kernel(tl, syncs, ctx):

@@ -1,11 +1,15 @@
 """Pure: the findings about kernels running below their rate (profiling/profile/findings/ runs them). Stdlib only.
 
-- fp32_matmul: GEMMs on float32 inputs, against this trace's bf16 GEMM rate.
+- fp32_matmul: GEMMs on float32 inputs, against this trace's bf16 GEMM rate (without one: a share of the
+  datasheet peak, and the evidence says which).
 - slow_device: large bf16 GEMMs far below the device's peak, where the trace tells a slow device from slow
   kernels (the same shapes fast at times, or none fast at all: a braked, throttled or shared GPU).
 - attention_fallback: attention operators far below the fused kernels' rate (a masked fallback, the math path).
 - math_attention: attention as batched matmuls and a softmax over [T, T] score matrices in a graph (no attention
   operator to judge: a hand-written attention, or a compiled SDPA with its fused backends off).
+  Both price and fix the attention the model does (profiling/profile/attention_kind.py): is_causal=True only for a
+  causal model; a bidirectional one (BERT, ViT) keeps its full attention (the padding mask as [B, 1, 1, T], or
+  none); an unknown one gets both branches, each with its condition, priced as full attention.
 - attention_backend: SDPA calls on a fused backend slower than another backend the same trace runs attention on
   (the memory-efficient kernels where cuDNN's run beside them), against that backend's rate; named as the setting
   where a recorded one rules the faster backend out (the backends flags, deterministic algorithms).
@@ -15,7 +19,8 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 """
 from collections import Counter
 
-from profiling.profile import device_state, hardware
+from profiling.profile import attention_kind, device_state, hardware
+from profiling.profile.attention_kind import BIDIRECTIONAL, CAUSAL, square_masks
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
 from profiling.profile.findings.settings import attribute
@@ -109,7 +114,9 @@ def fp32_matmul(tl, ctx, found):
     else:
         rest = (us - known_us) / ctx["n"] / 1e3  # those without FLOPs: half their time
         estimate = flops / rate / ctx["n"] * 1e3 + rest / 2
-        basis = (f"{estimate:.1f} ms at this run's {half} GEMM rate ({rate / 1e12:.0f} TFLOP/s)"
+        source = (f"this trace's {half} GEMM rate" if bf16 else f"{100 * EXPECTED_GEMM_FRACTION:.0f}% of the "
+                  f"device's datasheet {half} peak (no {half} GEMM in this trace to measure)")
+        basis = (f"{estimate:.1f} ms at {source}, {rate / 1e12:.0f} TFLOP/s"
                  + (f", half the time of the {rest:.1f} ms without known FLOPs" if rest >= 0.05 else ""))
     kernels, shapes = {}, {}
     for e, op, g_us, _, _ in fp32:
@@ -201,11 +208,22 @@ def _below_own_best(gemms):
     return lost
 
 
-def _attention_calls(tl):
-    """{(op, input dims text): (device us, calls, flops per call or None, input dims, is_causal: True, False or
-    None when unrecorded; a window op counts as causal)} of the attention
-    operators that take q, k, v (the math path's kernels count under it). Kernels of compiled attention
-    templates (FlexAttention in a Triton kernel) have no such operator: not judged."""
+def needed_flops(op, kind, force=None):
+    """FLOPs of the work an attention call needs: the pairs its own mask leaves (is_causal, a window; unrecorded:
+    causal only for a causal model), and for a [T, T] mask not marked causal, what the model's kind says it
+    hides (causal: the future; bidirectional or unknown: nothing). force: count the mask as causal (True) or
+    full (False) whatever the kind (an unknown model's other branch)."""
+    args = op.get("args") or {}
+    if square_masks(args.get("Input Dims")) and causal_flag(args.get("Concrete Inputs")) is not True:
+        return attention_flops(op, force=kind == CAUSAL if force is None else force)
+    return attention_flops(op, causal=kind == CAUSAL)
+
+
+def _attention_calls(tl, kind):
+    """{(op, input dims text): (device us, calls, (flops per call needed, the same were the mask causal) or
+    None, input dims, is_causal: True, False or None when unrecorded; a window op counts as causal)} of the
+    attention operators that take q, k, v (the math path's kernels count under it). Kernels of compiled
+    attention templates (FlexAttention in a Triton kernel) have no such operator: not judged."""
     groups = {}
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
@@ -218,7 +236,8 @@ def _attention_calls(tl):
             args = op.get("args") or {}
             name, dims = str(op["name"]), args.get("Input Dims")
             causal = "window" in name or causal_flag(args.get("Concrete Inputs"))
-            row = groups.setdefault((name, str(dims)), [0.0, set(), attention_flops(op, exact=False), dims, causal])
+            flops = needed_flops(op, kind), needed_flops(op, kind, force=True)
+            row = groups.setdefault((name, str(dims)), [0.0, set(), flops if flops[0] else None, dims, causal])
             row[0] += e["dur"]
             row[1].add(id(op))
     return {key: (us, len(ids), f, dims, causal) for key, (us, ids, f, dims, causal) in groups.items()}
@@ -240,21 +259,17 @@ def fused_causal(tl, launch):
     return "window" in str(op["name"]) or causal_flag((op.get("args") or {}).get("Concrete Inputs")) is True
 
 
-def _dense_mask(dims):
-    """The [.., T, T] mask inputs among an attention call's inputs (after q, k, v)."""
-    return [d for d in (dims or [])[3:] if _square([1] + d if isinstance(d, list) and len(d) == 2 else d)]
-
-
-def _split_attention(tl):
-    """({call: (us, calls, flops, rate, mask)} computing more than needed (the math path; a dense mask on a
-    call not known causal), (the other calls' rate in causal FLOPs, or None when they have none))."""
+def _split_attention(tl, kind):
+    """({call: (us, calls, (flops needed, flops were the mask causal) or None, rate, mask)} computing more than
+    needed (the math path; a dense mask on a call not known causal), (the other calls' rate in the FLOPs their
+    masks leave, or None when they have none))."""
     more, fast = {}, [0.0, 0.0]
-    for (name, key), (us, n, flops, dims, causal) in _attention_calls(tl).items():
-        mask = _dense_mask(dims)
+    for (name, key), (us, n, flops, dims, causal) in _attention_calls(tl, kind).items():
+        mask = square_masks(dims)
         if "attention_math" in name or (mask and causal is not True):
-            more[(name, key)] = (us, n, flops, flops * n / (us / 1e6) if flops and us else None, mask)
+            more[(name, key)] = (us, n, flops, flops[0] * n / (us / 1e6) if flops and us else None, mask)
         elif flops and us:
-            fast[0] += flops * n
+            fast[0] += flops[0] * n
             fast[1] += us / 1e6
     return more, (fast[0] / fast[1] if fast[1] else None)
 
@@ -265,37 +280,74 @@ def attention_fallback(tl, ctx, found):
     [T, T] matrix, in memory), or a fused kernel given a dense [T, T] mask (it computes every score; a causal
     call or a band skips what the mask hides). Never a call that is causal on a fused kernel: a slow fused
     kernel is the kernel's (over_bound prices it). Priced at the trace's own rate of its other attention calls,
-    else ATTENTION_FAST_FRACTION of the device's peak; both in causal-attention FLOPs."""
+    else ATTENTION_FAST_FRACTION of the device's peak, in the FLOPs of the attention the model does
+    (attention_kind: a mask hides the future only in a causal model; an unknown model is priced as one that
+    attends both ways, its causal gain said beside)."""
     if not ctx["peak"] or any(f["kind"] == "slow_device" for f in found):
         return None  # on a slow device every kernel is slow: attention is not judged
-    slow, own = _split_attention(tl)
+    kind = attention_kind.of(tl)
+    slow, own = _split_attention(tl, kind.kind)
     if not slow:
         return None
     fast_rate = own or ATTENTION_FAST_FRACTION * ctx["peak"]
-    gain, parts, masked = 0.0, [], False
+    gain, if_causal, parts, masked = 0.0, 0.0, [], False
     for (name, _), (us, n, flops, rate, mask) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
         ms = us / ctx["n"] / 1e3
-        target = flops * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2
-        gain += max(0.0, ms - target)
+        target, causal_target = (f * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2 for f in flops or (0, 0))
+        gain, if_causal = gain + max(0.0, ms - target), if_causal + max(0.0, ms - causal_target)
         masked = masked or bool(mask)
         parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a dense ' + str(mask[0]) + ' mask' if mask else ''}"
                      f": {ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
     basis = ("this trace's other attention calls run at" if own else
-             f"a fused kernel runs at ~{100 * ATTENTION_FAST_FRACTION:.0f}% of the device's peak,")
-    evidence = "; ".join(parts[:3]) + f"; {basis} {fast_rate / 1e12:.0f} TFLOP/s (causal-attention FLOPs)"
+             f"a fused kernel runs at ~{100 * ATTENTION_FAST_FRACTION:.0f}% of the device's datasheet peak,")
+    evidence = ("; ".join(parts[:3]) + f"; {basis} {fast_rate / 1e12:.0f} TFLOP/s (in the FLOPs each call's mask "
+                f"leaves); the model's attention is {kind.kind}: {kind.evidence}")
     if masked:
-        return finding("attention_fallback", gain, ctx, evidence + "; the gain holds if the mask hides the future "
-                       "(causal) or keeps a band",
-                       "pass is_causal=True instead of a causal mask" + (
-                           ", or the sliding window as train.py's window attention (a band)"
-                           if trainer_is_train_py(tl.meta) else ", or a band/window attention kernel for a "
-                           "sliding window (FlexAttention, flash-attn's window_size)") +
-                       ": a dense attn_mask makes the kernel compute every score")
+        if kind.kind == CAUSAL:
+            evidence += "; the gain holds if the mask hides the future (causal) or keeps a band"
+        elif kind.kind != BIDIRECTIONAL and if_causal > gain + 0.05:
+            evidence += (f"; priced as full attention (the mask may hide only padding); were the mask causal, "
+                         f"is_causal=True would save {if_causal:.1f} ms/step")
+        return finding("attention_fallback", gain, ctx, evidence, _mask_fix(tl, kind))
     return attribute(tl, finding("attention_fallback", gain, ctx, evidence + "; no mask: the math path ran",
                                  "let SDPA pick its fused kernel: all its backends on (torch.backends.cuda."
                                  "enable_*_sdp), no setting that rules the fused one out (deterministic "
                                  "algorithms), inputs it takes (bf16, contiguous, head size <= 256)"),
                      "math_attention")
+
+
+# what a library that builds the attention mask itself lets its user change (attention_kind.builder)
+LIBRARY_REMEDIES = {
+    "transformers": "under torch.compile it passes SDPA this dense mask whenever an attention_mask is given "
+                    "(it cannot check the mask for padding while tracing): for batches without padding pass no "
+                    "attention_mask, or load the model with attn_implementation=\"flash_attention_2\" or "
+                    "\"flex_attention\"",
+}
+BOTH_WAYS = ("keep its full attention (never is_causal=True: this model attends both ways); pass only the padding, "
+             "as a [B, 1, 1, T] boolean mask, or no mask when no sequence is padded, so that SDPA can run its "
+             "flash or memory-efficient kernel")
+
+
+def _mask_fix(tl, kind):
+    """The fix for a dense [T, T] mask, in what the model does (attention_kind) and, where a library builds the
+    mask, in that library's own terms."""
+    if kind.kind == CAUSAL:
+        fix = "pass is_causal=True instead of a causal mask" + (
+            ", or the sliding window as train.py's window attention (a band)" if trainer_is_train_py(tl.meta)
+            else ", or a band/window attention kernel for a sliding window (FlexAttention, flash-attn's "
+            "window_size)") + ": a dense attn_mask makes the kernel compute every score"
+    elif kind.kind == BIDIRECTIONAL:
+        fix = BOTH_WAYS
+    else:
+        fix = ("whether the model is causal is not in the trace: if the mask hides the future (a causal model), "
+               "pass is_causal=True instead of it; if it hides only padding (a model that attends both ways: "
+               "BERT, ViT), " + BOTH_WAYS.split("; ", 1)[1])
+    if kind.builder:
+        library, where = kind.builder
+        fix = (f"the mask is built by {library}, in {where}: " + LIBRARY_REMEDIES.get(
+            library, "see its documentation for an attention implementation that takes no dense mask")
+            + f" (in the model's terms: {fix})")
+    return fix
 
 
 def _square(d):
@@ -355,28 +407,43 @@ def _math_attention(tl):
 @rule("math_attention", needs=("device", "peak", "shapes"))
 def math_attention(tl, ctx, found):
     """Attention computed as matmuls and a softmax over the whole [T, T] score matrix (a math path, by hand or
-    a compiled SDPA with its fused backends off), against causal attention's FLOPs at the fused kernels' rate."""
+    a compiled SDPA with its fused backends off), against the FLOPs of the attention the model does
+    (attention_kind: causal halves them; bidirectional or unknown: all of them) at the fused kernels' rate."""
     events, flops = _math_attention(tl)
     us = sum(e["dur"] for e in events)
     if not events or not flops or us / ctx["n"] / 1e3 < MATH_MIN_SHARE * ctx["step"]:
         return None
-    fast = _split_attention(tl)[1]
+    kind = attention_kind.of(tl)
+    fast = _split_attention(tl, kind.kind)[1]
     rate = fast or ATTENTION_FAST_FRACTION * ctx["peak"]
-    ms, target = us / ctx["n"] / 1e3, flops / 2 / rate / ctx["n"] * 1e3  # causal: half the score matrix
+    ms = us / ctx["n"] / 1e3
+    target = flops / rate / ctx["n"] * 1e3 / (2 if kind.kind == CAUSAL else 1)  # causal: half the score matrix
     ctx.setdefault("claimed", set()).update(id(e) for e in events)
     names = Counter()
     for e in events:
         names[short_name(str(e.get("name", "")))] += e["dur"]
+    work = {CAUSAL: "causal attention's FLOPs"}.get(kind.kind, "full attention's FLOPs")
     evidence = (f"{len(events) / ctx['n']:g} kernels/step do attention as batched matmuls and a softmax over "
                 f"[T, T] score matrices: {ms:.1f} ms/step (" + ", ".join(f"`{k}` {t / ctx['n'] / 1e3:.1f} ms"
                                                               for k, t in top(names)) +
-                f"); causal attention's FLOPs at the fused kernels' {rate / 1e12:.0f} TFLOP/s"
-                + (" (measured in this trace)" if fast else " (assumed)") + f" take {target:.1f} ms")
-    return attribute(tl, finding("math_attention", max(0.0, ms - target), ctx, evidence,
-                                 "use F.scaled_dot_product_attention(q, k, v, is_causal=True)" + (
-                                     " (or train.py's window attention)" if trainer_is_train_py(tl.meta) else "")
-                                 + " with the fused backends on, not matmul + softmax"),
-                     "math_attention")
+                f"); the model's attention is {kind.kind} ({kind.evidence}); {work} at the fused kernels' "
+                f"{rate / 1e12:.0f} TFLOP/s" + (" (this trace's fused attention calls)" if fast else
+                                                 f" ({100 * ATTENTION_FAST_FRACTION:.0f}% of the device's datasheet "
+                                                 "peak: no fused attention call in this trace to measure)")
+                + f" take {target:.1f} ms" + (f" (were it causal: {target / 2:.1f} ms)" if kind.kind not in
+                                              (CAUSAL, BIDIRECTIONAL) else ""))
+    if kind.kind == CAUSAL:
+        fix = ("use F.scaled_dot_product_attention(q, k, v, is_causal=True)" + (
+            " (or train.py's window attention)" if trainer_is_train_py(tl.meta) else "")
+            + " with the fused backends on, not matmul + softmax")
+    elif kind.kind == BIDIRECTIONAL:
+        fix = ("use F.scaled_dot_product_attention(q, k, v) with the fused backends on, not matmul + softmax; "
+               + BOTH_WAYS + " (a transformers model: attn_implementation=\"sdpa\")")
+    else:
+        fix = ("use F.scaled_dot_product_attention with the fused backends on, not matmul + softmax, computing what "
+               "the model computes (the trace does not say whether it is causal): is_causal=True only if the "
+               "scores of future keys are masked now; otherwise the padding mask as [B, 1, 1, T], or none")
+    return attribute(tl, finding("math_attention", max(0.0, ms - target), ctx, evidence, fix), "math_attention")
 
 
 def _backend(ops, kernels):
@@ -396,7 +463,7 @@ def _backend(ops, kernels):
     return votes.most_common(1)[0][0] if votes else "other"
 
 
-def _backend_calls(tl):
+def _backend_calls(tl, kind):
     """{(backend, "forward" | "backward"): {us, flops, calls, ops, kernels, sdpa, events}} of the attention calls
     (the outermost attention operator around a kernel: its FLOPs in what its mask leaves, its direction), without
     those with a dense mask that is not causal (attention_fallback's) and those whose FLOPs are unknown. `sdpa`:
@@ -419,8 +486,8 @@ def _backend_calls(tl):
     for call in calls.values():
         op, names = call["op"], call["names"]
         args = op.get("args") or {}
-        flops = attention_flops(op)
-        mask = _dense_mask(args.get("Input Dims"))
+        flops = attention_flops(op, kind == CAUSAL)
+        mask = square_masks(args.get("Input Dims"))
         if not flops or mask and causal_flag(args.get("Concrete Inputs")) is not True:
             continue
         direction = "backward" if "backward" in names[-1] else "forward"
@@ -452,7 +519,7 @@ def attention_backend(tl, ctx, found):
     lists what may (those, SDPA's priority order, the inputs) and how to tell."""
     if any(f["kind"] == "slow_device" for f in found):
         return None  # on a slow device every kernel is slow: attention is not judged
-    groups = _backend_calls(tl)
+    groups = _backend_calls(tl, attention_kind.of(tl).kind)
     rates = {b: _rate(groups, b) for b, _ in groups if b not in ("math", "other")}
     rates = {b: r for b, r in rates.items() if r}
     if len(rates) < 2:

@@ -48,6 +48,15 @@ CAUSES = {
          "the caching allocator is told to give cached blocks back (a garbage-collection threshold) or to split "
          "large ones no more", "remove garbage_collection_threshold / max_split_size_mb from "
          "PYTORCH_CUDA_ALLOC_CONF (expandable_segments:True is the setting that fights fragmentation)"),),
+    "eager_code": (
+        ("env.TORCHDYNAMO_DISABLE", lambda v: str(v).strip() not in ("", "0"),
+         ("it turns torch.compile off for the whole process: every torch.compile call in the code returns the "
+          "function unchanged, so the model runs eagerly"),
+         ("unset TORCHDYNAMO_DISABLE (remove it from os.environ or the shell): the code's torch.compile then "
+          "applies")),
+        ("dynamo.disable", lambda v: v is True,
+         "torch._dynamo.config.disable turns torch.compile off for the whole process",
+         "remove torch._dynamo.config.disable = True: the code's torch.compile then applies"),),
     "math_attention": tuple(
         (f"sdp.{b}", lambda v: v is False, "the fused attention backends are off: attention runs as matmuls and "
          "a softmax over the whole [T, T] score matrix", f"torch.backends.cuda.enable_{b}_sdp(True)")

@@ -3,7 +3,8 @@ the kernel itself shows of why it runs. Stdlib only. Rules: profiling/profile/fi
 
 - sort_scatter: scatter-adds (the embedding's backward, index_put_ with accumulate) run by ATen's sort-based
   kernels (a radix sort of the indices, then indexing_backward_kernel) inside a compiled graph, where Inductor
-  would emit one atomic scatter-add kernel: Inductor falls back to them under deterministic algorithms.
+  would emit one atomic scatter-add kernel: Inductor falls back to them under deterministic algorithms. The
+  lines table places them at the embedding's line, whose backward they are (lines.INSERTED_BACKWARD).
 What no rule names stays in the lines table's `not placed` list, with the operator that launched it.
 """
 from collections import Counter
@@ -43,8 +44,9 @@ def sort_scatter(tl, ctx, found):
     evidence = (f"{len(events) / ctx['n']:g} kernels/step of a sorted scatter-add inside the compiled graphs: "
                 f"{ms:.1f} ms/step (" + ", ".join(f"`{k}` {t / ctx['n'] / 1e3:.1f} ms" for k, t in top(kernels))
                 + "), launched by " + ", ".join(f"{op}" for op, _ in top(ops, 2))
-                + " (ATen's deterministic path; Inductor's own scatter-add is one atomic kernel); no line of the "
-                "model launches it: the compiler inserted it")
+                + " (ATen's deterministic path; Inductor's own scatter-add is one atomic kernel): the backward of "
+                "the model's embedding lookups, which the compiler inserted for their lines (the lines table "
+                "places it there)")
     return attribute(tl, finding("sort_scatter", ms, ctx, evidence,
                                  "let the compiler emit its atomic scatter-add: torch.use_deterministic_algorithms "
                                  "off (or torch._inductor.config.deterministic off); if you call index_put_ / "

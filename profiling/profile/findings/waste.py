@@ -10,15 +10,16 @@
 - forward_without_backward: the same ratio under 2 (forward GEMMs no backward trains through): the share of the
   forward time without a backward.
 - over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
-  bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth), by how much, and where; not the
-  kernels of a causal attention call off the math path (kernels.fused_causal: the form attention should take).
+  bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth; the evidence says which rate), by
+  how much, and where; not the kernels of a causal attention call off the math path (kernels.fused_causal: the
+  form attention should take), nor kernels of a few microseconds (their fixed cost is their time).
 
 Each rule takes (timeline, context, findings so far) and returns a finding or None (profiling/profile/findings/contract.py).
 """
 import re
 
 from profiling.profile.classify import short_name
-from profiling.profile.findings.contract import claim, finding, rule, top
+from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
 from profiling.profile.findings.kernels import fused_causal
 from profiling.profile.findings.settings import attribute
 from profiling.profile.regions import PAD_ALIGNMENTS
@@ -35,6 +36,8 @@ LARGE_FP32_BYTES = 256e6  # a float32 tensor this large per micro-batch is an ac
 # fused elementwise and loss kernels at most 4.0x (the fused loss: exp-bound, its bytes a floor))
 OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
 OVER_RATIO_OTHER = 5.0
+OVER_MIN_KERNEL_US = 10.0  # a kernel this short is its fixed cost (launch on the device, one wave, its tail;
+                           # the shortest kernels of the H100 fixtures take 1.06 us): its bound says nothing
 OVER_MIN_SHARE = 0.02    # of the step, summed over the flagged kernels: a clean Llama (examples/llama_train.py,
                          # batch 32, H100) has 1.3% in narrow GEMMs (its 4 k/v heads' projections at 1.7-2.1x
                          # their bound) that no edit of the user's code recovers
@@ -54,12 +57,50 @@ def _eager(tl, chain, cat):
     return cat in EAGER_CATEGORIES and bool(chain) and not any(c.startswith((*COMPILED, *FUSED_OPTIMIZERS)) for c in chain)
 
 
+# the eager parts of a step, by the operators around a kernel (innermost first), and each one's own remedy
+EAGER_PARTS = (
+    ("gradient clipping", ("aten::_foreach_norm", "aten::linalg_vector_norm", "clip_grad"),
+     ("gradient clipping (clip_grad_norm_): clip_grad_norm_(..., foreach=True), or torch.compile one function "
+      "that clips and steps the optimizer")),
+    ("the optimizer", ("Optimizer.", "optimizer"),
+     ("the optimizer's update: fused=True (Adam, AdamW, SGD) or foreach=True, or torch.compile the function "
+      "that calls optimizer.step()")),
+    ("gradient accumulation", ("AccumulateGrad", "accumulate_grad"),
+     ("gradient accumulation's adds into .grad: fewer, larger micro-batches, or compiled autograd "
+      "(torch._dynamo.config.compiled_autograd = True)")),
+    ("the loss", ("cross_entropy", "nll_loss", "log_softmax", "mse_loss"),
+     ("the loss computed outside the compiled model: compute it inside the compiled function (return the loss "
+      "from it)")),
+)
+
+
+PART_MIN_SHARE = 0.10  # of the eager time: a part smaller than this is listed in the evidence, not the fix
+
+
+def _part(chain, cat):
+    """The eager part (EAGER_PARTS' name) a kernel's operators belong to, else "the model"."""
+    for name, marks, _ in EAGER_PARTS:
+        if any(m in c for c in chain for m in marks) or (name == "the optimizer" and cat == "optimizer"):
+            return name
+    return "the model"
+
+
+def _compiled(tl):
+    """Whether the model is compiled: a device event outside the optimizer ran inside a compiled graph (a
+    compiled optimizer step alone leaves the model eager)."""
+    return any(cat != "optimizer" and any(c.startswith(COMPILED) for c in tl.chain(tl.op_of(launch)))
+               for evs, cats in zip(tl.per_step, tl.labels) for (_, launch), cat in zip(evs[:3000], cats))
+
+
 @rule("eager_code", needs=("device",))
 def eager_code(tl, ctx, found):
-    """Eager elementwise chains; each chain would cost about its longest kernel as one fused pass."""
+    """Eager elementwise chains; each chain would cost about its longest kernel as one fused pass. The fix names
+    what is eager in the user's terms: where the model is compiled, its eager parts (clipping, the optimizer,
+    gradient accumulation, the loss) and their own remedies; where nothing is, torch.compile, or the setting
+    that turned it off (settings.CAUSES "eager_code")."""
     if any(f["kind"] == "graph_break" for f in found):
         return None  # graph_break counts the eager kernels between the compiled fragments
-    us, gain, kernels, chains, longest, ops, optimizer = 0.0, 0.0, 0, 0, 0, {}, 0.0
+    us, gain, kernels, chains, longest, ops, parts = 0.0, 0.0, 0, 0, 0, {}, {}
     events = []
     for evs, cats in zip(tl.per_step, tl.labels):
         run = []
@@ -71,22 +112,45 @@ def eager_code(tl, ctx, found):
                 aten = [c for c in chain if c.startswith("aten::")]
                 name = aten[-1] if aten else chain[0]
                 ops[name] = ops.get(name, 0.0) + e["dur"]
-                optimizer += e["dur"] if cat == "optimizer" else 0.0
+                part = _part(chain, cat)
+                parts[part] = parts.get(part, 0.0) + e["dur"]
             elif run:
                 us, gain, kernels, chains = us + sum(run), gain + sum(run) - max(run), kernels + len(run), chains + 1
                 longest, run = max(longest, len(run)), []
     ms = gain / ctx["n"] / 1e3
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
-    part = "the optimizer" if optimizer > us / 2 else "the model"
     claim(ctx, events)
+    compiled = _compiled(tl)
+    shown = [p for p, t in top(parts) if t >= PART_MIN_SHARE * us]
     evidence = (f"{kernels / ctx['n']:.0f} kernels/step ({us / ctx['n'] / 1e3:.1f} ms) launched by eager PyTorch "
-                f"outside torch.compile, mostly in {part}, in {chains / ctx['n']:.0f} chains of elementwise kernels "
-                f"(longest {longest}); top: " + ", ".join(f"{op} {t / ctx['n'] / 1e3:.1f} ms" for op, t in top(ops))
-                + "; gain: each chain fused into one pass as long as its longest kernel")
-    return finding("eager_code", ms, ctx, evidence,
-                   f"torch.compile {part} (or the function these operators run in), as train.py does by default; "
-                   "keep the graph whole (fullgraph=True finds what breaks it)")
+                f"outside torch.compile, mostly in {shown[0]}, in {chains / ctx['n']:.0f} chains of elementwise "
+                f"kernels (longest "
+                f"{longest}): " + ", ".join(f"{p} {t / ctx['n'] / 1e3:.1f} ms" for p, t in top(parts)) + "; top "
+                "operators: " + ", ".join(f"{op} {t / ctx['n'] / 1e3:.1f} ms" for op, t in top(ops))
+                + ("; the model is compiled (its graphs are in the trace)" if compiled else
+                   "; no compiled graph in the trace") + "; gain: each chain fused into one pass as long as its "
+                "longest kernel")
+    f = finding("eager_code", ms, ctx, evidence, _eager_fix(tl, shown, compiled))
+    return f if compiled else attribute(tl, f, "eager_code")
+
+
+def _eager_fix(tl, parts, compiled):
+    """The remedies of the eager parts, largest first."""
+    fixes = []
+    for part in parts:
+        own = next((fix for name, _, fix in EAGER_PARTS if name == part), None)
+        if own:
+            fixes.append(own)
+        elif compiled:
+            fixes.append("the model's operators outside its compiled graphs: find what keeps them out (a graph "
+                         "break, torch.compiler.disable, a function the compiled module does not call) and compile "
+                         "the function they run in")
+        else:
+            fixes.append("torch.compile the model (or the function these operators run in)"
+                         + (", as train.py does by default" if trainer_is_train_py(tl.meta) else "")
+                         + "; keep the graph whole (fullgraph=True finds what breaks it)")
+    return "; ".join(fixes)
 
 
 def _fp32_share(op):
@@ -295,7 +359,7 @@ def over_bound(tl, ctx, found):
     rows = {}
     for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
         for (e, launch), cat, b in zip(evs, cats, bs):
-            if b and not (cat == "attention" and fused_causal(tl, launch)):
+            if b and e["dur"] >= OVER_MIN_KERNEL_US and not (cat == "attention" and fused_causal(tl, launch)):
                 acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0, []])
                 acc[0], acc[1] = acc[0] + e["dur"], acc[1] + b
                 acc[2].append(e)
@@ -309,8 +373,10 @@ def over_bound(tl, ctx, found):
     shown = ", ".join(f"`{short_name(name)}` ({cat}) {over[(name, cat)][0] / over[(name, cat)][1]:.1f}x its bound, "
                       f"+{x:.1f} ms" for (name, cat), x in top(excess))
     evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
-                f"(beyond what their category reaches in a clean run): {shown}; see the lines and the regions below "
-                "for where they come from")
+                f"(beyond what their category reaches in a clean run): {shown}; bounds: FLOPs at "
+                f"{getattr(tl, 'bound_basis', None) or 'the best GEMM rate'}, bytes at the device's datasheet "
+                f"bandwidth; kernels under {OVER_MIN_KERNEL_US:g} us not judged (their fixed cost dominates); see the "
+                "lines and the regions below for where they come from")
     f = finding("over_bound", ms, ctx, evidence,
                 "find the work done in a slow form at those kernels' lines: shapes not multiples of 64 "
                 "(misaligned GEMMs), float32 where bf16 would do, unfused or eager ops, extra copies; compare "
