@@ -33,8 +33,9 @@ sys.path.insert(0, ROOT)
 VARIANTS = {
     "vit": {"fused_adamw": {"fused": True}, "batch_x2": {"batch_scale": 2}},
     "resnet50": {"fused_sgd": {"fused": True}, "batch_x2": {"batch_scale": 2}},
-    "bert": {"sdpa": {"attn": "sdpa"}, "no_attention_dropout": {"attention_dropout": 0.0},
-             "vocab_64": {"vocab_multiple": 64}, "batch_x2": {"batch_scale": 2}},
+    "bert": {"no_attention_dropout": {"attention_dropout": 0.0}, "fused_attention_only": {},
+             "vocab_64": {"vocab_multiple": 64}, "mask_contiguous": {"mask": "contiguous"},
+             "no_mask": {"mask": "none"}},
 }
 
 
@@ -65,7 +66,7 @@ def resnet50(size, device, fused=False, batch_scale=1, **_):
     return model, opt, (lambda m: F.cross_entropy(m(x), y)), batch
 
 
-def bert(size, device, attn=None, vocab_multiple=None, batch_scale=1, attention_dropout=None, **_):
+def bert(size, device, attn=None, vocab_multiple=None, batch_scale=1, attention_dropout=None, mask=None, **_):
     from transformers import BertConfig, BertForMaskedLM
     kw = {} if size == "gpu" else dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                        intermediate_size=128)
@@ -75,12 +76,27 @@ def bert(size, device, attn=None, vocab_multiple=None, batch_scale=1, attention_
     if vocab_multiple:
         config.vocab_size = -(-config.vocab_size // vocab_multiple) * vocab_multiple
     model = BertForMaskedLM(config).to(device)
+    if mask:
+        _sdpa_mask(mask)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     batch, seq = (32, 512) if size == "gpu" else (2, 64)
     batch *= batch_scale
     ids = torch.randint(30522, (batch, seq), device=device)
     labels = torch.where(torch.rand(batch, seq, device=device) < 0.15, ids, -100)
     return model, opt, (lambda m: m(input_ids=ids, labels=labels).loss), batch
+
+
+def _sdpa_mask(how):
+    """SDPA's attn_mask as the library passes it, changed: "contiguous" (transformers expands its all-true mask
+    to [B, 1, T, T] with stride 0 in the last dimension, which every fused CUDA kernel refuses) or "none" (no
+    sequence here is padded: the same attention without a mask)."""
+    sdpa = F.scaled_dot_product_attention
+
+    def changed(q, k, v, attn_mask=None, *args, **kw):
+        if attn_mask is not None:
+            attn_mask = None if how == "none" else attn_mask.contiguous()
+        return sdpa(q, k, v, attn_mask, *args, **kw)
+    F.scaled_dot_product_attention = changed
 
 
 MODELS = {"vit": vit, "resnet50": resnet50, "bert": bert}
@@ -113,44 +129,56 @@ def timed(step, n, device):
     return 1e3 * (time.perf_counter() - t0) / n
 
 
-def run(name, args):
-    import profiling
+def run(name, variant, args):
+    """One model and one variant in this process: timed unprofiled (`--reps` x `--timed` steps between two
+    syncs, after `--warmup`), then, for the baseline with --profile, profiled through the API."""
     device = torch.device(args.device)
     torch.manual_seed(0)
-    out = {"model": name, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-           "torch": torch.__version__, "timings": {}}
-    model, step, batch = build(name, args.size, device, {})
-    tmp = tempfile.mkdtemp(prefix="any-model-")
-    prof = profiling.Profiler(model, out_dir=tmp, samples_per_step=batch)
-    while not prof.done:
-        step()
-        prof.step()
-    shutil.copy(os.path.join(prof.folder, "report.md"), os.path.join(args.out, f"{name}-report.md"))
-    shutil.copy(os.path.join(prof.folder, "trace.json.gz"), os.path.join(args.out, f"{name}.trace.json.gz"))
-    out["profile"] = {k: prof.summary.get(k) for k in ("step_ms", "unprofiled_step_ms")}
-    out["profile"]["findings"] = [{k: f.get(k) for k in ("kind", "ms_per_step", "fix")}
-                                  for f in prof.summary["findings"]]
-    shutil.rmtree(tmp, ignore_errors=True)
-    steps = {"baseline": (step, batch)}
-    for variant, options in VARIANTS[name].items():
-        torch._dynamo.reset()  # each variant compiles afresh, as a user's edited script would
-        _, vstep, vbatch = build(name, args.size, device, options)
-        for _ in range(args.warmup):
-            vstep()
-        steps[variant] = (vstep, vbatch)
-    for rep in range(args.reps):  # in turn, so the machine's drift falls on all alike
-        for variant, (fn, n) in steps.items():
-            ms = timed(fn, args.timed, device)
-            out["timings"].setdefault(variant, []).append({"ms_per_step": ms, "ms_per_sample": ms / n})
-    out["median_ms_per_sample"] = {v: statistics.median(t["ms_per_sample"] for t in ts)
-                                   for v, ts in out["timings"].items()}
-    base = out["median_ms_per_sample"]["baseline"]
-    out["change_percent"] = {v: round(100 * (ms / base - 1), 1) for v, ms in out["median_ms_per_sample"].items()}
-    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+    out = {"model": name, "variant": variant, "device": torch.cuda.get_device_name() if device.type == "cuda"
+           else "cpu", "torch": torch.__version__}
+    options = {} if variant == "baseline" else VARIANTS[name][variant]
+    try:
+        with fused_attention_only() if variant == "fused_attention_only" else contextlib.nullcontext():
+            model, step, batch = build(name, args.size, device, options)
+            for _ in range(args.warmup):
+                step()
+            out["ms_per_step"] = [timed(step, args.timed, device) for _ in range(args.reps)]
+    except Exception as e:  # noqa: BLE001 (a variant that cannot run says why: itself a finding's check)
+        out["error"] = f"{type(e).__name__}: {e}"[:500]
+        print(f"{name} {variant}: {out['error']}", flush=True)
+        return _write(out, args)
+    out["samples_per_step"] = batch
+    out["ms_per_sample"] = statistics.median(out["ms_per_step"]) / batch
+    print(f"{name} {variant}: {[round(x, 2) for x in out['ms_per_step']]} ms/step, "
+          f"{1e3 * out['ms_per_sample']:.1f} us/sample", flush=True)
+    if variant == "baseline" and args.profile:
+        import profiling
+        tmp = tempfile.mkdtemp(prefix="any-model-")
+        prof = profiling.Profiler(model, out_dir=tmp, samples_per_step=batch)
+        while not prof.done:
+            step()
+            prof.step()
+        shutil.copy(os.path.join(prof.folder, "report.md"), os.path.join(args.out, f"{name}-report.md"))
+        shutil.copy(os.path.join(prof.folder, "trace.json.gz"), os.path.join(args.out, f"{name}.trace.json.gz"))
+        out["profile"] = {k: prof.summary.get(k) for k in ("step_ms", "unprofiled_step_ms")}
+        out["profile"]["findings"] = [{k: f.get(k) for k in ("kind", "ms_per_step", "fix")}
+                                      for f in prof.summary["findings"]]
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _write(out, args)
+
+
+@contextlib.contextmanager
+def fused_attention_only():
+    """SDPA without its math backend: a model whose attention cannot run fused fails, and says why."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        yield
+
+
+def _write(out, args):
+    with open(os.path.join(args.out, f"{out['model']}-{out['variant']}.json"), "w") as f:
         json.dump(out, f, indent=1)
-    print(f"{name}: profiled {out['profile']['step_ms']:.2f} ms/step; findings "
-          + "; ".join(f"{f['kind']} {f['ms_per_step']:.2f}" for f in out["profile"]["findings"][:4])
-          + f"; per-sample change by variant: {out['change_percent']}", flush=True)
+    return 0
 
 
 def main(argv=None):
@@ -162,18 +190,22 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--timed", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5, help="steps of each variant before timing (compile, autotune)")
-    p.add_argument("--in-process", action="store_true")
+    p.add_argument("--variants", nargs="*", help="which variants (default: the baseline and all of the model's)")
+    p.add_argument("--profile", action="store_true", help="profile the baseline through the API after timing it")
+    p.add_argument("--in-process", help=argparse.SUPPRESS)  # the variant this process runs
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.in_process:
-        for name in args.models:
-            run(name, args)
-        return 0
+        return run(args.models[0], args.in_process, args)
     rc = 0
-    for name in args.models:
-        rc |= subprocess.call([sys.executable, os.path.abspath(__file__), args.out, "--models", name, "--size",
-                               args.size, "--device", args.device, "--reps", str(args.reps), "--timed",
-                               str(args.timed), "--warmup", str(args.warmup), "--in-process"])
+    for name in args.models:  # one process per variant: a fresh compile each, as an edited script gets
+        for variant in args.variants or ["baseline", *VARIANTS[name]]:
+            if variant != "baseline" and variant not in VARIANTS[name]:
+                continue
+            rc |= subprocess.call([sys.executable, os.path.abspath(__file__), args.out, "--models", name,
+                                   "--size", args.size, "--device", args.device, "--reps", str(args.reps),
+                                   "--timed", str(args.timed), "--warmup", str(args.warmup),
+                                   f"--in-process={variant}"] + (["--profile"] if args.profile else []))
     return rc
 
 
