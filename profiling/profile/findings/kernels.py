@@ -24,7 +24,7 @@ from profiling.profile.attention_kind import BIDIRECTIONAL, CAUSAL, square_masks
 from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
 from profiling.profile.findings.settings import attribute
-from profiling.profile.roofline import ATTENTION_OP, attention_flops, causal_flag, gemm_flops
+from profiling.profile.roofline import ATTENTION_OP, GEMM_OPS, attention_flops, causal_flag, gemm_flops
 from profiling.profile.timeline import input_types
 
 LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
@@ -62,10 +62,17 @@ def _gemms(tl, skip=()):
         for (e, launch), cat in zip(evs, tl.labels[k]):
             if cat == "GEMM" and id(e) not in skip:
                 op = tl.op_of(launch)
-                row = calls.setdefault(id(op) if op is not None else id(e), [e, op, 0.0, gemm_flops(op), []])
+                row = calls.setdefault(id(op) if op is not None else id(e), [e, op, 0.0, _flops(op), []])
                 row[2] += e["dur"]
                 row[4].append(e)
     return list(calls.values())
+
+
+def _flops(op):
+    """A GEMM operator's FLOPs; None for any other operator whose kernel is a GEMM (a convolution's backward:
+    the shapes [128, 256, 56, 56] and [128, 64, 56, 56] read as a batched matmul made 11.5 GFLOP of a 1x1
+    convolution on the H100 ResNet-50, and a slow_device on a healthy GPU)."""
+    return gemm_flops(op) if op is not None and GEMM_OPS.match(str(op.get("name", ""))) else None
 
 
 def _dims(op):
@@ -323,6 +330,19 @@ LIBRARY_REMEDIES = {
                     "attention_mask, or load the model with attn_implementation=\"flash_attention_2\" or "
                     "\"flex_attention\"",
 }
+# why a library's mask sends SDPA to its math path (math_attention), and what its user can change; measured on the
+# H100 with BERT-base (transformers 5.17, torch 2.11, compiled): 59.5 ms/step, 38.6 with no mask, 40.8 with the
+# mask made contiguous (benchmarks/any_model_results.md); transformers 5.24 skips the all-true mask when no
+# attention_mask is given, also under torch.compile (masking_utils._ignore_bidirectional_mask_sdpa)
+LIBRARY_MATH_REMEDIES = {
+    "transformers": "under torch.compile some versions keep this mask even when no sequence is padded, expanded to "
+                    "[B, 1, T, T] with a stride-0 last dimension, and every fused CUDA kernel of SDPA refuses a mask "
+                    "that is not contiguous in its last dimension (torch warns: \"All fused kernels require the last "
+                    "dimension of the input to have stride 1\"), so SDPA runs its math path in float32: give SDPA "
+                    "no mask for batches without padding and a contiguous one otherwise (an attention function "
+                    "registered with transformers' AttentionInterface that passes attn_mask=None, or "
+                    "attn_mask.contiguous()), or a transformers version that skips the all-true mask",
+}
 BOTH_WAYS = ("keep its full attention (never is_causal=True: this model attends both ways); pass only the padding, "
              "as a [B, 1, 1, T] boolean mask, or no mask when no sequence is padded, so that SDPA can run its "
              "flash or memory-efficient kernel")
@@ -438,11 +458,17 @@ def math_attention(tl, ctx, found):
             + " with the fused backends on, not matmul + softmax")
     elif kind.kind == BIDIRECTIONAL:
         fix = ("use F.scaled_dot_product_attention(q, k, v) with the fused backends on, not matmul + softmax; "
-               + BOTH_WAYS + " (a transformers model: attn_implementation=\"sdpa\")")
+               + BOTH_WAYS)
     else:
         fix = ("use F.scaled_dot_product_attention with the fused backends on, not matmul + softmax, computing what "
                "the model computes (the trace does not say whether it is causal): is_causal=True only if the "
                "scores of future keys are masked now; otherwise the padding mask as [B, 1, 1, T], or none")
+    if kind.builder:  # a library builds the mask: its frame and its own remedy first, in the model's terms after
+        library, where = kind.builder
+        fix = (f"the attention mask is built by {library}, in {where}: " + LIBRARY_MATH_REMEDIES.get(
+            library, "a mask SDPA's fused kernels refuse sends it to its math path; see the library's "
+            "documentation for an attention implementation that takes no dense mask") + f" (in the model's terms: "
+            f"{fix})")
     return attribute(tl, finding("math_attention", max(0.0, ms - target), ctx, evidence, fix), "math_attention")
 
 
