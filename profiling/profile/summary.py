@@ -21,8 +21,10 @@ How the numbers are made (so they add up and can be trusted):
   optimizer, less the model's forward and backward run inside `optimizer.step(closure)` (Lightning, LBFGS:
   closures.py)); idle = step time minus the union of its busy intervals; `overlap` (zero or negative) removes
   time counted twice when kernels ran concurrently. categories + idle + overlap = step, exactly.
-- A trace without ProfilerStep markers (profiled without a schedule) is one step: the whole span of its host
-  events, so every launch falls inside it (`window` says "whole trace").
+- A trace without ProfilerStep markers (profiled without a schedule) is read as the iterations of its loop where a
+  marker repeats (the optimizer's step, the DataLoader's next batch, a forward root: traceio.iterations; the
+  first of three or more left out as start-up; `iterations` and a note say so), else as one step: the whole span
+  of its host events, so every launch falls inside it (`window` says "whole trace").
 - A trace without device events is a CPU profile: the same summary over CPU operators' self time
   (kind "cpu"); step time is the ProfilerStep window; idle becomes "outside ops" (Python, data, waiting).
 
@@ -566,6 +568,13 @@ def summarize(trace, top=None, unprofiled_ms=None):
     s["window"] = WHOLE_TRACE if ix.whole else "steps"
     s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {_ms_text(s['step_ms'])}"
                   ] if ix.whole else []
+    if ix.iterations:
+        it = ix.iterations
+        s["iterations"] = it
+        s["notes"].append(f"the trace has no ProfilerStep markers: its steps are {it['count']} iterations of its "
+                          f"loop, from what repeats ({it['by']}, `{it['marker']}`)" + (
+                              "; the first iteration is left out (the run's start-up: CUDA's initialisation, "
+                              "first allocations, compilation)" if it["startup_left_out"] else ""))
     if ix.optimizer != merged:
         s["regions"]["notes"].append(closures.NOTE)
     s["notes"] += irregular.notes(meta)  # timed steps left out, a loop that ended early

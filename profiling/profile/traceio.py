@@ -118,8 +118,10 @@ class Index:
         self.cpu_ops = []
         self.graph_calls = []  # `## Call CompiledFxGraph <key> ##` annotations (profiling/profile/lines.py)
         self.modules = []      # `nn.Module: <Class>_<k>` scopes (with_stack/with_modules; profiling/profile/regions.py)
+        self.other_marks = []  # the DataLoader's `enumerate(DataLoader)#...__next__` annotations (`iterations`)
         self.span = None       # (start, end) of the recorded window
         self.whole = False     # no ProfilerStep markers: `steps` is one window over the whole trace
+        self.iterations = None  # no ProfilerStep markers, but iterations from what repeats (`iterations`)
 
 
 def has_shapes(cpu_ops, first=2000):
@@ -172,13 +174,73 @@ def index(events):
             ix.cpu_ops.append(e)
         elif cat == "python_function" and name.startswith(MODULE_PREFIX):
             ix.modules.append(e)
+        elif name.startswith(DATALOADER_NEXT):
+            ix.other_marks.append(e)
     ix.steps.sort()
     if not ix.steps and lo is not None and (ix.device or ix.cpu_ops):  # no markers (a trace made without a
-        ix.steps, ix.whole = [(lo, hi, WHOLE_TRACE)], True          # schedule): the host's whole span, one step
+        found = iterations(ix, lo, hi)                                  # schedule): what repeats, else one window
+        if found:
+            ix.steps, ix.iterations = found
+        else:
+            ix.steps, ix.whole = [(lo, hi, WHOLE_TRACE)], True  # the host's whole span, one step
     ix.optimizer = merge((m["ts"], m["ts"] + m["dur"]) for m in ix.optimizer_marks)
     if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
         ix.span = (lo, hi + max(hi - lo, 1e6))
     return ix
+
+
+ITERATION_NAME = "iteration#"
+# what marks one iteration of a loop in a trace made without a schedule, most telling first: the optimizer's step
+# ends one (torch.profiler annotates Optimizer.step), a DataLoader's __next__ begins one, else a forward root
+# (with_stack/with_modules: the outermost nn.Module scope) does
+OPTIMIZER_STEP = "Optimizer.step#"
+DATALOADER_NEXT = "enumerate(DataLoader)#"
+
+
+def iterations(ix, lo, hi):
+    """([(start, end, "iteration#k")], record) of a trace without ProfilerStep markers whose loop shows in a
+    marker that repeats at least twice (OPTIMIZER_STEP, DATALOADER_NEXT, a forward root); None when nothing
+    repeats. With three or more, the first iteration is left out: it holds the run's start-up (CUDA's
+    initialisation, the first allocations, compilation, cuDNN's first loads), which no later step pays."""
+    for kind, marks, at_end in (
+            ("the optimizer's step", [m for m in ix.optimizer_marks
+                                      if str(m.get("name", "")).startswith(OPTIMIZER_STEP)], True),
+            ("the DataLoader's next batch", [m for m in ix.cpu_ops + ix.other_marks
+                                             if str(m.get("name", "")).startswith(DATALOADER_NEXT)], False),
+            ("the model's forward", ix.modules, False)):
+        marks = _outermost(marks)
+        if not marks:
+            continue
+        name, count = max(_counts(marks).items(), key=lambda kv: kv[1])
+        if count < 2:
+            continue
+        times = sorted((m["ts"], m["ts"] + m["dur"]) for m in marks if m.get("name") == name)
+        edges = [lo] + [end for _, end in times] if at_end else [start for start, _ in times] + [hi]
+        spans = list(zip(edges, edges[1:]))
+        startup = len(spans) >= 3
+        spans = spans[1:] if startup else spans
+        steps = [(a, b, f"{ITERATION_NAME}{k}") for k, (a, b) in enumerate(spans) if b > a]
+        if steps:
+            return steps, {"by": kind, "marker": name, "count": len(steps), "startup_left_out": startup}
+    return None
+
+
+def _outermost(marks):
+    """The marks not inside another mark of the same thread (a forward root, not its submodules)."""
+    out, ends = [], {}
+    for m in sorted(marks, key=lambda m: (m.get("ts", 0), -m.get("dur", 0))):
+        tid = m.get("tid")
+        if m.get("ts", 0) >= ends.get(tid, float("-inf")):
+            out.append(m)
+            ends[tid] = m["ts"] + m.get("dur", 0)
+    return out
+
+
+def _counts(marks):
+    counts = {}
+    for m in marks:
+        counts[m.get("name")] = counts.get(m.get("name"), 0) + 1
+    return counts
 
 
 def merge(intervals):

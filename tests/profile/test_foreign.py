@@ -71,9 +71,10 @@ def test_a_foreign_trace_reads_summarizes_and_renders(corpus, path):
     assert md.count("# Profile: ") == 1 and "Traceback" not in md
     markers = any(str(e.get("name", "")).startswith("ProfilerStep#") and not str(e.get("cat", "")).startswith("gpu_")
                   for e in trace["traceEvents"] if isinstance(e, dict))
-    assert (s["window"] == "whole trace") == (not markers)
+    assert (s["window"] == "whole trace" or bool(s.get("iterations"))) == (not markers)
     top, _ = title_line(md)
-    assert any(NO_MARKERS in line for line in top) == (not markers)
+    assert any("no ProfilerStep markers" in line for line in top) == (not markers)
+    assert any(NO_MARKERS in line for line in top) == (s["window"] == "whole trace")
     if s["kind"] == "cuda" and s["step_ms"] < MIN_JUDGED_MS:
         assert s["findings"] == [] and "No findings: " in md
 
@@ -253,10 +254,27 @@ def without_markers(trace):
 
 
 @pytest.mark.parametrize("name", OWN)
-def test_no_step_markers_is_one_window_and_said_so(name):
+def test_no_step_markers_reads_the_loops_iterations_and_says_so(name):
+    """Without ProfilerStep markers, the optimizer's step (torch.profiler's `Optimizer.step#...`) marks where each
+    iteration ends: the same steps, and figures, as the markers gave (two iterations: none left out)."""
     trace = fresh(name)
     stepped = summarize(trace)
     s, md = report(without_markers(trace))
+    assert s["window"] == "steps" and s["iterations"]["by"] == "the optimizer's step"
+    assert s["steps"] == stepped["steps"] == 2 and not s["iterations"]["startup_left_out"]
+    assert s["step_ms"] == pytest.approx(stepped["step_ms"], rel=0.01)
+    top, _ = title_line(md)
+    assert any("no ProfilerStep markers: its steps are 2 iterations of its loop" in line for line in top)
+    assert [f["kind"] for f in s["findings"]] == [f["kind"] for f in stepped["findings"]]
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_no_step_markers_and_nothing_repeating_is_one_window_and_said_so(name):
+    trace = fresh(name)
+    stepped = summarize(trace)
+    bare = without_markers(trace)
+    bare["traceEvents"] = [e for e in bare["traceEvents"] if not str(e.get("name", "")).startswith("Optimizer.")]
+    s, md = report(bare)
     assert s["steps"] == 1 and s["window"] == "whole trace" and stepped["window"] == "steps"
     top, _ = title_line(md)
     assert f"note: the trace has no ProfilerStep markers: it is read as one window of {s['step_ms']:,.3f} ms" in top
@@ -265,6 +283,15 @@ def test_no_step_markers_is_one_window_and_said_so(name):
     if s["kind"] == "cuda":
         assert s["device_ms"] >= stepped["device_ms"] * stepped["steps"] * 0.999
     assert s["step_ms"] >= sum(stepped["step_ms_each"]) * 0.99  # CPU: the ops' span, a little inside the markers
+
+
+def test_a_loop_of_many_iterations_leaves_its_first_out_as_start_up():
+    """param's RTX 2080 Ti loop (no schedule): six SGD steps; the first iteration (CUDA's start-up) is left out,
+    the five others are the steps."""
+    s = summarize(load_trace(os.path.join(DATA, "foreign", "param-rtx2080ti-linear-no-steps.json.gz")))
+    assert s["iterations"] == {"by": "the optimizer's step", "marker": "Optimizer.step#SGD.step", "count": 5,
+                               "startup_left_out": True}
+    assert s["steps"] == 5 and any("the first iteration is left out" in n for n in s["notes"])
 
 
 def test_a_marker_on_the_device_only_is_no_step():
