@@ -568,6 +568,12 @@ def summarize(trace, top=None, unprofiled_ms=None):
     s["window"] = WHOLE_TRACE if ix.whole else "steps"
     s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {_ms_text(s['step_ms'])}"
                   ] if ix.whole else []
+    if ix.startup:
+        s["startup"] = ix.startup
+        s["notes"].append(f"the run's start-up is left out: the window begins {_ms_text(ix.startup['ms'])} into the "
+                          "trace, after " + ", ".join(f"{name} ({_ms_text(ms)})" for name, ms in
+                                                      ix.startup["calls"].items())
+                          + " (CUDA's initialisation, a module's first load: no step pays them)")
     if ix.iterations:
         it = ix.iterations
         s["iterations"] = it

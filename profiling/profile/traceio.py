@@ -118,6 +118,8 @@ class Index:
         self.cpu_ops = []
         self.graph_calls = []  # `## Call CompiledFxGraph <key> ##` annotations (profiling/profile/lines.py)
         self.modules = []      # `nn.Module: <Class>_<k>` scopes (with_stack/with_modules; profiling/profile/regions.py)
+        self.runtime = []      # every CUDA/HIP runtime and driver call (`startup`)
+        self.startup = None    # one window: the run's start-up left out of it (`startup`)
         self.other_marks = []  # the DataLoader's `enumerate(DataLoader)#...__next__` annotations (`iterations`)
         self.span = None       # (start, end) of the recorded window
         self.whole = False     # no ProfilerStep markers: `steps` is one window over the whole trace
@@ -162,6 +164,8 @@ def index(events):
             ix.span = (ts, ts + dur)
             continue
         lo, hi = (ts, ts + dur) if lo is None else (min(lo, ts), max(hi, ts + dur))
+        if cat in LAUNCH_CATS:
+            ix.runtime.append(e)
         if cat in LAUNCH_CATS and corr(e) is not None:
             ix.launches[corr(e)] = e
         elif name.startswith(STEP_PREFIX):
@@ -181,8 +185,9 @@ def index(events):
         found = iterations(ix, lo, hi)                                  # schedule): what repeats, else one window
         if found:
             ix.steps, ix.iterations = found
-        else:
-            ix.steps, ix.whole = [(lo, hi, WHOLE_TRACE)], True  # the host's whole span, one step
+        else:  # the host's whole span, one step, after the run's start-up where the trace holds it
+            ix.startup = startup(ix.runtime, ix.device, lo, hi)
+            ix.steps, ix.whole = [(ix.startup["end"] if ix.startup else lo, hi, WHOLE_TRACE)], True
     ix.optimizer = merge((m["ts"], m["ts"] + m["dur"]) for m in ix.optimizer_marks)
     if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
         ix.span = (lo, hi + max(hi - lo, 1e6))
@@ -222,6 +227,30 @@ def iterations(ix, lo, hi):
         steps = [(a, b, f"{ITERATION_NAME}{k}") for k, (a, b) in enumerate(spans) if b > a]
         if steps:
             return steps, {"by": kind, "marker": name, "count": len(steps), "startup_left_out": startup}
+    return None
+
+
+STARTUP_CALL_US = 50_000  # a runtime call this long is no step's work: CUDA's initialisation (cudaFree(0),
+# cudaDeviceGetStreamPriorityRange: 25-30 s in HTA's A100 benchmarks), a kernel module's first load inside its
+# first launch (1,337 ms in a Particle Transformer's first cuDNN convolution, A100)
+NOT_STARTUP = ("Synchronize", "Memcpy", "EventQuery", "StreamWait")  # long because they wait: the run's, kept
+
+
+def startup(runtime, device, lo, hi):
+    """The start-up a one-window trace holds: {"end", "ms", "calls"} where runtime calls of STARTUP_CALL_US or
+    more (not waits) come before most of the device's work, the window then beginning after the last of them;
+    None when there is none, or when less than half of the device events would be left."""
+    long = sorted((e for e in runtime if e.get("dur", 0) >= STARTUP_CALL_US
+                   and not any(w in str(e.get("name", "")) for w in NOT_STARTUP)), key=lambda e: e["ts"])
+    for last in reversed(long):
+        end = last["ts"] + last["dur"]
+        after = sum(1 for d in device if num(d.get("ts")) and d["ts"] >= end)
+        if end < hi and device and after >= len(device) / 2:
+            calls = [e for e in long if e["ts"] + e["dur"] <= end]
+            names = {}
+            for e in calls:
+                names[str(e.get("name"))] = names.get(str(e.get("name")), 0) + e["dur"] / 1e3
+            return {"end": end, "ms": round((end - lo) / 1e3, 3), "calls": {k: round(v, 3) for k, v in names.items()}}
     return None
 
 

@@ -335,3 +335,18 @@ def test_a_window_long_enough_is_judged():
 def test_the_known_short_trace_is_not_judged():
     s, _ = report(read_json(os.path.join(DATA, "foreign", "hta-backward-thread-one-kernel.json.gz")))
     assert s["step_ms"] == 0.045 and s["findings"] == [] and s["no_findings"]
+
+
+def test_a_one_window_trace_leaves_the_runs_start_up_out():
+    """A Particle Transformer's forward on an A100 (no schedule): its first cuDNN convolution's launch took 1,337
+    ms (the module's first load) and the GPU idled through it; read as one window, alloc_churn priced that idle
+    at 1,346.8 of 1,807 ms. The window now begins after the start-up, and a one-pass window's allocations are
+    no churn (they cannot be told from the first batch's)."""
+    s = summarize(load_trace(os.path.join(DATA, "foreign",
+                                          "particle-a100-partransformer-bs512-inference-no-steps.json.gz")))
+    assert s["window"] == "whole trace" and s["startup"]["calls"] == {"cudaLaunchKernel": 1337.13}
+    assert s["step_ms"] < 100 and any("the run's start-up is left out" in n for n in s["notes"])
+    assert "alloc_churn" not in [f["kind"] for f in s["findings"]]
+    assert all("is_causal=True" not in f["fix"] or "only if" in f["fix"] for f in s["findings"])  # unknown kind
+    waits = summarize(load_trace(os.path.join(DATA, "foreign", "hta-a100-event-sync-streams-no-steps.json.gz")))
+    assert waits.get("startup") is None  # no call of 50 ms or more: nothing left out

@@ -82,6 +82,8 @@ def blocking_launch(tl, ctx, found):
 def alloc_churn(tl, ctx, found):
     """Allocation and free calls in every profiled step: the caching allocator gives memory back and asks again
     (torch.cuda.empty_cache(), caching off); a free waits for the device, so the GPU idles in and after it."""
+    if tl.ix.whole:
+        return None  # one window, one pass: its allocations cannot be told from a first batch's (no churn seen)
     a = cuda_calls.alloc_churn(tl)
     if not a["calls"] or a["steps_with"] < ctx["n"]:
         return None  # a one-off allocation (a first batch, a pinned buffer) is no churn
