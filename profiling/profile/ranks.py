@@ -352,7 +352,8 @@ def combine(sums, rows, top=None):
     ctx = {"step": result["step_ms"]}
     new = [f for f in (exposed_communication(rows, ctx), straggler(rows, result["skew"], ctx)) if f]
     old = result.get("findings") or []
-    found = sorted([f for f in old if f["kind"] != "profiler_overhead"] + new, key=lambda f: -f["ms_per_step"])
+    keep = [f for f in old if f["kind"] not in ("profiler_overhead", "exposed_communication")]  # rank 0's own
+    found = sorted(keep + new, key=lambda f: -f["ms_per_step"])  # exposed communication: the ranks' together
     result["findings"] = found + [f for f in old if f["kind"] == "profiler_overhead"]
     return result
 

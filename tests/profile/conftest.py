@@ -12,9 +12,14 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 @functools.lru_cache(maxsize=None)
 def _trace_json(name):
-    """The decompressed JSON text of tests/data/<name>.trace.json.gz (a few MB at most; about 60 traces)."""
-    with open(os.path.join(DATA, f"{name}.trace.json.gz"), "rb") as f:
+    """The decompressed JSON text of tests/data/<name>.trace.json.gz, or of tests/data/<name> when the name is a
+    file's (`foreign/<file>.json.gz`); a few MB at most."""
+    with open(_path(name), "rb") as f:
         return gzip.decompress(f.read())
+
+
+def _path(name):
+    return os.path.join(DATA, name if name.endswith(".json.gz") else f"{name}.trace.json.gz")
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +27,7 @@ def data_trace():
     """data_trace(name) -> a fresh copy of tests/data/<name>.trace.json.gz, for a test to change at will.
     Parsed anew from the text kept in memory: about twice as fast as copy.deepcopy of a parsed trace."""
     def get(name):
-        path = os.path.join(DATA, f"{name}.trace.json.gz")
+        path = _path(name)
         trace = traceio.parse_json(_trace_json(name), path)
         traceio.check_trace(trace, source=path)
         return trace

@@ -350,3 +350,13 @@ def test_a_one_window_trace_leaves_the_runs_start_up_out():
     assert all("is_causal=True" not in f["fix"] or "only if" in f["fix"] for f in s["findings"])  # unknown kind
     waits = summarize(load_trace(os.path.join(DATA, "foreign", "hta-a100-event-sync-streams-no-steps.json.gz")))
     assert waits.get("startup") is None  # no call of 50 ms or more: nothing left out
+
+
+def test_one_ranks_exposed_communication_is_a_finding_with_its_cause_unknown():
+    """param's DLRM, rank 1 of 8 (V100): all-to-all and all-reduce kernels with no compute beside them took 45-61%
+    of the step, and no finding said so. From one rank the cause (the links, or a late rank) is unknown: said,
+    with how to tell (every rank's trace in one folder)."""
+    s = summarize(load_trace(os.path.join(DATA, "foreign", "param-v100-dlrm-train-rank1-of-8.json.gz")))
+    top = s["findings"][0]
+    assert top["kind"] == "exposed_communication" and top["pct_of_step"] > 40
+    assert "cause unknown from one rank's trace" in top["evidence"] and "research profile FOLDER" in top["fix"]

@@ -39,7 +39,7 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
 from profiling.profile import hardware
-from profiling.profile.findings import calls, idle, kernels, ledger, power, settings, unplaced, waste
+from profiling.profile.findings import calls, comm, idle, kernels, ledger, power, settings, unplaced, waste
 from profiling.profile.findings.contract import run, unknown
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
@@ -47,7 +47,7 @@ RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_ch
          waste.eager_code, unplaced.sort_scatter, kernels.math_attention, kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
          kernels.attention_fallback, kernels.attention_backend,
          waste.recompute, waste.forward_without_backward, waste.misaligned_shapes,
-         idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
+         comm.exposed_communication, idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
 
 
 def diagnose(tl, summary, stacks=False):
