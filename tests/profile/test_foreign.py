@@ -110,16 +110,14 @@ def test_the_corpus_holds_several_ranks_and_both_kinds_of_work():
     assert training >= 10 and len(FOREIGN) - training >= 10
 
 
-LEDGER = "the ledger of #42 item 1 (another helper's branch)"
-
-
 @pytest.mark.parametrize("path", FOREIGN, ids=os.path.basename)
 def test_the_findings_never_sum_past_the_step(corpus, path):
-    """Each millisecond claimed once (#42 item 1): the findings' ms per step, summed, fit in the step."""
+    """Each millisecond claimed once (#42 item 1, findings/ledger.py): the findings' ms per step, summed, fit
+    in the step (the TimeSformer's math_attention and slow_device once priced the same bmm kernels: 183 ms of
+    findings in a 160 ms step)."""
     s = read(corpus, path)[1]
     claimed = sum(f.get("ms_per_step") or 0.0 for f in s["findings"])
-    if claimed > s["step_ms"] + 1e-3:
-        pytest.xfail(f"{LEDGER}: findings claim {claimed:.2f} ms of a {s['step_ms']:.2f} ms step")
+    assert claimed <= s["step_ms"] + 1e-3, f"findings claim {claimed:.2f} ms of a {s['step_ms']:.2f} ms step"
     assert all((f.get("ms_per_step") or 0.0) >= 0 for f in s["findings"])
 
 
