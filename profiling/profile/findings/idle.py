@@ -286,7 +286,8 @@ def launch_bound(tl, ctx, found):
     for g in gaps:
         g.cause = "launch_bound"
     durs = [e["dur"] for evs in tl.per_step for e, _ in evs]
-    launch_ms = sum(e["dur"] for e in tl.ix.launches.values() if LAUNCH_CALLS.match(str(e.get("name", ""))))
+    launch_ms = sum(e["dur"] for e in tl.ix.launches.values() if LAUNCH_CALLS.match(str(e.get("name", "")))
+                    and tl.step_of(e["ts"]) is not None)  # the steps' own: not a start-up launch before them
     mb = ctx["micro_batches"]
     evidence = (f"{events:.0f} device events/step" + (f" ({mb} micro-batches of {events / mb:.0f})" if mb else "")
                 + f", median {statistics.median(durs):.1f} us; host launch calls {launch_ms / ctx['n'] / 1e3:.1f} "
