@@ -44,6 +44,12 @@ FIXED_FILES = ("prepare.py", "kernels.py")  # top-level files the agent never ed
 # The rules
 # ---------------------------------------------------------------------------------------------------------
 
+def _in_one_call(g):
+    """Whether a gap is mostly the launch call that ends it (a launch of 6.5 ms on an MI250: a first launch's
+    code load, or the thread descheduled): the call's own time, not host work a drained queue exposed."""
+    return g.launch.get("dur", 0) >= g.us / 2
+
+
 @rule("host_sync", needs=("device", "own_idle"))
 def host_sync(tl, ctx, found):
     """Host syncs made in the step, costed by the GPU idle that begins while the host waits and the idle of the
@@ -68,8 +74,8 @@ def host_sync(tl, ctx, found):
     for g in tl.gaps:  # root cause first: a sync drained the queue that hid the host's work after it: the long
         k = tl.step_of(g.launch["ts"])  # gaps of this step and the next, every gap of 0.2 ms or more of this one
         after = first_end.get(k, math.inf), first_end.get(k - 1, math.inf)
-        if g.cause is None and k is not None and (g.us >= LONG_GAP_US and after[0] <= g.start
-                                                  or g.us >= FRAGMENT_GAP_US and min(after) <= g.start):
+        if g.cause is None and k is not None and not _in_one_call(g) and (
+                g.us >= LONG_GAP_US and after[0] <= g.start or g.us >= FRAGMENT_GAP_US and min(after) <= g.start):
             g.cause = "host_sync"
             exposed.append(g)
     ops = {}
