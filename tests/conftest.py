@@ -1,6 +1,7 @@
 """Shared fixtures. prepare.py reads its constants from the environment at import, so the test-scale
 defaults are set here, before any test module imports it (a value already in the environment wins)."""
 import os
+import signal
 
 import pytest
 
@@ -15,6 +16,17 @@ def _isolated_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTORESEARCH_CACHE", str(tmp_path_factory.mktemp("empty-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _sigint_kept():
+    """Each test leaves Ctrl-C as it found it: Lightning ignores SIGINT for good once a fit is interrupted
+    (lightning/pytorch/trainer/call.py), and a process started later in the same worker inherits the ignore
+    (a later test's Ctrl-C then never arrived)."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not handler and handler is not None:
+        signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture(scope="session")
