@@ -116,11 +116,11 @@ class Window:
                             on_trace_ready=lambda p: p.export_chrome_trace(self.path))
         gc.collect()  # the garbage of what ran before (a collection inside the window would be its cost)
         self.sync()
-        self.launches = contextlib.ExitStack()  # Inductor's launch records: from the shape step, untimed
-        self.launches.enter_context(without_launch_records())
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
             self.prof.start()
+        self.launches = contextlib.ExitStack()  # Inductor's launch records: from the shape step, untimed (once
+        self.launches.enter_context(without_launch_records())  # the profiler runs: a failed start changes nothing)
         self._before_step()
 
     def _before_step(self):

@@ -159,3 +159,23 @@ def test_triton_launch_records_come_back_from_the_shape_step():
         assert (run["ts"], run["dur"]) == (e["ts"], e["dur"])
         assert kernels[run["args"]["correlation"]]["name"] == e["name"]
     assert sorted(roofline.tensor_bytes(e) for e in lent) == sorted(before.values())
+
+
+def test_inductor_sees_the_profiler_off_only_inside_the_window():
+    """Inductor's launcher reads torch.autograd.profiler through its own module attribute: the window swaps it
+    for one that says "off" and puts torch's back when the profiled steps end, also when the loop ends early."""
+    import torch
+    from torch._inductor.runtime import triton_heuristics
+
+    from profiling.profile import capture
+
+    seen = []
+    step = lambda: seen.append(triton_heuristics.autograd_profiler is torch.autograd.profiler)  # noqa: E731
+    capture.capture(step, warmup=1, active=2, metadata={})
+    assert seen[:3] == [False, False, False] and seen[3:] == [True] * (len(seen) - 3)
+    assert triton_heuristics.autograd_profiler is torch.autograd.profiler
+    window = capture.Window(1, 3, {})
+    window.step()
+    assert triton_heuristics.autograd_profiler is not torch.autograd.profiler
+    window.end_early("the loop stopped after step 1")
+    assert triton_heuristics.autograd_profiler is torch.autograd.profiler
