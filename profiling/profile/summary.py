@@ -24,7 +24,9 @@ How the numbers are made (so they add up and can be trusted):
 - A trace without ProfilerStep markers (profiled without a schedule) is read as the iterations of its loop where a
   marker repeats (the optimizer's step, the DataLoader's next batch, a forward root: traceio.iterations; the
   first of three or more left out as start-up; `iterations` and a note say so), else as one step: the whole span
-  of its host events, so every launch falls inside it (`window` says "whole trace").
+  of its host events, so every launch falls inside it (`window` says "whole trace"), less the run's start-up
+  where the trace holds one (runtime calls of 50 ms or more before most of the device's work: traceio.startup;
+  `startup` and a note say so).
 - A trace without device events is a CPU profile: the same summary over CPU operators' self time
   (kind "cpu"); step time is the ProfilerStep window; idle becomes "outside ops" (Python, data, waiting).
 
