@@ -21,10 +21,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 import torch.nn.functional as F
+
+from profiler_cost import autocast, timed  # the same timing as the profiler's cost benchmark (this folder)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -37,10 +38,6 @@ VARIANTS = {
              "vocab_64": {"vocab_multiple": 64}, "mask_contiguous": {"mask": "contiguous"},
              "no_mask": {"mask": "none"}},
 }
-
-
-def autocast(device):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def vit(size, device, fused=False, batch_scale=1, **_):
@@ -113,20 +110,6 @@ def build(name, size, device, options):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return model, step, batch
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(step, n, device):
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-    sync(device)
-    return 1e3 * (time.perf_counter() - t0) / n
 
 
 def run(name, variant, args):

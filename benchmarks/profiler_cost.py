@@ -42,7 +42,6 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("AUTORESEARCH_EAGER_LINES", "0")  # the window variants: no record step after them
 VARIANTS = ("full", "before", "no_sampler", "bare", "cuda_only", "cpu_only", "sampler_5ms", "no_launch_records",
             "full_no_launch_records")
 
@@ -384,6 +383,7 @@ def main(argv=None):
                    help="processes per workload (each compiles afresh and profiles as a user's script would)")
     p.add_argument("--tag", default="", help=argparse.SUPPRESS)  # a process's own suffix for its files
     args = p.parse_args(argv)
+    os.environ.setdefault("AUTORESEARCH_EAGER_LINES", "0")  # the window variants: no record step after them
     os.makedirs(args.out, exist_ok=True)
     if args.in_process:
         for name in args.workloads:

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 
 import orjson
 
@@ -216,7 +217,7 @@ def iterations(ix, lo, hi):
         marks = _outermost(marks)
         if not marks:
             continue
-        name, count = max(_counts(marks).items(), key=lambda kv: kv[1])
+        name, count = Counter(m.get("name") for m in marks).most_common(1)[0]
         if count < 2:
             continue
         times = sorted((m["ts"], m["ts"] + m["dur"]) for m in marks if m.get("name") == name)
@@ -247,9 +248,9 @@ def startup(runtime, device, lo, hi):
         after = sum(1 for d in device if num(d.get("ts")) and d["ts"] >= end)
         if end < hi and device and after >= len(device) / 2:
             calls = [e for e in long if e["ts"] + e["dur"] <= end]
-            names = {}
+            names = Counter()
             for e in calls:
-                names[str(e.get("name"))] = names.get(str(e.get("name")), 0) + e["dur"] / 1e3
+                names[str(e.get("name"))] += e["dur"] / 1e3
             return {"end": end, "ms": round((end - lo) / 1e3, 3), "calls": {k: round(v, 3) for k, v in names.items()}}
     return None
 
@@ -263,13 +264,6 @@ def _outermost(marks):
             out.append(m)
             ends[tid] = m["ts"] + m.get("dur", 0)
     return out
-
-
-def _counts(marks):
-    counts = {}
-    for m in marks:
-        counts[m.get("name")] = counts.get(m.get("name"), 0) + 1
-    return counts
 
 
 def merge(intervals):

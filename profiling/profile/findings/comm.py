@@ -6,6 +6,8 @@
   communication). The finding says so, first by its size (effect first), and how to tell: every rank's trace in
   one folder (`research profile FOLDER`: profiling/profile/ranks.py prices the two apart).
 """
+from collections import Counter
+
 from profiling.profile.findings.contract import claim, finding, rule
 from profiling.profile.traceio import merge, union_length
 
@@ -29,10 +31,10 @@ def exposed_communication(tl, ctx, found):
     if ms < MIN_SHARE * ctx["step"]:
         return None
     claim(ctx, events)
-    names = {}
+    names = Counter()
     for e in events:
-        names[e["name"]] = names.get(e["name"], 0.0) + e["dur"]
-    top = sorted(names.items(), key=lambda kv: -kv[1])[:3]
+        names[e["name"]] += e["dur"]
+    top = names.most_common(3)
     evidence = (f"collectives run {comm_us / ctx['n'] / 1e3:.1f} ms/step on this GPU, {ms:.1f} ms/step of it "
                 "with no compute beside it (" + ", ".join(f"`{n[:60]}` {t / ctx['n'] / 1e3:.1f} ms"
                                                           for n, t in top) + "); cause unknown from one rank's "
