@@ -63,7 +63,16 @@ sys.path.insert(0, ROOT)
 
 # CASES and plant are also read from here (tests/profile/test_findings.py)
 from benchmarks.diagnoses_cases import (  # noqa: E402, F401
-    CASES, GROUPS, NEW_CASES, PlantError, apply_plant, check_source, expand, line_number, plant)
+    CASES,
+    GROUPS,
+    NEW_CASES,
+    PlantError,
+    apply_plant,
+    check_source,
+    expand,
+    line_number,
+    plant,
+)
 
 MIN_PLANT_MS = 10.0     # issue #33: a new plant costs at least this per step; below it no gain is checked
 GAIN_TOLERANCE = 0.30   # issue #33 (and #26's within_30pct): the top finding's gain within 30% of the loss
@@ -303,7 +312,7 @@ def planted_line(out, case):
 
 def report_folder(out, against_baseline):
     """Rows and summaries of one capture folder (one device call: its own baseline)."""
-    from profiling.profile import regression, summary
+    from profiling.profile.report import regression, summary
     cases = [c for c in CASES if os.path.exists(os.path.join(out, f"{c}.trace.json.gz"))]
     summaries = {c: summary.summarize(summary.load_trace(os.path.join(out, f"{c}.trace.json.gz")))
                  for c in cases}

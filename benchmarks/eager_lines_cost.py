@@ -1,5 +1,5 @@
 """What recording the eager operators' lines costs (issue #33): `train.py --profile` with the line-record step
-(profiling/profile/eager_record.py) and without it (AUTORESEARCH_EAGER_LINES=0), alternating, several runs each.
+(profiling/profile/capture/eager_record.py) and without it (AUTORESEARCH_EAGER_LINES=0), alternating, several runs each.
 
     python3 benchmarks/eager_lines_cost.py [--runs 3] [--out DIR] [--json results.json] [-- train.py args]
 

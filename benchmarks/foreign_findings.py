@@ -12,7 +12,7 @@ import argparse
 import glob
 import os
 
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report.summary import load_trace, summarize
 
 FOREIGN = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "foreign")
 FIX_CHARS = 90  # a table cell: the fix's first words, enough to tell one remedy from another

@@ -10,7 +10,7 @@ the goal: the profile of a run with nan_asserts on hung in the findings (a scan 
 import argparse
 import time
 
-from profiling.profile.summary import summarize
+from profiling.profile.report.summary import summarize
 
 
 def x(cat, name, ts, dur, corr=None, pid=1, tid=1):

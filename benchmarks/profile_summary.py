@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 
-from profiling.profile import render, summary
+from profiling.profile.report import render, summary
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "h100-compiled-gpt-5steps.trace.json.gz")
 

@@ -10,7 +10,7 @@ Workloads (compiled, bf16 autocast on CUDA; `--size tiny` shrinks each for a CPU
 
 Each repetition times, in the same process and in turn:
     unprofiled   --timed steps between two device syncs, as the Profiler's timed steps do
-    <variant>    the Profiler's window (profiling.profile.capture.Window: 1 profiler warm-up step, then --active
+    <variant>    the Profiler's window (profiling.profile.capture.window.Window: 1 profiler warm-up step, then --active
                  recorded steps), timed the same way between two syncs, with parts of the capture switched on or
                  off to see what each costs: full (as shipped), before (record_shapes and CUDA's sync debug mode
                  in the recorded steps, as the capture did before issue #41; now they are the untimed step
@@ -139,19 +139,19 @@ def timed(step, n, device):
 @contextlib.contextmanager
 def variant(name):
     """The capture with parts switched on or off (see the module's docstring)."""
-    from profiling.profile import capture
-    saved = capture.profile, capture.StackSampler, capture.Window._before_step, capture.Window.step
+    from profiling.profile.capture import window
+    saved = window.profile, window.StackSampler, window.Window._before_step, window.Window.step
     if name == "before":  # shapes and the sync debug mode in the recorded steps, as before issue #41
-        capture.profile = _options(saved[0], name)
-        capture.Window._before_step, capture.Window.step = _watched(saved[2], saved[3])
+        window.profile = _options(saved[0], name)
+        window.Window._before_step, window.Window.step = _watched(saved[2], saved[3])
     if name in ("no_sampler", "bare", "cuda_only", "cpu_only"):
-        capture.StackSampler = _IdleSampler
+        window.StackSampler = _IdleSampler
     if name in ("cuda_only", "cpu_only"):
-        capture.profile = _options(saved[0], name)
+        window.profile = _options(saved[0], name)
     if name == "sampler_5ms":
-        capture.StackSampler = functools.partial(saved[1], interval=0.005)
+        window.StackSampler = functools.partial(saved[1], interval=0.005)
     if name == "no_launch_records":
-        capture.StackSampler = _IdleSampler
+        window.StackSampler = _IdleSampler
     stack = contextlib.ExitStack()
     if name.endswith("no_launch_records"):
         stack.enter_context(no_launch_records())
@@ -159,7 +159,7 @@ def variant(name):
         with stack:
             yield
     finally:
-        capture.profile, capture.StackSampler, capture.Window._before_step, capture.Window.step = saved
+        window.profile, window.StackSampler, window.Window._before_step, window.Window.step = saved
 
 
 def _options(profile, name):
@@ -195,8 +195,9 @@ def no_launch_records():
     """Inductor's Triton launcher without its per-launch profiler record (a Python dict and a
     `_RecordFunctionFast` around every kernel launch while a profiler runs): only its module sees the
     profiler as off; the compiled graph's call annotation and the CUDA launch records stay."""
-    from torch._inductor.runtime import triton_heuristics
     import types
+
+    from torch._inductor.runtime import triton_heuristics
     saved = triton_heuristics.autograd_profiler
     triton_heuristics.autograd_profiler = types.SimpleNamespace(_is_profiler_enabled=False)
     try:
@@ -234,8 +235,8 @@ def _gc_clock(phase, info):
 
 def window_ms(step, active, device):
     """ms/step of the Window's recorded steps, timed between two syncs (after its one warm-up step)."""
-    from profiling.profile import capture
-    window = capture.Window(1, active, {"settings": {"recorded": False}}, memory=False)
+    from profiling.profile.capture import window
+    window = window.Window(1, active, {"settings": {"recorded": False}}, memory=False)
     step()
     window.step()  # the profiler's warm-up step: not recorded, not timed
     sync(device)
@@ -259,10 +260,10 @@ def first_variant(name, step, device):
     profile pays that later ones do not: no_sampler (the host stack sampler off), no_provenance
     (AUTORESEARCH_PROVENANCE=0), prewarm (one throwaway torch.profiler session of one step first: kineto and
     CUPTI set up), bare (the sampler and provenance off: torch.profiler alone, as far as the API allows)."""
-    from profiling.profile import capture
-    saved_sampler, saved_env = capture.StackSampler, os.environ.get("AUTORESEARCH_PROVENANCE")
+    from profiling.profile.capture import window
+    saved_sampler, saved_env = window.StackSampler, os.environ.get("AUTORESEARCH_PROVENANCE")
     if name in ("no_sampler", "bare"):
-        capture.StackSampler = _IdleSampler
+        window.StackSampler = _IdleSampler
     if name in ("no_provenance", "bare"):
         os.environ["AUTORESEARCH_PROVENANCE"] = "0"
     stack = contextlib.ExitStack()
@@ -278,7 +279,7 @@ def first_variant(name, step, device):
         with stack:
             yield
     finally:
-        capture.StackSampler = saved_sampler
+        window.StackSampler = saved_sampler
         if saved_env is None:
             os.environ.pop("AUTORESEARCH_PROVENANCE", None)
         else:

@@ -1,5 +1,5 @@
 """What recording the compiled kernels' source lines costs (issue #20): compilation and step time of
-`train.py --profile` with the record (profiling/profile/provenance.py) and without it (AUTORESEARCH_PROVENANCE=0).
+`train.py --profile` with the record (profiling/profile/capture/provenance.py) and without it (AUTORESEARCH_PROVENANCE=0).
 
     python3 benchmarks/provenance_cost.py [--variants 1,0] [--out DIR] [--json results.json]
 

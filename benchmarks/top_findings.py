@@ -12,7 +12,7 @@ import glob
 import os
 import sys
 
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report.summary import load_trace, summarize
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
 

@@ -24,7 +24,7 @@ from common import report  # noqa: E402
 
 import prepare  # noqa: E402
 from profiling import runner  # noqa: E402
-from profiling.profile import hardware  # noqa: E402
+from profiling.profile.trace import hardware  # noqa: E402
 
 
 def main():

@@ -33,9 +33,9 @@ interpreter exiting, the `with` block left by an exception, the Profiler dropped
       sync debug mode after each profiled step);
     - an out_dir it could not write fails at construction, before any step.
 Timed steps are timed one by one (CUDA events, no extra sync); a step over twice their median is left out of
-the unprofiled step time and named in the report (profiling/profile/irregular.py), as is one among the
+the unprofiled step time and named in the report (profiling/profile/trace/irregular.py), as is one among the
 profiled steps. The report compares itself with profiles/latest only when that one is of the same script and
-model (capture.run_identity).
+model (profiling/profile/report/folder.py's run_identity).
 
 What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 = 16 steps; each trains the model as usual):
     warmup_steps            untimed: compilation, autotuning, the allocator settling
@@ -49,7 +49,7 @@ What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 = 16 steps; ea
     1 more                  records the lines of the eager operators (off with AUTORESEARCH_EAGER_LINES=0)
     1 more                  CUDA only (off with memory=False): GPU memory at the step's peak by category, and
                             with micro_batch the largest micro-batch predicted to fit
-                            (profiling/profile/memory_capture.py, gpu_memory.py)
+                            (profiling/profile/capture/memory.py, gpu_memory.py)
 
 Lines of compiled code: the compiler records which source lines each kernel came from only for graphs
 compiled after the Profiler was created; create it before the first call of a torch.compile'd function (the
@@ -68,7 +68,7 @@ import warnings
 import weakref
 from typing import NamedTuple
 
-from profiling.profile import whose
+from profiling.profile.trace import whose
 
 PROFILER_WARMUP = 1   # torch.profiler's own start-up step, not recorded
 
@@ -99,7 +99,7 @@ class Profiler:
     metadata: more JSON-able facts for the trace's metadata (e.g. {"commit": "abc123"}).
     micro_batch: sequences per forward/backward (for what fits), or None.
     memory: the GPU-memory step after the window (None: on with CUDA; never without it).
-    code_roots: folders of your own code besides the script's folder (profiling/profile/whose.py), or None.
+    code_roots: folders of your own code besides the script's folder (profiling/profile/trace/whose.py), or None.
     top: rows of the kernel table. ranks: an object with rank, world_size, first, barrier(), from_first(obj)
         for a several-process run (default: torch.distributed's world when it is initialized).
     """
@@ -132,12 +132,12 @@ class Profiler:
             raise ValueError(f"reference {reference!r} is not a file; give a profile's summary.json")
         whose.use(code_roots)  # whose lines the report names; ValueError for anything but folders
 
-        from profiling.profile import capture
-        _check_out_dir(out_dir if out_dir is not None else capture.profile_dir())
+        from profiling.profile.report import folder
+        _check_out_dir(out_dir if out_dir is not None else folder.profile_dir())
 
         import torch
 
-        from profiling.profile import provenance
+        from profiling.profile.capture import provenance
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.warmup, self.timed, self.profiler_warmup = warmup_steps, timed_steps, profiler_warmup_steps
         self.active, self.unprofiled_ms, self.top = active_steps, unprofiled_step_ms, top
@@ -166,7 +166,7 @@ class Profiler:
     @property
     def total_steps(self):
         """Steps the profile takes, the line-record and memory steps included."""
-        from profiling.profile import eager_record
+        from profiling.profile.capture import eager_record
         return (self.warmup + self.timed + self.profiler_warmup + self.active + 1 + int(eager_record.enabled())
                 + int(self.memory))
 
@@ -261,8 +261,8 @@ class Profiler:
         self._marks = [self._mark()]
 
     def _stop_timing(self):
-        """The unprofiled step time from the timed steps, outliers left out (profiling/profile/irregular.py)."""
-        from profiling.profile import irregular
+        """The unprofiled step time from the timed steps, outliers left out (profiling/profile/trace/irregular.py)."""
+        from profiling.profile.trace import irregular
         self._sync()
         marks = self._marks
         if self.cuda:
@@ -280,14 +280,15 @@ class Profiler:
             torch.cuda.synchronize()
 
     def _open_window(self):
-        from profiling.profile import capture
-        return capture.Window(self.profiler_warmup, self.active, self._metadata(), self.memory_asked,
+        from profiling.profile.capture import window
+        return window.Window(self.profiler_warmup, self.active, self._metadata(), self.memory_asked,
                               _tensors(self.model) if self.memory else ())
 
     def _metadata(self):
         import torch
 
-        from profiling.profile import hardware, settings
+        from profiling.profile.capture import settings
+        from profiling.profile.trace import hardware
         device = torch.cuda.get_device_name() if self.cuda else "cpu"
         n = self.ranks.world_size if self.ranks else 1
         meta = dict(device=device, torch=torch.__version__, peak_flops=hardware.peak_flops(device) if self.cuda
@@ -311,7 +312,7 @@ class Profiler:
         return meta
 
     def _finish(self, trace, t_end):
-        from profiling.profile import capture
+        from profiling.profile.report.folder import save
         self._window = None
         if self._guard is not None:
             self._guard.detach()
@@ -320,7 +321,7 @@ class Profiler:
         reference = (self.reference, f"the profile {self.reference}") if isinstance(self.reference, str) \
             else self.reference  # train.py's: (path, "the best kept run, ...")
         try:
-            report, folder, summary = capture.save(trace, self.ranks, reference, self.top, self.out_dir)
+            report, folder, summary = save(trace, self.ranks, reference, self.top, self.out_dir)
             self.result = ProfileResult(report, summary, folder, time.perf_counter() - t_end)
         finally:
             self.done = True
@@ -362,12 +363,12 @@ def _left_open(window, out_dir, ranks, started_provenance):
 def _keep(window, out_dir, ranks, how):
     """Stop the window and write what it recorded, the trace only (no summary: this runs on the way out, on
     an exception or at exit), with one line on stderr saying where."""
-    from profiling.profile import capture
+    from profiling.profile.report import folder
     trace = window.end_early(how)
     if trace is None:
         _say(f"{how}: stopped before any profiled step was recorded; nothing saved")
         return
-    path = capture.save_trace(trace, ranks, out_dir)
+    path = folder.save_trace(trace, ranks, out_dir)
     n = trace["autoresearch"]["ended_early"]["active_steps"]
     _say(f"{how}: the {n} profiled step{'s' * (n != 1)} recorded {'are' if n != 1 else 'is'} in {path}; "
          f"`research profile {path}` reads {'them' if n != 1 else 'it'}")
@@ -380,9 +381,9 @@ def _say(text):
 
 
 def _restore(started_provenance):
-    """Put back the settings the Profiler changed (profiling/profile/provenance.py), if it changed them."""
+    """Put back the settings the Profiler changed (profiling/profile/capture/provenance.py), if it changed them."""
     if started_provenance:
-        from profiling.profile import provenance
+        from profiling.profile.capture import provenance
         with contextlib.suppress(Exception):
             provenance.stop()
 

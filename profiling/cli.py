@@ -322,7 +322,7 @@ def _add_other_modules(sub, command):
     if command in OWN_COMMANDS:
         return
     if command != "report":
-        from profiling.profile import cli_profile
+        from profiling.profile.report import cli_profile
 
         cli_profile.add_subparser(sub)
     if command != "profile":

@@ -24,7 +24,7 @@ RUN_KEYS = (
     "version", "status", "time", "commit", "device", "torch", "dataset", "summary", "settings",
     "hyperparameters", "loss_curve", "profile", "gate", "error", "oom",
 )
-# `oom`: what an out-of-memory crash showed (profiling/profile/oom.py `explain`), else null; absent in older files.
+# `oom`: what an out-of-memory crash showed (profiling/profile/report/oom.py `explain`), else null; absent in older files.
 OPTIONAL_KEYS = ("oom",)
 LOSS_CURVE_POINTS = 20  # at least this many evenly spaced fractions of the time budget
 

@@ -31,14 +31,15 @@ import torch.distributed as dist
 
 import prepare
 from profiling import runfile
-from profiling.profile import hardware, oom, provenance, settings
 from profiling.errors import UserError
+from profiling.profile.capture import provenance, settings
+from profiling.profile.report import oom
+from profiling.profile.trace import hardware
 from profiling.research import experiments, gate, history
-
 
 # What train.py sets on purpose (train_and_evaluate, train): TF32 GEMMs on CUDA, and the gc collected, frozen
 # and disabled after step 0 (its stalls). The report labels a setting equal to one of these "train.py", not
-# the user's; changed to anything else, it is the user's (profiling/profile/settings.py).
+# the user's; changed to anything else, it is the user's (profiling/profile/trace/settings.py).
 TRAIN_PY_SETTINGS = {"float32_matmul_precision": "high", "gc.enabled": False, "gc.frozen": True}
 
 
@@ -273,9 +274,9 @@ def _shown(path):
 def _profiled_fits(parameters_mb):
     """{folder, fits} of the newest profile (profiles/latest) when its memory step measured this model (its
     parameters' MB equal to this one's within 1%: a run that changed only the batch), else None."""
-    from profiling.profile import capture
-    root = capture.profile_dir()
-    previous = capture.previous_summary(root) or {}
+    from profiling.profile.report import folder
+    root = folder.profile_dir()
+    previous = folder.previous_summary(root) or {}
     record = previous.get("gpu_memory") or {}
     measured = (record.get("categories") or {}).get("parameters")
     if not record.get("fits") or not measured or not parameters_mb or abs(measured / parameters_mb - 1) > 0.01:
@@ -287,7 +288,7 @@ def _fit_candidates(settings, dataset):
     """(source, folder, its summary) of the kept runs of these settings and dataset whose profile is still on
     disk, newest first, then the last profile (profiles/latest): where a run that fit may have been measured
     (oom.kept_fit picks one of this model at this micro-batch)."""
-    from profiling.profile import capture
+    from profiling.profile.report.folder import profile_dir
     try:
         records = experiments.load(experiments.default_path())["experiments"]
     except UserError:
@@ -295,7 +296,7 @@ def _fit_candidates(settings, dataset):
     out = [(f"the kept run, experiment {r['id']} ({r.get('commit')})", r["profile"])
            for r in reversed(records)
            if r.get("status") == "keep" and r.get("profile") and history.same_group(r, settings, dataset)]
-    out.append(("the last profile of this model", os.path.join(capture.profile_dir(), "latest")))
+    out.append(("the last profile of this model", os.path.join(profile_dir(), "latest")))
     return [(source, folder, _summary_in(folder)) for source, folder in out]
 
 
@@ -366,8 +367,8 @@ class Run:
             return
         self.summary["total_seconds"] = round(time.time() - self.t_start, 1)
         if self.cuda:  # None (n/a), never 0, where the allocator's statistics do not count (caching off)
-            from profiling.profile import memory_capture
-            self.summary["peak_vram_mb"] = memory_capture.allocator_peak_mb()
+            from profiling.profile.capture import memory
+            self.summary["peak_vram_mb"] = memory.allocator_peak_mb()
         now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         runfile.write_run(self.args.run_file, runfile.make_run(status, self.summary, time=now, error=error,
                                                                oom=oom_info, **self.record))
@@ -423,8 +424,8 @@ class Run:
         print(f"Device: {self.device} | torch {torch.__version__} | dataset: {self.record['dataset']}")
         print("Settings: " + ", ".join(f"{k}={v}" for k, v in self.record["settings"].items()))
         if self.cuda and os.environ.get(oom.HISTORY_ENV) == "1":  # an out-of-memory failure names its lines
-            from profiling.profile import memory_capture
-            memory_capture.record_history()
+            from profiling.profile.capture import memory
+            memory.record_history()
         a = self.args
         reference, why_off = (None, "off (--no-gate)") if a.no_gate or a.profile else \
             gate.find_reference(experiments.default_path(), self.record["settings"], self.record["dataset"])
@@ -436,11 +437,11 @@ class Run:
             provenance.start()
 
     def out_of_memory(self, e):
-        """What an out-of-memory error shows (profiling/profile/oom.py): its message's figures, the innermost line of the
+        """What an out-of-memory error shows (profiling/profile/report/oom.py): its message's figures, the innermost line of the
         user's code, the parameters, gradients and optimizer state still held (measured), the process's cap;
         and when a kept run or the last profile fit this micro-batch with this model, what grew since
-        (profiling/profile/memory_capture.py `held_now`)."""
-        from profiling.profile import memory_capture
+        (profiling/profile/capture/memory.py `held_now`)."""
+        from profiling.profile.capture import memory
         here = os.path.dirname(os.path.abspath(__file__))
         where = oom.user_line([(f.filename, f.lineno, f.line) for f in traceback.extract_tb(e.__traceback__)
                                if not f.filename.startswith(here)], show=_shown)
@@ -462,7 +463,7 @@ class Run:
                            device_mb=device,
                            profiled=_profiled_fits(parameters_mb) if model is not None else None,
                            sequences=self.sequences_per_step(), before=before,
-                           now=memory_capture.held_now(model, optimizer) if before else None)
+                           now=memory.held_now(model, optimizer) if before else None)
 
     def sequences_per_step(self):
         """The sequences per optimizer step on this rank (TOTAL_BATCH_SIZE / MAX_SEQ_LEN / ranks): every
@@ -524,8 +525,8 @@ class Run:
 
     def profile(self, train_step, first_step, step_times):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, then
-        one more that records the lines of the eager operators (profiling/profile/eager_record.py), on CUDA one
-        more for GPU memory (profiling/profile/memory_capture.py; DEVICE_BATCH_SIZE for what fits), and print
+        one more that records the lines of the eager operators (profiling/profile/capture/eager_record.py), on CUDA one
+        more for GPU memory (profiling/profile/capture/memory.py; DEVICE_BATCH_SIZE for what fits), and print
         the report: the public API (profiling.profile_steps), timed by the training steps already run. Returns
         the steps it ran, W + A + 1 (+ 1 on CUDA; - 1 with AUTORESEARCH_EAGER_LINES=0): they train the model
         like any other."""

@@ -1,6 +1,6 @@
 """benchmarks/diagnoses.py: every plant applies to today's train.py, and issue #33's check reads the top
 finding's evidence (the cause's name, the planted line, the gain), not its kind. No GPU: summaries are made up
-here in the shape profiling.profile.summary gives."""
+here in the shape profiling.profile.report.summary gives."""
 import importlib.util
 import os
 

@@ -1,10 +1,10 @@
-"""profiling/profile/oom.py: an out-of-memory error read and explained, from torch's own message (pure, no GPU)."""
+"""profiling/profile/report/oom.py: an out-of-memory error read and explained, from torch's own message (pure, no GPU)."""
 import json
 
 import pytest
 
 from profiling import runfile
-from profiling.profile import oom
+from profiling.profile.report import oom
 
 H100 = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.50 GiB "
         "is free. Including non-PyTorch memory, this process has 77.68 GiB memory in use. Of the allocated memory "
@@ -114,7 +114,7 @@ def test_generated_code_is_known_wherever_the_compile_cache_is():
     """The H100 run of #43 set TORCHINDUCTOR_CACHE_DIR=.bench/memory_advice/inductor: its OOM and memory lines
     named `24/c24adrdp...py:2777`, a generated file's line, because only a `torchinductor` folder was known.
     Inductor's own naming (`<xy>/c<xy...>.py`) tells it anywhere."""
-    from profiling.profile import gpu_memory
+    from profiling.profile.tables import gpu_memory
     moved = ".bench/memory_advice/inductor/24/c24adrdp7tvvi2kxnxpw6giby7gwswcjpmyx7asr47af75tobppv.py"
     frames = [("train.py", 389, "loss = train_step(step, progress)"), (moved, 2781, "buf251 = empty_strided_cuda(...)")]
     assert oom.user_line(frames).endswith("called from train.py:389 loss = train_step(step, progress)")

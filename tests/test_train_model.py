@@ -6,7 +6,7 @@ import torch
 
 import kernels
 import train
-from profiling.profile import hardware
+from profiling.profile.trace import hardware
 
 
 def dense_reference(q, k, v, window):

@@ -9,7 +9,7 @@ backward in a closure passed to SGD's step), and by a plain loop calling `torch.
 (max_iter=3: the closure runs up to four times per step, between the optimizer's own work) and
 `torch.optim.SGD(...).step(closure)`. Each profiles 1 warm-up + 2 active steps with CPU activity and
 record_shapes=True (schedule wait=0, repeat=1; prof.step() after each step), and writes the parameter shapes
-into the trace metadata as profiling.profile.capture does (`autoresearch.parameters`), so GEMMs are placed by
+into the trace metadata as profiling.profile.capture.window does (`autoresearch.parameters`), so GEMMs are placed by
 the weights they multiply. Deterministic in shape (op names and counts), not in timings.
 """
 import gzip

@@ -1,5 +1,5 @@
 """Regenerate tests/data/cpu-compiled-gpt-2steps.trace.json.gz: `train.py --profile` of our own GPT, compiled,
-on the CPU, with the source-line record of its compiled kernels (profiling/profile/provenance.py).
+on the CPU, with the source-line record of its compiled kernels (profiling/profile/capture/provenance.py).
 
     uv run python tests/data/make_cpu_compiled_trace.py
 
@@ -27,7 +27,7 @@ def main():
     sys.path.insert(0, os.getcwd())
     import prepare  # reads the environment at import
     import train
-    from profiling.profile import provenance
+    from profiling.profile.capture import provenance
 
     train.COMPILE = True  # the model only: make_train_step reads it when it runs
     prepare.prepare("builtin", cache=os.environ["AUTORESEARCH_CACHE"])

@@ -5,7 +5,7 @@
 Two processes (torch.multiprocessing), the gloo backend, a tiny MLP language model wrapped in
 DistributedDataParallel (small buckets, so several gradient all-reduces per step) and trained with AdamW.
 Each rank profiles 1 warm-up + 2 active steps with CPU activity and record_shapes=True, as
-profiling.profile.capture does (schedule wait=0, repeat=1; prof.step() after each step), and writes
+profiling.profile.capture.window does (schedule wait=0, repeat=1; prof.step() after each step), and writes
 OUT/rank-<k>.trace.json.gz with an `autoresearch` metadata dict (rank, world_size, device, tokens_per_step,
 unprofiled_step_ms, ...). Variants: `2ranks` balanced (compute hides most of the all-reduces); `straggler` the
 same with 4 extra 1024x1024 matmuls per step on rank 1 only, so rank 0 waits for it in the all-reduces;

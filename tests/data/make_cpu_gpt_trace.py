@@ -3,7 +3,7 @@
     uv run python tests/data/make_cpu_gpt_trace.py
 
 The real code path at test scale (the cpu preset: MAX_SEQ_LEN 256, VOCAB 512; eager model, no compile):
-profiling.profile.capture records 1 warm-up + 2 active steps with record_shapes=True, and train.py writes its
+profiling.profile.capture.window records 1 warm-up + 2 active steps with record_shapes=True, and train.py writes its
 parameter shapes into the trace metadata. The builtin corpus and tokenizer are prepared in a temp dir.
 Deterministic in shape (op names, counts and input shapes), not in timings.
 """

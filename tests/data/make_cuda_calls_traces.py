@@ -1,5 +1,5 @@
 """Record tests/data/h100-cudacalls-<mode>.trace.json.gz: real CUDA traces of a small MLP trainer, one per
-way the host can spend its time inside CUDA calls (profiling/profile/cuda_calls.py reads them).
+way the host can spend its time inside CUDA calls (profiling/profile/tables/cuda_calls.py reads them).
 
     python3 tests/data/make_cuda_calls_traces.py OUT_DIR     # on a CUDA machine; writes one trace per mode
 
@@ -9,7 +9,7 @@ Modes (each one process, so CUDA_LAUNCH_BLOCKING is read at CUDA's start):
     churn     torch.cuda.empty_cache() every step: the allocator frees and re-mallocs its blocks
     sync      loss.item() after every micro-batch: the host waits for the queue to drain
     pageable  the input copied from pageable host memory (non_blocking=True does not help there)
-Profiled like profiling/profile/capture.py: sync, 2 warm-up + 3 active steps, sync before the last prof.step().
+Profiled like profiling/profile/capture/window.py: sync, 2 warm-up + 3 active steps, sync before the last prof.step().
 """
 import gzip
 import os

@@ -1,5 +1,5 @@
 """Give a trace the source-line record (`autoresearch.provenance`) of its compile, from that compile's
-structured trace: replays the TORCH_TRACE log's records through profiling/profile/provenance.py's Collector, the same
+structured trace: replays the TORCH_TRACE log's records through profiling/profile/capture/provenance.py's Collector, the same
 records its in-process handler receives. How tests/data/h100-lines-gpt-2steps was made (a run with
 INDUCTOR_PROVENANCE=1 TORCH_TRACE=DIR, then trim_trace.py):
 
@@ -12,7 +12,7 @@ import json
 import re
 import types
 
-from profiling.profile.provenance import Collector
+from profiling.profile.capture.provenance import Collector
 
 HEAD = re.compile(r"^V\d{4} [\d:.]+ \d+ [^\]]*\] (\{.*\})$")
 

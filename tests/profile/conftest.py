@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from profiling.profile import traceio
+from profiling.profile.trace import traceio
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 

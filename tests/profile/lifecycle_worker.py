@@ -280,7 +280,9 @@ def preload(forms):
     """What the children import: once, before the forks."""
     import torch._inductor.config  # noqa: F401 (what every child's Profiler imports)
     import torch.profiler  # noqa: F401
-    from profiling.profile import capture, render, summary  # noqa: F401
+
+    from profiling.profile.capture import window  # noqa: F401
+    from profiling.profile.report import render, summary  # noqa: F401
     if any(form.startswith("hf") for form in forms):
         import transformers  # noqa: F401
         import transformers.trainer  # noqa: F401

@@ -5,7 +5,7 @@ attention's speed."""
 import pytest
 
 from profiling.profile.findings.contract import trainer_is_train_py
-from profiling.profile.summary import summarize
+from profiling.profile.report.summary import summarize
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_a_torch_1_9_resnet_trace_of_another_project():
     V100 has no bf16 tensor cores, so the fix is fp16."""
     import os
 
-    from profiling.profile.summary import load_trace
+    from profiling.profile.report.summary import load_trace
     data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "foreign")
     s = summarize(load_trace(os.path.join(data, "kineto-v100-resnet50-train.json.gz")))
     assert s["recorded"]["shapes"]  # read from its `Operator` events' Input Dims

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from profiling.profile import summary
+from profiling.profile.report import summary
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from profiling.profile import regions
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.tables import regions
 
 C, V = 768, 50304
 

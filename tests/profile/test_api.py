@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 
 import profiling
-from profiling.profile import lines, render
+from profiling.profile.report import render
+from profiling.profile.tables import lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 THIS = "tests/profile/test_api.py"
@@ -168,7 +169,7 @@ def test_without_model_flops_mfu_comes_from_the_traces_own_flops():
     """h100-plant26-baseline with its flops_per_step removed (as a Profiler without flops_per_token writes it):
     MFU from the GEMM and attention FLOPs the trace's shapes give, near the model-FLOPs figure (40.5%), and
     labelled as such."""
-    from profiling.profile.summary import load_trace, summarize
+    from profiling.profile.report.summary import load_trace, summarize
     trace = load_trace(os.path.join(ROOT, "tests", "data", "h100-plant26-baseline.trace.json.gz"))
     model = summarize(trace)["mfu_percent"]
     trace["autoresearch"].pop("flops_per_step")

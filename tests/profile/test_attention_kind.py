@@ -1,12 +1,12 @@
-"""Issue #42 item 2: the model's attention kind from the trace's evidence (profiling/profile/attention_kind.py),
+"""Issue #42 item 2: the model's attention kind from the trace's evidence (profiling/profile/tables/attention_kind.py),
 and fixes that never change what the model computes: no is_causal=True for a bidirectional or unknown model,
 its FLOPs priced as the attention the model does."""
 import pytest
 
-from profiling.profile import attention_kind as ak
 from profiling.profile.findings.kernels import needed_flops
-from profiling.profile.roofline import attention_flops
-from profiling.profile.summary import summarize
+from profiling.profile.report.summary import summarize
+from profiling.profile.tables import attention_kind as ak
+from profiling.profile.tables.roofline import attention_flops
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -149,8 +149,8 @@ def test_a_transformers_bert_reads_as_bidirectional(tmp_path, implementation):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from profiling.profile.summary import load_trace
-    from profiling.profile.traceio import by_thread, index, parents
+    from profiling.profile.report.summary import load_trace
+    from profiling.profile.trace.traceio import by_thread, index, parents
     cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                                   vocab_size=100, attn_implementation=implementation)
     model = transformers.BertModel(cfg).eval()

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from profiling.profile import render, summary
+from profiling.profile.report import render, summary
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 CLEAN = ["h100-plant26-baseline", "h100-cudnn-window-gpt-5steps", "h100-plant-baseline", "h100-compile-a",

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from profiling.profile import bound, roofline
 from profiling.profile.findings import waste
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.tables import bound, roofline
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 

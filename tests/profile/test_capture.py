@@ -1,4 +1,4 @@
-"""profiling.profile.capture on the CPU: a profile prints no profiler noise, and real messages still show.
+"""profiling.profile.capture.window on the CPU: a profile prints no profiler noise, and real messages still show.
 
 The noise, as torch 2.11 printed it on every run: torch.profiler's UserWarning "Profiler clears events at
 the end of each cycle" (a schedule was given), and on a machine without a GPU kineto's line
@@ -18,7 +18,7 @@ NOISE = ("Profiler clears events", "gpuGetDeviceCount")
 CAPTURE = textwrap.dedent("""
     import os, warnings
     import torch
-    from profiling.profile import capture
+    from profiling.profile.capture import window
 
     x, calls = torch.randn(64, 64), []
 
@@ -28,7 +28,7 @@ CAPTURE = textwrap.dedent("""
             warnings.warn("a real warning from the step")
             os.write(2, b"ERROR: a real error from C code\\n")
 
-    trace, _ = capture.capture(step, warmup=1, active=2, metadata={})
+    trace, _ = window.capture(step, warmup=1, active=2, metadata={})
     assert any(e.get("name") == "ProfilerStep#1" for e in trace["traceEvents"])
     assert trace["autoresearch"]["settings"]["values"]["grad_mode"] is True  # recorded before the steps
     print("captured")
@@ -45,7 +45,7 @@ def test_a_cpu_profile_prints_no_profiler_noise_but_real_messages():
 
 
 def test_stderr_without_drops_only_the_matching_lines(capfd):
-    from profiling.profile.capture import NO_GPU_LINE, stderr_without
+    from profiling.profile.capture.window import NO_GPU_LINE, stderr_without
     with stderr_without(NO_GPU_LINE):
         os.write(2, b"ERROR:2026-11-23 11:26:10 6607:6607 DeviceProperties.cpp:48] gpuGetDeviceCount failed "
                     b"with code 35\n")
@@ -57,7 +57,7 @@ def test_stderr_without_drops_only_the_matching_lines(capfd):
 
 
 def test_stderr_is_back_after_an_exception(capfd):
-    from profiling.profile.capture import NO_GPU_LINE, stderr_without
+    from profiling.profile.capture.window import NO_GPU_LINE, stderr_without
     try:
         with stderr_without(NO_GPU_LINE):
             os.write(2, b"before the error\n")
@@ -74,7 +74,7 @@ def test_a_record_after_the_window_that_fails_never_stops_the_training(monkeypat
     APIs: one that raises is left out with its reason, the trace is still returned and the steps still run."""
     import torch
 
-    from profiling.profile import capture, eager_record
+    from profiling.profile.capture import eager_record, window
 
     def boom(self):
         raise RuntimeError("boom")
@@ -86,7 +86,7 @@ def test_a_record_after_the_window_that_fails_never_stops_the_training(monkeypat
     def step():
         (w * 2).sum().backward()
         steps.append(1)
-    trace, _ = capture.capture(step, warmup=1, active=1, metadata={})
+    trace, _ = window.capture(step, warmup=1, active=1, metadata={})
     assert trace["autoresearch"]["eager_lines"] == {"missing": "eager_lines failed and was left out: RuntimeError: boom"}
     assert len(steps) == 1 + 1 + 1 + (stage == "end")  # the shape step; a failed begin adds no step, a failed end had one
 
@@ -96,13 +96,13 @@ def test_shapes_come_from_an_untimed_step_after_the_window():
     operators lend their shapes to the profiled steps' operators of the same thread, name and rank."""
     import torch
 
-    from profiling.profile import capture
+    from profiling.profile.capture import window
 
     lin = torch.nn.Linear(8, 4)
 
     def step():
         lin(torch.randn(3, 8)).sum().backward()
-    trace, _ = capture.capture(step, warmup=1, active=2, metadata={})
+    trace, _ = window.capture(step, warmup=1, active=2, metadata={})
     meta = trace["autoresearch"]
     assert meta["shapes"]["matched"] > 0 and meta["shapes"]["unmatched"] == 0
     assert meta["syncs_steps"] == 1 and isinstance(meta["syncs"], list)
@@ -111,7 +111,7 @@ def test_shapes_come_from_an_untimed_step_after_the_window():
 
 
 def test_shapes_are_lent_only_where_the_counts_agree():
-    from profiling.profile import shapes
+    from profiling.profile.capture import shapes
 
     def op(name, ts, dims=None):
         return {"cat": "cpu_op", "name": name, "tid": 1, "ts": ts, "dur": 1,
@@ -134,8 +134,9 @@ def test_triton_launch_records_come_back_from_the_shape_step():
     import gzip
     import json
 
-    from profiling.profile import roofline, shapes
-    from profiling.profile.traceio import STEP_PREFIX
+    from profiling.profile.capture import shapes
+    from profiling.profile.tables import roofline
+    from profiling.profile.trace.traceio import STEP_PREFIX
 
     with gzip.open(os.path.join(ROOT, "tests", "data", "h100-gpt2-clean-api.trace.json.gz")) as f:
         events = json.load(f)["traceEvents"]
@@ -167,14 +168,14 @@ def test_inductor_sees_the_profiler_off_only_inside_the_window():
     import torch
     from torch._inductor.runtime import triton_heuristics
 
-    from profiling.profile import capture
+    from profiling.profile.capture import window
 
     seen = []
     step = lambda: seen.append(triton_heuristics.autograd_profiler is torch.autograd.profiler)  # noqa: E731
-    capture.capture(step, warmup=1, active=2, metadata={})
+    window.capture(step, warmup=1, active=2, metadata={})
     assert seen[:3] == [False, False, False] and seen[3:] == [True] * (len(seen) - 3)
     assert triton_heuristics.autograd_profiler is torch.autograd.profiler
-    window = capture.Window(1, 3, {})
+    window = window.Window(1, 3, {})
     window.step()
     assert triton_heuristics.autograd_profiler is not torch.autograd.profiler
     window.end_early("the loop stopped after step 1")

@@ -1,4 +1,4 @@
-"""`research profile TRACE [--top N] [--json] [--previous TRACE_OR_JSON]` (profiling/profile/cli_profile.py)."""
+"""`research profile TRACE [--top N] [--json] [--previous TRACE_OR_JSON]` (profiling/profile/report/cli_profile.py)."""
 import argparse
 import gzip
 import json
@@ -10,7 +10,7 @@ import pytest
 
 from profiling.cli import main
 from profiling.errors import UserError
-from profiling.profile import cli_profile
+from profiling.profile.report import cli_profile
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 H100 = os.path.join(DATA, "h100-compiled-gpt-5steps.trace.json.gz")
@@ -101,6 +101,6 @@ def test_main_usage_errors_exit_2(capsys):
 
 
 def test_subcommand_does_not_import_torch():
-    code = ("import sys; from profiling.profile import cli_profile, summary, render; "
+    code = ("import sys; from profiling.profile.report import cli_profile, summary, render; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False).returncode == 0

@@ -1,12 +1,12 @@
-"""profiling.profile.closures: forward and backward run inside `optimizer.step(closure)` count as the
+"""profiling.profile.tables.closures: forward and backward run inside `optimizer.step(closure)` count as the
 model's, on real CPU traces of Lightning, LBFGS and SGD with a closure (tests/data/make_cpu_closure_traces.py)
 and on small synthetic windows."""
 import os
 
 import pytest
 
-from profiling.profile import closures
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.tables import closures
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 MAIN, ENGINE = (1, 1), (1, 2)  # (pid, tid): the main thread, the autograd engine's thread (CUDA)

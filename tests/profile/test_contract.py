@@ -5,9 +5,10 @@ evidence the way an older or foreign trace lacks it."""
 
 import pytest
 
-from profiling.profile import findings, ranks, regression
+from profiling.profile import findings
 from profiling.profile.findings import contract
-from profiling.profile.summary import summarize
+from profiling.profile.report import ranks, regression
+from profiling.profile.report.summary import summarize
 
 META = "autoresearch"
 

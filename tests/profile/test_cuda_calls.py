@@ -1,4 +1,4 @@
-"""profiling.profile.cuda_calls and findings/calls.py: the host's time inside CUDA calls, and the findings it prices.
+"""profiling.profile.tables.cuda_calls and findings/calls.py: the host's time inside CUDA calls, and the findings it prices.
 
 Real traces: the compiled GPT of DESIGN.md (h100-compiled-gpt-5steps), a clean default train.py run
 (h100-default-nvml), the diagnoses plants, and tests/data/h100-cudacalls-<mode>.trace.json.gz: a small eager
@@ -13,12 +13,14 @@ import random
 
 import pytest
 
-from profiling.profile import cuda_calls, findings, summary
+from profiling.profile import findings
 from profiling.profile.findings import calls as cuda_findings
 from profiling.profile.findings import contract, idle
-from profiling.profile.render import to_json, to_markdown
-from profiling.profile.summary import load_trace, summarize
-from profiling.profile.timeline import SYNC_SLACK_US, Gap, Timeline
+from profiling.profile.report import summary
+from profiling.profile.report.render import to_json, to_markdown
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.tables import cuda_calls
+from profiling.profile.trace.timeline import SYNC_SLACK_US, Gap, Timeline
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 BASE_STEP_MS = 55.95   # h100-cudacalls-base's profiled step: the others' slowdowns are against it

@@ -1,7 +1,10 @@
-"""The GPU's state from NVML (profiling/profile/device_state.py), with a fake NVML, and in the report."""
+"""The GPU's state from NVML (profiling/profile/capture/nvml.py, read back by profiling/profile/trace/device_state.py),
+with a fake NVML, and in the report."""
 import os
 
-from profiling.profile import device_state, render, summary
+from profiling.profile.capture import nvml
+from profiling.profile.report import render, summary
+from profiling.profile.trace import device_state
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
@@ -50,9 +53,9 @@ class FakeNVML:
 
 
 def test_read_names_the_slowing_clock_events_and_shuts_nvml_down():
-    nvml = FakeNVML(reasons=0x1 | 0x4 | 0x80)
-    s = device_state.read("58e5a2a4-1b2c", nvml)
-    assert nvml.asked == "GPU-58e5a2a4-1b2c" and nvml.shut
+    fake = FakeNVML(reasons=0x1 | 0x4 | 0x80)
+    s = nvml.read("58e5a2a4-1b2c", fake)
+    assert fake.asked == "GPU-58e5a2a4-1b2c" and fake.shut
     assert s == {"sm_mhz": 1410, "sm_max_mhz": 1980, "power_w": 699.5, "power_limit_w": 700.0, "temperature_c": 71,
                  "events": ["SW power cap", "HW power brake"]}  # GPU idle is no slowdown
     text = device_state.text({"start": s, "end": s})
@@ -61,8 +64,8 @@ def test_read_names_the_slowing_clock_events_and_shuts_nvml_down():
 
 
 def test_no_nvml_or_a_refused_query_is_said_not_raised():
-    assert "NVML unavailable (OSError" in device_state.read(None, FakeNVML(fail="init"))["missing"]
-    missing = device_state.read(None, FakeNVML(fail="query"))
+    assert "NVML unavailable (OSError" in nvml.read(None, FakeNVML(fail="init"))["missing"]
+    missing = nvml.read(None, FakeNVML(fail="query"))
     assert "NVML query failed (RuntimeError: Not Supported)" in missing["missing"]
     assert device_state.text({"start": missing, "end": missing}).startswith("GPU state: not available: NVML query")
     assert device_state.text(None) is None and device_state.slowing(None) == []
@@ -71,15 +74,15 @@ def test_no_nvml_or_a_refused_query_is_said_not_raised():
 def test_the_report_header_shows_the_state_and_old_traces_have_none():
     s = summary.load_summary(os.path.join(DATA, "h100-plant26-baseline.trace.json.gz"))
     assert s["device_state"] is None and "GPU state" not in render.to_markdown(s)  # made before the record
-    state = {"start": device_state.read(None, FakeNVML()), "end": device_state.read(None, FakeNVML(0x80))}
+    state = {"start": nvml.read(None, FakeNVML()), "end": nvml.read(None, FakeNVML(0x80))}
     lines = render.to_markdown(dict(s, device_state=state)).splitlines()
     assert lines[2].startswith("GPU state (NVML") and lines[2].endswith("clock events: HW power brake")
 
 
 def test_slow_device_cites_the_clock_events():
     trace = summary.load_trace(os.path.join(DATA, "h100-plant-shared_gpu.trace.json.gz"))
-    trace["autoresearch"]["device_state"] = {"start": device_state.read(None, FakeNVML(0x80)),
-                                             "end": device_state.read(None, FakeNVML(0x80))}
+    trace["autoresearch"]["device_state"] = {"start": nvml.read(None, FakeNVML(0x80)),
+                                             "end": nvml.read(None, FakeNVML(0x80))}
     f = next(f for f in summary.summarize(trace)["findings"] if f["kind"] == "slow_device")
     assert "NVML: clock events active: HW power brake" in f["evidence"]
 

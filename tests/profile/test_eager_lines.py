@@ -1,6 +1,6 @@
-"""profiling.profile.eager_lines and eager_record: the lines of eager operators, from one more recorded step.
+"""profiling.profile.tables.eager_lines and eager_record: the lines of eager operators, from one more recorded step.
 
-A real capture on the CPU (profiling.profile.capture.capture) of a small eager model defined here: an MLP, a
+A real capture on the CPU (profiling.profile.capture.window.capture) of a small eager model defined here: an MLP, a
 custom autograd.Function, a loss, AdamW; 2 warm-up + 2 active steps, then the line-record step. Its "Lines"
 table must place the operators on this file's lines, backward ones on their forward lines, and a step whose
 sequence of operators differs from the recorded step's must not get wrong lines. The fixture traces in
@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from profiling.profile import eager_lines, lines
-from profiling.profile.render import to_markdown
-from profiling.profile.summary import summarize
-from profiling.profile.traceio import by_thread, index, parents
+from profiling.profile.report.render import to_markdown
+from profiling.profile.report.summary import summarize
+from profiling.profile.tables import eager_lines, lines
+from profiling.profile.trace.traceio import by_thread, index, parents
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.relpath(os.path.abspath(__file__), ROOT)
@@ -65,13 +65,13 @@ def make_step():
 
 @pytest.fixture(scope="module")
 def captured():
-    from profiling.profile import capture
+    from profiling.profile.capture import window
 
     step, calls = make_step()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)  # the project's own files: those under the folder the run starts in
         mp.delenv("AUTORESEARCH_EAGER_LINES", raising=False)
-        trace, _ = capture.capture(step, warmup=2, active=2, metadata={})
+        trace, _ = window.capture(step, warmup=2, active=2, metadata={})
     assert len(calls) == 2 + 2 + 1 + 1  # the shape step and the line-record step train like any other
     return trace
 
@@ -194,7 +194,7 @@ def test_a_record_of_another_thread_places_nothing(captured):
 
 
 def test_turned_off_runs_no_extra_step(monkeypatch):
-    from profiling.profile import eager_record
+    from profiling.profile.capture import eager_record
     monkeypatch.setenv("AUTORESEARCH_EAGER_LINES", "0")
     assert eager_record.record(lambda: pytest.fail("no step"), lambda: None) is None
 
@@ -210,8 +210,8 @@ def test_a_compiled_part_stays_with_provenance_and_the_extra_step_does_not_recom
 import sys
 sys.path.insert(0, {ROOT!r})
 import torch
-from profiling.profile import capture, provenance
-from profiling.profile.summary import summarize
+from profiling.profile.capture import provenance, window
+from profiling.profile.report.summary import summarize
 from torch._dynamo.utils import counters
 provenance.start()
 torch.manual_seed(0)
@@ -233,7 +233,7 @@ def step():
     opt.zero_grad()
 step()
 before = dict(counters["stats"]), sum(counters["graph_break"].values())
-trace, _ = capture.capture(step, warmup=1, active=2, metadata={{}})
+trace, _ = window.capture(step, warmup=1, active=2, metadata={{}})
 assert (dict(counters["stats"]), sum(counters["graph_break"].values())) == before
 table = summarize(trace)["lines"]
 assert table["graphs"] >= 2 and table["placed_percent"] >= 90, table
@@ -274,7 +274,7 @@ def record_from_first_step(trace):
 def test_h100_eager_kernels_are_placed_through_the_autograd_thread(name, least, monkeypatch):
     """The backward runs on the autograd engine's own thread there: its kernels reach their forward operators
     through sequence numbers. Left: the engine's sums around a compiled graph's backward (~4 ms of 368)."""
-    from profiling.profile.summary import load_trace
+    from profiling.profile.report.summary import load_trace
     trace = load_trace(os.path.join(ROOT, "tests", "data", f"{name}.trace.json.gz"))
     trace["autoresearch"]["eager_lines"] = record_from_first_step(trace)
     monkeypatch.setattr(lines, "TOP", 100000)  # every row
@@ -293,7 +293,7 @@ def test_a_real_h100_record_places_the_eager_work_and_costs_the_profiled_step_no
     """Recorded by train.py --profile on an H100 (benchmarks/diagnoses.py, 2026-11-25): the attention module
     excluded from torch.compile (98.9% placed), the model uncompiled (100%); the profiled steps within 3% of
     the unprofiled ones, the record being one more step after them."""
-    from profiling.profile.summary import load_trace
+    from profiling.profile.report.summary import load_trace
     s = summarize(load_trace(os.path.join(ROOT, "tests", "data", f"{name}.trace.json.gz")))
     table = s["lines"]
     assert table["placed_percent"] >= least

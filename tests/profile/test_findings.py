@@ -13,9 +13,9 @@ import time
 import pytest
 
 from profiling.profile import findings
-from profiling.profile.render import to_markdown
-from profiling.profile.sampler import StackSampler
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.capture.sampler import StackSampler
+from profiling.profile.report.render import to_markdown
+from profiling.profile.report.summary import load_trace, summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -100,7 +100,7 @@ def test_graph_break_counts_regions_and_eager_kernels(summaries):
 
 
 def test_graph_break_names_the_line_the_compile_recorded():
-    """With the compile's record of its graph breaks (profiling/profile/provenance.py `breaks`), the finding names the
+    """With the compile's record of its graph breaks (profiling/profile/capture/provenance.py `breaks`), the finding names the
     line and its code instead of Dynamo's resume function."""
     trace = load_trace(plant("nan_check"))
     text = "if torch.isnan(x).any():  # planted"

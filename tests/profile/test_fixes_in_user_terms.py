@@ -3,7 +3,7 @@ with where it was set; where the model is compiled, no fix says "torch.compile t
 named with their own remedies; train.py is named only in a trace of train.py."""
 import pytest
 
-from profiling.profile.summary import summarize
+from profiling.profile.report.summary import summarize
 
 
 def eager(s):
@@ -62,7 +62,7 @@ def test_a_scatter_the_compiler_inserted_is_placed_at_the_embeddings_line(data_t
 def test_a_foreign_report_never_names_this_projects_train_py(name):
     import os
 
-    from profiling.profile.summary import load_trace
+    from profiling.profile.report.summary import load_trace
     data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "foreign")
     s = summarize(load_trace(os.path.join(data, f"{name}.json.gz")))
     assert s["findings"]

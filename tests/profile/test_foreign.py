@@ -9,9 +9,9 @@ import os
 import orjson
 import pytest
 
-from profiling.profile import render
-from profiling.profile.summary import MIN_JUDGED_MS, load_trace, summarize
-from profiling.profile.traceio import DEVICE_CATS, read_json
+from profiling.profile.report import render
+from profiling.profile.report.summary import MIN_JUDGED_MS, load_trace, summarize
+from profiling.profile.trace.traceio import DEVICE_CATS, read_json
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 FOREIGN = sorted(glob.glob(os.path.join(DATA, "foreign", "*.json.gz")))

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from profiling.profile.summary import summarize
-from profiling.profile.traceio import load_trace
+from profiling.profile.report.summary import summarize
+from profiling.profile.trace.traceio import load_trace
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 

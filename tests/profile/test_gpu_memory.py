@@ -1,4 +1,4 @@
-"""profiling.profile.gpu_memory: GPU memory at the peak by category, from a snapshot in torch's own format
+"""profiling.profile.tables.gpu_memory: GPU memory at the peak by category, from a snapshot in torch's own format
 (torch.cuda.memory._snapshot()), built here by hand; what fits; the report's section; on CUDA, a real step."""
 import copy
 import os
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from profiling.profile import gpu_memory
-from profiling.profile.gpu_memory import fits, max_depth, reduce
+from profiling.profile.tables import gpu_memory
+from profiling.profile.tables.gpu_memory import fits, max_depth, reduce
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
@@ -202,21 +202,23 @@ def test_the_record_is_small_json():
 
 @pytest.fixture(scope="module")
 def h100_trace():
-    from profiling.profile.summary import load_trace
     import os
+
+    from profiling.profile.report.summary import load_trace
     data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
     return load_trace(os.path.join(data, "h100-compiled-gpt-5steps.trace.json.gz"))
 
 
 def _summary(trace, **meta):
-    from profiling.profile.summary import summarize
+    from profiling.profile.report.summary import summarize
     trace = dict(trace, autoresearch=dict(meta))
     return summarize(trace)
 
 
 def test_the_report_section_and_fits(h100_trace):
-    from profiling.profile.render import to_json, to_markdown
     import json
+
+    from profiling.profile.report.render import to_json, to_markdown
     s = _summary(h100_trace, peak_memory_mb=44991.0, micro_batch=128, gpu_memory=dict(H100, lines=[
         {"where": "train.py:212", "mb": 30000.0}], note="a note"))
     assert s["gpu_memory"]["fits"]["max_micro_batch"] == 220
@@ -246,7 +248,7 @@ def test_the_report_section_and_fits(h100_trace):
 def test_peak_memory_is_never_0_mb_on_a_gpu_run_nor_a_sample_called_a_peak(h100_trace):
     """#43 item 3: NVML's device-wide use, read at the profiled steps' edges, is a sample between steps, not the
     step's peak: the header names it so and says the peak is unknown."""
-    from profiling.profile.render import to_markdown
+    from profiling.profile.report.render import to_markdown
     nvml = {"sm_mhz": 1980, "sm_max_mhz": 1980, "power_w": 600, "power_limit_w": 700, "temperature_c": 60,
             "events": []}
     state = {"start": dict(nvml, memory_used_mb=40000.0), "end": dict(nvml, memory_used_mb=46123.4)}
@@ -268,8 +270,8 @@ def test_with_the_caching_allocator_off_the_report_says_so_and_shows_no_zeros(h1
     allocator read 0 and the header printed `peak memory 1,699 MB (NVML, device-wide)` from one sample
     between steps. Now: caching off is named, the peak is unknown unless the allocator's statistics counted,
     the memory step's record says why it has no table."""
-    from profiling.profile.render import to_markdown
-    from profiling.profile.summary import load_trace
+    from profiling.profile.report.render import to_markdown
+    from profiling.profile.report.summary import load_trace
     meta = load_trace(os.path.join(DATA, "h100-plant33-no_caching_allocator.trace.json.gz"))["autoresearch"]
     assert meta["peak_memory_mb"] == 0.0
     record = gpu_memory.unmeasured(True, None)
@@ -290,7 +292,8 @@ def test_with_the_caching_allocator_off_the_report_says_so_and_shows_no_zeros(h1
 
 
 def test_nvml_memory_in_the_device_state():
-    from profiling.profile import device_state
+    from profiling.profile.capture import nvml
+    from profiling.profile.trace import device_state
 
     class Info:
         used = 46123 * M
@@ -303,7 +306,7 @@ def test_nvml_memory_in_the_device_state():
                 raise AttributeError(name)
             return lambda *a: Info() if name == "nvmlDeviceGetMemoryInfo" else 1
 
-    assert device_state.read(nvml=NVML())["memory_used_mb"] == 46123
+    assert nvml.read(nvml=NVML())["memory_used_mb"] == 46123
     assert device_state.memory_mb({"start": {"missing": "x"}, "end": {}}) is None
 
 
@@ -351,8 +354,8 @@ def test_a_real_memory_step_adds_up(tmp_path):
 
 def test_memory_by_category_in_the_diff_and_the_regression():
     """#35 item 4: what grew in GPU memory since the previous profile (or the best run's), by category."""
-    from profiling.profile import regression, render
-    from profiling.profile.summary import diff, load_trace, summarize
+    from profiling.profile.report import regression, render
+    from profiling.profile.report.summary import diff, load_trace, summarize
 
     trace = load_trace(os.path.join(DATA, "h100-plant-dense_mask.trace.json.gz"))
     before = summarize(load_trace(os.path.join(DATA, "h100-plant-baseline.trace.json.gz")))

@@ -1,9 +1,10 @@
-"""profiling.profile.hardware's peaks for any GPU, and the vendor names the trace reader knows (issue #42)."""
+"""profiling.profile.trace.hardware's peaks for any GPU, and the vendor names the trace reader knows (issue #42)."""
 import pytest
 
-from profiling.profile import cuda_calls, hardware
-from profiling.profile.classify import classify_kernel, classify_cpu_op
-from profiling.profile.timeline import LAUNCH_CALLS
+from profiling.profile.tables import cuda_calls
+from profiling.profile.trace import hardware
+from profiling.profile.trace.classify import classify_cpu_op, classify_kernel
+from profiling.profile.trace.timeline import LAUNCH_CALLS
 
 
 @pytest.mark.parametrize("name, fmt, tflops", [

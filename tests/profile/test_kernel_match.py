@@ -1,4 +1,4 @@
-"""profiling.profile.kernel_match: the changes table pairs kernels across recompiles, on real H100 traces.
+"""profiling.profile.report.kernel_match: the changes table pairs kernels across recompiles, on real H100 traces.
 
 h100-plant-baseline is a clean default-config run; h100-plant-<case> is the same train.py with one planted
 change (benchmarks/diagnoses.py); h100-cudnn-window-gpt-5steps is an earlier compile of nearly the same
@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from profiling.profile.classify import inductor_kernel
-from profiling.profile.kernel_match import match, match_key
-from profiling.profile.render import to_markdown
-from profiling.profile.summary import diff, load_trace, summarize
+from profiling.profile.report.kernel_match import match, match_key
+from profiling.profile.report.render import to_markdown
+from profiling.profile.report.summary import diff, load_trace, summarize
+from profiling.profile.trace.classify import inductor_kernel
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 OLD_FIELDS = {"name", "raw_name", "category", "previous", "current", "change_ms", "change_pct"}

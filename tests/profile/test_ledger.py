@@ -10,7 +10,7 @@ import pytest
 
 from profiling.cli import main
 from profiling.profile.findings import ledger
-from profiling.profile.summary import META_KEY, load_trace, summarize
+from profiling.profile.report.summary import META_KEY, load_trace, summarize
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 SLOW_FIXTURES = ("h100-plant33-nan_asserts", "h100-plant-small_batch")  # over 5 s each on a 2-core CPU

@@ -20,7 +20,9 @@ import torch
 import torch.nn as nn
 
 import profiling
-from profiling.profile import capture, irregular, provenance
+from profiling.profile.capture import provenance
+from profiling.profile.report import folder
+from profiling.profile.trace import irregular
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "profile", "lifecycle_worker.py")
@@ -218,14 +220,14 @@ def test_a_checkpoint_save_in_a_timed_and_a_profiled_step_is_named(out, tmp_path
 def test_the_previous_profile_is_compared_only_when_of_the_same_script_and_model(out):
     meta = dict(script="/a/train.py", parameters={"h.0.w": [4, 4], "h.1.w": [4, 4]})
     deeper = dict(meta, parameters={"h.0.w": [8, 8], "h.1.w": [8, 8], "h.2.w": [8, 8]})
-    assert capture.run_identity(meta) == capture.run_identity(deeper)  # the same model, deeper and wider
+    assert folder.run_identity(meta) == folder.run_identity(deeper)  # the same model, deeper and wider
     other = dict(meta, parameters={"conv.0.weight": [3, 3]})
-    assert capture.run_identity(meta) != capture.run_identity(other)
-    assert capture.run_identity(meta) != capture.run_identity(dict(meta, script="/b/bench.py"))
-    previous, now = {"run": capture.run_identity(meta)}, {"run": capture.run_identity(other)}
-    assert capture.comparable(previous, {"run": capture.run_identity(deeper)}) == (previous, None)
-    assert capture.comparable(previous, now)[0] is None and "another script or model" in \
-        capture.comparable(previous, now)[1]
+    assert folder.run_identity(meta) != folder.run_identity(other)
+    assert folder.run_identity(meta) != folder.run_identity(dict(meta, script="/b/bench.py"))
+    previous, now = {"run": folder.run_identity(meta)}, {"run": folder.run_identity(other)}
+    assert folder.comparable(previous, {"run": folder.run_identity(deeper)}) == (previous, None)
+    assert folder.comparable(previous, now)[0] is None and "another script or model" in \
+        folder.comparable(previous, now)[1]
     models = [tiny()[0], nn.Sequential(nn.Conv1d(4, 4, 3))]
     reports = []
     for model in models:

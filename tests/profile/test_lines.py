@@ -1,4 +1,4 @@
-"""profiling.profile.lines and profiling.profile.provenance: the step by source line ("Lines of train.py"), on a real trace of
+"""profiling.profile.tables.lines and profiling.profile.capture.provenance: the step by source line ("Lines of train.py"), on a real trace of
 our GPT compiled on the CPU with its source-line record, variants of it (a graph without a record, a call
 recorded twice), older traces without a record, and the collector fed the structured-trace records inductor
 emits (a slow test compiles for real)."""
@@ -11,11 +11,12 @@ import types
 
 import pytest
 
-from profiling.profile import lines, provenance
-from profiling.profile.classify import CATEGORIES
-from profiling.profile.render import to_json, to_markdown
-from profiling.profile.summary import load_trace, summarize
-from profiling.profile.traceio import by_thread, index, parents
+from profiling.profile.capture import provenance
+from profiling.profile.report.render import to_json, to_markdown
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.tables import lines
+from profiling.profile.trace.classify import CATEGORIES
+from profiling.profile.trace.traceio import by_thread, index, parents
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 CPU_COMPILED = os.path.join(DATA, "cpu-compiled-gpt-2steps.trace.json.gz")
@@ -269,7 +270,7 @@ def test_result_is_none_before_start(monkeypatch):
 COMPILE_SCRIPT = """
 import json, os, sys
 import torch
-from profiling.profile import provenance
+from profiling.profile.capture import provenance
 provenance.start()
 
 def f(x, w):

@@ -1,12 +1,13 @@
-"""Regions from torch's module scopes (profiling/profile/regions.py `Modules`): a plain torch.profiler trace
+"""Regions from torch's module scopes (profiling/profile/tables/regions.py `Modules`): a plain torch.profiler trace
 (with_stack=True, no parameter metadata) of a small GPT-style model of this test's own, recorded on the CPU."""
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from profiling.profile import regions, render
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report import render
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.tables import regions
 
 
 class CausalSelfAttention(torch.nn.Module):

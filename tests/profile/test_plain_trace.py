@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from profiling.profile import render
-from profiling.profile.summary import META_KEY, load_trace, summarize
+from profiling.profile.report import render
+from profiling.profile.report.summary import META_KEY, load_trace, summarize
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 ROOT = os.path.dirname(DATA.rsplit(os.sep, 1)[0])

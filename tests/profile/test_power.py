@@ -4,7 +4,7 @@ slowdowns below are the unprofiled ms/step minus the same call's baseline's (304
 import pytest
 
 from profiling.profile.findings import power
-from profiling.profile.summary import summarize
+from profiling.profile.report.summary import summarize
 
 SLOWDOWN_MS = {"log_40ms": 85.94, "launch_blocking": 71.04}
 

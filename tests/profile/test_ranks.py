@@ -1,4 +1,4 @@
-"""profiling.profile.ranks: a profile folder of per-rank traces -> one result. On the recorded 2-rank CPU DDP
+"""profiling.profile.report.ranks: a profile folder of per-rank traces -> one result. On the recorded 2-rank CPU DDP
 fixtures (tests/data/make_cpu_ddp_trace.py) and on small synthetic GPU traces computed by hand."""
 import gzip
 import json
@@ -9,10 +9,10 @@ import pytest
 
 from profiling.cli import main
 from profiling.errors import UserError
-from profiling.profile import render
-from profiling.profile.classify import classify_cpu_op, classify_kernel
-from profiling.profile.ranks import summarize_folder
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report import render
+from profiling.profile.report.ranks import summarize_folder
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.trace.classify import classify_cpu_op, classify_kernel
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 BALANCED = os.path.join(DATA, "cpu-ddp-2ranks")

@@ -1,4 +1,4 @@
-"""profiling.profile.regions: where the step goes in the model (the region table), on recorded traces (H200 default
+"""profiling.profile.tables.regions: where the step goes in the model (the region table), on recorded traces (H200 default
 config with parameter shapes, H100 without, our GPT on the CPU), variants of them with rewritten shapes (a
 3x MLP, a 1x MLP, a new layer type, unknown shapes, a tied head), and a synthetic trace computed by hand."""
 import bisect
@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from profiling.profile import regions
-from profiling.profile.render import to_json, to_markdown
-from profiling.profile.summary import diff, load_trace, summarize
-from profiling.profile.traceio import attribute, backward_windows, by_thread, index
+from profiling.profile.report.render import to_json, to_markdown
+from profiling.profile.report.summary import diff, load_trace, summarize
+from profiling.profile.tables import regions
+from profiling.profile.trace.traceio import attribute, backward_windows, by_thread, index
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 H200 = os.path.join(DATA, "h200-default-gpt-5steps.trace.json.gz")

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from profiling.cli import main
-from profiling.profile import regression, summary
+from profiling.profile.report import regression, summary
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 

@@ -1,4 +1,4 @@
-"""profiling.profile.relocate and the provenance record it corrects: the source frames of compiled graphs that
+"""profiling.profile.capture.relocate and the provenance record it corrects: the source frames of compiled graphs that
 Inductor's on-disk cache hands back, recorded by another checkout or an older version of the file, name the
 files and lines that run (issue #33). Fast tests feed recorded frames and files on disk; a slow test compiles
 a script in one folder, then a copy with a line added at its top in another, both sharing one Inductor cache.
@@ -12,9 +12,10 @@ import types
 
 import pytest
 
-from profiling.profile import provenance, relocate
-from profiling.profile.render import to_markdown
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.capture import provenance, relocate
+from profiling.profile.report.render import to_markdown
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.tables import lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_COMPILED = os.path.join(ROOT, "tests", "data", "cpu-compiled-gpt-2steps.trace.json.gz")
@@ -118,7 +119,7 @@ def test_the_record_names_the_running_lines_and_keeps_each_once(tmp_path, monkey
                            ["a/train.py", 3, "forward", "y = removed(x)", True]]  # not found: kept, own
     assert r["stacks"] == [[0], [1]] and r["relocated"] == 1 and r["unmapped"] == [[1, f"{a}:3"]]
     assert [g["kernels"] for g in r["graphs"]] == [[["k", [0]], ["k", [1]]], [["k", [0]]]]
-    note, = provenance.notes(r)
+    note, = lines.notes(r)
     assert note.startswith("1 source lines of the compiled graphs are not in the running code and are "
                            f"shown as recorded ({a}:3): Inductor's cache")
 
@@ -156,7 +157,7 @@ def graph_frames(path, line, function="forward"):
 
 
 def memory_lines(snapshot, placement):
-    from profiling.profile import gpu_memory
+    from profiling.profile.tables import gpu_memory
     return {r["where"] for r in gpu_memory.reduce(snapshot, {}, where=gpu_memory.placed(placement))["lines"]}
 
 
@@ -204,9 +205,9 @@ def test_memory_lines_of_the_same_file_with_a_line_added(tmp_path, monkeypatch):
 SCRIPT = textwrap.dedent("""\
     import json
     import torch
-    from profiling.profile import capture, provenance
-    from profiling.profile.render import to_markdown
-    from profiling.profile.summary import summarize
+    from profiling.profile.capture import provenance, window
+    from profiling.profile.report.render import to_markdown
+    from profiling.profile.report.summary import summarize
 
 
     class MLP(torch.nn.Module):
@@ -221,7 +222,7 @@ SCRIPT = textwrap.dedent("""\
 
     provenance.start()
     model, x = torch.compile(MLP()), torch.randn(16, 32)
-    trace, _ = capture.capture(lambda: model(x).backward(), warmup=1, active=1, metadata={})
+    trace, _ = window.capture(lambda: model(x).backward(), warmup=1, active=1, metadata={})
     s = summarize(trace)
     record = trace["autoresearch"]["provenance"]
     print(json.dumps({"lines": s["lines"], "keys": [g["key"] for g in record["graphs"]],

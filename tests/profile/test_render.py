@@ -1,4 +1,4 @@
-"""profiling.profile.render: the Markdown report the agent reads, and the JSON twin."""
+"""profiling.profile.report.render: the Markdown report the agent reads, and the JSON twin."""
 import copy
 import json
 import os
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from profiling.profile.render import to_json, to_markdown
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report.render import to_json, to_markdown
+from profiling.profile.report.summary import load_trace, summarize
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 H100 = os.path.join(DATA, "h100-compiled-gpt-5steps.trace.json.gz")

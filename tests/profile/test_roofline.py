@@ -1,14 +1,14 @@
-"""The roofline columns (profiling/profile/roofline.py) and the head's backward, on a real default-config H100 trace."""
+"""The roofline columns (profiling/profile/tables/roofline.py) and the head's backward, on a real default-config H100 trace."""
 import math
 from pathlib import Path
 
 import pytest
 
-from profiling.profile import roofline
-from profiling.profile.regions import path_region
-from profiling.profile.render import to_markdown
-from profiling.profile.summary import summarize
-from profiling.profile.traceio import load_trace
+from profiling.profile.report.render import to_markdown
+from profiling.profile.report.summary import summarize
+from profiling.profile.tables import roofline
+from profiling.profile.tables.regions import path_region
+from profiling.profile.trace.traceio import load_trace
 
 DATA = Path(__file__).parent.parent / "data"
 DEFAULT = DATA / "h100-cudnn-window-gpt-5steps.trace.json.gz"   # default config, H100, record_shapes=True

@@ -1,4 +1,4 @@
-"""profiling.profile.settings: the process's settings, recorded before the profiled steps, and who set them."""
+"""profiling.profile.trace.settings: the process's settings, recorded before the profiled steps, and who set them."""
 import json
 import os
 import subprocess
@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from profiling.profile import settings
-from profiling.profile.render import to_json, to_markdown
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report.render import to_json, to_markdown
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.capture import settings as capture_settings
+from profiling.profile.trace import settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H100 = os.path.join(ROOT, "tests", "data", "h100-compiled-gpt-5steps.trace.json.gz")
@@ -19,7 +20,7 @@ TRAIN_PY = {"float32_matmul_precision": "high", "gc.enabled": False, "gc.frozen"
 SCRIPT = """
 import gc, json, os, sys
 import torch
-from profiling.profile import settings
+from profiling.profile.capture import settings
 default = settings.snapshot()
 compiler_loaded = [m for m in ("torch._dynamo", "torch._inductor.config") if m in sys.modules]
 torch.use_deterministic_algorithms(True)
@@ -30,10 +31,10 @@ torch._inductor.config.max_fusion_size = 32
 os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
 torch.set_float32_matmul_precision("high")
 gc.collect(); gc.freeze(); gc.disable()
-from profiling.profile import capture, provenance
+from profiling.profile.capture import provenance, window
 provenance.start()
 planted = settings.snapshot(train_py=json.loads(sys.argv[1]))
-planted["profiler"] = capture.own_settings(planted, cuda=True)
+planted["profiler"] = window.own_settings(planted, cuda=True)
 print(json.dumps({"default": default, "planted": planted, "compiler_loaded": compiler_loaded}))
 """
 
@@ -41,7 +42,7 @@ print(json.dumps({"default": default, "planted": planted, "compiler_loaded": com
 @pytest.fixture(scope="module")
 def live():
     env = {k: v for k, v in os.environ.items()
-           if not (k.startswith(settings.ENV_PREFIXES) or k in settings.ENV_NAMES)}
+           if not (k.startswith(capture_settings.ENV_PREFIXES) or k in capture_settings.ENV_NAMES)}
     env.update(CUBLAS_WORKSPACE_CONFIG=":4096:8", CUDA_VISIBLE_DEVICES="", PYTHONPATH=ROOT,
                AUTORESEARCH_PROVENANCE="1")
     out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(TRAIN_PY)], env=env, cwd=ROOT, check=False,

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.report.summary import load_trace, summarize
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
@@ -214,7 +214,7 @@ def test_against_the_kept_run_a_new_setting_claims_at_most_the_steps_growth(summ
     growth, and says so."""
     import copy
 
-    from profiling.profile import regression
+    from profiling.profile.report import regression
 
     now, kept = copy.deepcopy(summary("launch_blocking")), summary("baseline")  # add() changes `now`
     alone = now["findings"][0]["ms_per_step"]

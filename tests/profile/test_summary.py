@@ -1,4 +1,4 @@
-"""profiling.profile.summary (and the kernel names and categories of profiling.profile.classify): on recorded traces and on
+"""profiling.profile.report.summary (and the kernel names and categories of profiling.profile.trace.classify): on recorded traces and on
 small synthetic traces whose numbers are computed by hand."""
 import gzip
 import json
@@ -7,8 +7,8 @@ import os
 import pytest
 
 from profiling.errors import UserError
-from profiling.profile.classify import classify_kernel, short_name, unique_names
-from profiling.profile.summary import diff, load_summary, load_trace, summarize
+from profiling.profile.report.summary import diff, load_summary, load_trace, summarize
+from profiling.profile.trace.classify import classify_kernel, short_name, unique_names
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 H100 = os.path.join(DATA, "h100-compiled-gpt-5steps.trace.json.gz")

@@ -1,4 +1,4 @@
-"""Whose code a line is (profiling/profile/whose.py, issue #41): the script's folder whatever the cwd, more
+"""Whose code a line is (profiling/profile/trace/whose.py, issue #41): the script's folder whatever the cwd, more
 roots through Profiler(code_roots=...), and installed model code shown as its library's lines -- a fake
 installed package driven through a framework-like entry, and a real transformers Llama in a plain loop."""
 import json
@@ -13,9 +13,10 @@ import torch
 import torch.nn as nn
 
 import profiling
-from profiling.profile import provenance, whose
-from profiling.profile.lines import Provenance
-from profiling.profile.summary import load_trace, summarize
+from profiling.profile.capture import provenance
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.tables.lines import Provenance
+from profiling.profile.trace import whose
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 THIS = "tests/profile/test_whose.py"

@@ -38,9 +38,9 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
-from profiling.profile import hardware
 from profiling.profile.findings import calls, comm, idle, kernels, ledger, power, settings, unplaced, waste
 from profiling.profile.findings.contract import run, unknown
+from profiling.profile.trace import hardware
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
 RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,

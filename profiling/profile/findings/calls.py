@@ -6,7 +6,7 @@
 - alloc_churn: allocations and frees every step (a free waits for the device), the GPU idle in and after them;
 - cuda_sync: synchronizing calls and pageable copies no earlier rule tied to a line, the idle after them, and
   the pageable copies' own slowness.
-The evidence comes from profiling/profile/cuda_calls.py; a trace whose capture recorded no settings (an older
+The evidence comes from profiling/profile/tables/cuda_calls.py; a trace whose capture recorded no settings (an older
 one, a foreign one) is read the same way: the calls are the evidence. A long call with a busy GPU (the host
 waiting for room in a full queue) is back-pressure, never a finding (DESIGN.md pitfall 11).
 
@@ -18,10 +18,10 @@ with the findings contract's `rule(kind, needs)` (profiling/profile/findings/con
 from bisect import bisect_left, bisect_right
 from collections import Counter
 
-from profiling.profile import cuda_calls
 from profiling.profile.findings.contract import finding, idle_ms, made_by, rule, scaled, top
 from profiling.profile.findings.idle import own_labels
 from profiling.profile.findings.settings import attribute
+from profiling.profile.tables import cuda_calls
 
 FIRE_SHARE = 0.01   # a rule fires when the idle it prices is 1% of the step or more: the report shows no finding
                     # under 1% (render.SHOW_PERCENT), and the clean H100 traces' stray held launches and one-off

@@ -4,12 +4,12 @@
   GPU. From one rank's trace the cause is not in the data: the links' bandwidth, or the other ranks arriving late
   (a collective ends on every rank when the last one joins it, so a slow rank shows as the others' exposed
   communication). The finding says so, first by its size (effect first), and how to tell: every rank's trace in
-  one folder (`research profile FOLDER`: profiling/profile/ranks.py prices the two apart).
+  one folder (`research profile FOLDER`: profiling/profile/report/ranks.py prices the two apart).
 """
 from collections import Counter
 
 from profiling.profile.findings.contract import claim, finding, rule
-from profiling.profile.traceio import merge, union_length
+from profiling.profile.trace.traceio import merge, union_length
 
 MIN_SHARE = 0.05  # of the step: exposed communication below this is left to the budget table
 

@@ -4,7 +4,7 @@ A rule is a function `match(tl, ctx, found) -> finding or None`, declared with `
 
 - `needs`: the evidence it cannot do without (EVIDENCE names). When a trace lacks one, the rule is skipped
   and the skip is listed (`skipped`: the rule, what was missing); it never guesses a cause in its place.
-- `match`: reads the trace's events through the Timeline (profiling/profile/timeline.py) and what the live run
+- `match`: reads the trace's events through the Timeline (profiling/profile/trace/timeline.py) and what the live run
   recorded (`tl.meta`), never train.py's source. It sees the findings earlier rules returned (`found`) and
   the GPU idle they claimed (`Gap.cause`): no two findings claim the same gap.
 - kernels: a rule that prices device events declares them with `claim(ctx, events)`: later rules that read
@@ -19,21 +19,21 @@ Rules run in the explicit order of profiling/profile/findings/__init__.py (root 
 expose), and the findings come out costliest first.
 """
 
-from profiling.profile.timeline import COMPILED
-from profiling.profile.traceio import has_shapes
+from profiling.profile.trace.timeline import COMPILED
+from profiling.profile.trace.traceio import has_shapes
 
 # What a rule may need, and how a trace shows it (`evidence()` decides, once per trace).
 EVIDENCE = {
     "device": "device (GPU) events: kernels, copies, sets",
-    "host_samples": "the live run's Python stack samples of the main thread (profiling/profile/sampler.py)",
+    "host_samples": "the live run's Python stack samples of the main thread (profiling/profile/capture/sampler.py)",
     "sync_lines": "the Python lines of the host syncs, from CUDA's sync debug mode (a live capture's)",
     "unprofiled": "the unprofiled step time, measured before the profiled window",
     "own_idle": "GPU idle that is the script's own: an unprofiled step time to scale it to, or a trace recorded "
                 "without torch's Python stacks (with_stack slows the host)",
     "shapes": "operator input shapes and dtypes (record_shapes=True)",
-    "settings": "the process's settings, recorded by a live capture (profiling/profile/settings.py)",
+    "settings": "the process's settings, recorded by a live capture (profiling/profile/trace/settings.py)",
     "peak": "the device's peak FLOP/s (a known GPU)",
-    "bounds": "each kernel's least time (profiling/profile/bound.py: a known GPU's peaks and shapes)",
+    "bounds": "each kernel's least time (profiling/profile/tables/bound.py: a known GPU's peaks and shapes)",
     "regions": "the model's parameters (the regions table: forward and backward GEMM FLOPs per region)",
     "parameters": "the model's parameter shapes, recorded by a live capture",
     "reference": "another profile to compare with (the best kept run's, --previous, --against)",

@@ -7,8 +7,6 @@ import re
 import statistics
 from collections import Counter
 
-from profiling.profile import cuda_calls
-from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import (
     claim,
     finding,
@@ -21,7 +19,9 @@ from profiling.profile.findings.contract import (
     unknown,
 )
 from profiling.profile.findings.settings import attribute
-from profiling.profile.timeline import COMPILED, LAUNCH_CALLS
+from profiling.profile.tables import cuda_calls
+from profiling.profile.trace.classify import short_name
+from profiling.profile.trace.timeline import COMPILED, LAUNCH_CALLS
 
 STEP_TOLERANCE = 0.03      # profiled vs unprofiled step time (as the summary's check)
 LONG_GAP_US = 200.0        # idle gaps this long are the host doing something else, not launch latency
@@ -222,7 +222,7 @@ def graph_break(tl, ctx, found):
 
 
 def _break_lines(record):
-    """`train.py:439 `if x.isnan().any():`` per graph break the compile recorded (profiling/profile/provenance.py: the
+    """`train.py:439 `if x.isnan().any():`` per graph break the compile recorded (profiling/profile/capture/provenance.py: the
     innermost frame of the project's own files), most frequent first; [] when the trace has no such record."""
     record = record if isinstance(record, dict) else {}
     frames, stacks, out = record.get("frames") or [], record.get("stacks") or [], []

@@ -7,7 +7,7 @@
 - attention_fallback: attention operators far below the fused kernels' rate (a masked fallback, the math path).
 - math_attention: attention as batched matmuls and a softmax over [T, T] score matrices in a graph (no attention
   operator to judge: a hand-written attention, or a compiled SDPA with its fused backends off).
-  Both price and fix the attention the model does (profiling/profile/attention_kind.py): is_causal=True only for a
+  Both price and fix the attention the model does (profiling/profile/tables/attention_kind.py): is_causal=True only for a
   causal model; a bidirectional one (BERT, ViT) keeps its full attention (the padding mask as [B, 1, 1, T], or
   none); an unknown one gets both branches, each with its condition, priced as full attention.
 - attention_backend: SDPA calls on a fused backend slower than another backend the same trace runs attention on
@@ -19,13 +19,14 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 """
 from collections import Counter
 
-from profiling.profile import attention_kind, device_state, hardware
-from profiling.profile.attention_kind import BIDIRECTIONAL, CAUSAL, square_masks
-from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
 from profiling.profile.findings.settings import attribute
-from profiling.profile.roofline import ATTENTION_OP, GEMM_OPS, attention_flops, causal_flag, gemm_flops
-from profiling.profile.timeline import input_types
+from profiling.profile.tables import attention_kind
+from profiling.profile.tables.attention_kind import BIDIRECTIONAL, CAUSAL, square_masks
+from profiling.profile.tables.roofline import ATTENTION_OP, GEMM_OPS, attention_flops, causal_flag, gemm_flops
+from profiling.profile.trace import device_state, hardware
+from profiling.profile.trace.classify import short_name
+from profiling.profile.trace.timeline import input_types
 
 LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
 SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (a healthy H100 here:

@@ -5,7 +5,7 @@ A GPU that idles part of the step draws less than its power limit and runs at hi
 can hold (an H100 at its 700 W limit: 1,515-1,770 MHz busy, 1,845-1,965 with a quarter of the step idle;
 benchmarks/diagnoses_results.md). Remove the idle and the power rises, the power limit pulls the clock down,
 and the compute-bound kernels (GEMMs, attention) slow: the step gains less than the idle it loses. From the
-GPU state the live capture records (NVML: clock, power and power limit; profiling/profile/device_state.py):
+GPU state the live capture records (NVML: clock, power and power limit; profiling/profile/trace/device_state.py):
 
     power busy throughout  = P * b' / b       P: the mean power over the profiled steps (NVML's energy
                                               counter), else NVML's power after them; b: the device's
@@ -22,7 +22,7 @@ memory-bound kernels' small clock dependence. Checked on fresh H100 plants it wa
 d36 in benchmarks/diagnoses_results.md): the idle findings' claims went from -31..+39% of the measured
 slowdown to -8..+16%, but for a plant whose profiled steps ran faster than its unprofiled ones.
 """
-from profiling.profile import device_state
+from profiling.profile.trace import device_state
 
 COMPUTE = ("GEMM", "attention")   # the budget categories whose kernels' time follows the SM clock
 

@@ -13,9 +13,9 @@ hands it to `attribute()`, which
 - or, with no settings record in the trace (an older or foreign one), keeps the rule's finding and adds
   which settings would also explain it: the trace cannot tell.
 
-Names are profiling/profile/settings.py's canonical names; rows come from its `differing()`.
+Names are profiling/profile/trace/settings.py's canonical names; rows come from its `differing()`.
 """
-from profiling.profile import settings as recorded
+from profiling.profile.trace import settings as recorded
 
 # mechanism -> ((setting, is it the cause for this value, what it does, how to undo it), ...)
 CAUSES = {

@@ -9,10 +9,10 @@ What no rule names stays in the lines table's `not placed` list, with the operat
 """
 from collections import Counter
 
-from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.findings.settings import attribute
-from profiling.profile.timeline import COMPILED
+from profiling.profile.trace.classify import short_name
+from profiling.profile.trace.timeline import COMPILED
 
 SCATTER_OPS = ("aten::index_put_", "aten::_index_put_impl_", "aten::embedding_dense_backward",
                "aten::index_add_", "aten::scatter_add_")

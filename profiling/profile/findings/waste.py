@@ -18,13 +18,13 @@ Each rule takes (timeline, context, findings so far) and returns a finding or No
 """
 import re
 
-from profiling.profile.classify import short_name
 from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
 from profiling.profile.findings.kernels import fused_causal
 from profiling.profile.findings.settings import attribute
-from profiling.profile.regions import PAD_ALIGNMENTS
-from profiling.profile.roofline import DTYPE_BYTES, elements
-from profiling.profile.timeline import COMPILED
+from profiling.profile.tables.regions import PAD_ALIGNMENTS
+from profiling.profile.tables.roofline import DTYPE_BYTES, elements
+from profiling.profile.trace.classify import short_name
+from profiling.profile.trace.timeline import COMPILED
 
 EAGER_CATEGORIES = ("other compute", "optimizer")  # elementwise and reduction work a compiler would fuse
 EAGER_MIN_SHARE = 0.005  # of the step: the clean default's eager kernels (a few add_/stack/_foreach_copy_

@@ -7,10 +7,13 @@ no ProfilerStep markers, with the device events they launched; top-level metadat
                                  # cpu_instant_event (for one-step traces too big with them)
     LIMIT=150000 ...             # gzipped bytes to fit (default 280,000)
 """
-import gzip, json, sys
-from profiling.profile.traceio import read_json, DEVICE_CATS
-
+import gzip
+import json
 import os
+import sys
+
+from profiling.profile.trace.traceio import DEVICE_CATS, read_json
+
 DROP_FLOWS = bool(os.environ.get("DROP_FLOWS"))
 DROP_PY = bool(os.environ.get("DROP_PY"))
 LIMIT = int(os.environ.get("LIMIT", 280_000))

@@ -1,0 +1,114 @@
+"""What the host was doing while the GPU waited: a sampler of the main thread's Python stack. Stdlib only.
+
+Scalene and py-spy find where a program spends its time by looking at its stack every few milliseconds
+instead of tracing every call; this does the same for the profiled steps, from a daemon thread inside the
+process (`sys._current_frames`), so it needs no extra tool or permission. The capture starts it for the
+active steps and calls `step(i)` as each one begins; each sample is kept as (step, microseconds since that
+step began, stack id), which the findings place on the trace's timeline from the ProfilerStep windows, on
+any machine, later.
+
+    sampler = StackSampler()           # samples the thread that creates it
+    sampler.start()
+    for i in range(steps):
+        sampler.step(i)                # before each profiled step
+        ...
+    sampler.stop()
+    data = sampler.result()            # plain JSON data: interval_ms, stacks, samples (see `result`)
+
+Cost: one sample walks the main thread's frames under the GIL (each code object's kind and label worked out
+once). Where the host is the bottleneck it still shows: on the H100, a compiled ResNet-50 (863 launches in a 25 ms
+step) ran +29% profiled with it against +16% without (benchmarks/profiler_cost_results.md, call 3).
+"""
+import linecache
+import sys
+import threading
+import time
+
+from profiling.profile.trace import whose
+
+INTERVAL_S = 0.002   # 500 samples a second: a 1 ms wait is seen about every other time
+MAX_FRAMES = 12      # frames kept per sample
+INNERMOST = 3        # innermost frames kept whatever their file; further out, only own ones (whose.py)
+MAX_TEXT = 100       # characters of a source line kept
+
+
+def frame_label(code_file, line, function, root):
+    """`file:line function`, the file named as profiling/profile/trace/whose.py does (relative to its code root,
+    from its installed package's folder, else its last two parts). root: a whose.Code, a folder or folders."""
+    return whose.of(root).label(code_file, line, function)
+
+
+class StackSampler:
+    """Samples one thread's Python stack every `interval` seconds between start() and stop()."""
+
+    def __init__(self, interval=INTERVAL_S, thread_id=None, root=None):
+        self.interval = interval
+        self.thread_id = thread_id if thread_id is not None else threading.get_ident()
+        self.root = whose.current() if root is None else whose.of(root)  # whose code each frame is
+        self.stacks, self.ids, self.samples, self.texts, self.own = [], {}, [], {}, set()
+        self.current = None           # (step, perf_counter at its start)
+        self._stop = threading.Event()
+        self._thread = None
+        self._kinds, self._labels = {}, {}   # code -> own?, (code, line) -> label
+
+    def step(self, index):
+        """Mark the start of profiled step `index` (0 = the first one recorded)."""
+        self.current = (index, time.perf_counter())
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name="autoresearch-stack-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            current = self.current
+            frame = sys._current_frames().get(self.thread_id)
+            if current is None or frame is None:
+                continue
+            at = time.perf_counter()
+            self.samples.append([current[0], round((at - current[1]) * 1e6), self._stack_id(frame)])
+            del frame
+
+    def _stack_id(self, frame):
+        """The id of this stack: its INNERMOST frames, then own frames (whose.py) further out. Each code
+        object's kind and each (code, line)'s label are worked out once: the walk holds the GIL, and the main
+        thread waits for it (benchmarks/profiler_cost_results.md)."""
+        labels, depth, kinds, known = [], 0, self._kinds, self._labels
+        while frame is not None and len(labels) < MAX_FRAMES:
+            code = frame.f_code
+            own = kinds.get(code)
+            if own is None:
+                own = kinds[code] = self.root.owns(code.co_filename, code.co_name)
+            if depth < INNERMOST or own:
+                label = known.get((code, frame.f_lineno))
+                if label is None:
+                    label = known[(code, frame.f_lineno)] = self._label(code, frame.f_lineno, own)
+                labels.append(label)
+            frame, depth = frame.f_back, depth + 1
+        key = tuple(labels)
+        if key not in self.ids:
+            self.ids[key] = len(self.stacks)
+            self.stacks.append(labels)
+        return self.ids[key]
+
+    def _label(self, code, line, own):
+        label = self.root.label(code.co_filename, line, code.co_name)
+        if own:
+            self.own.add(label)
+        if label not in self.texts:
+            self.texts[label] = linecache.getline(code.co_filename, line).strip()[:MAX_TEXT]
+        return label
+
+    def result(self):
+        """{"interval_ms", "stacks": [[frame label, innermost first]], "samples": [[step, us, stack id]],
+        "lines": {frame label: its source line}, "own": [labels of the user's code and of installed model
+        code (profiling/profile/trace/whose.py)]}: plain data for the trace metadata."""
+        used = {label for stack in self.stacks for label in stack}
+        return {"interval_ms": self.interval * 1e3, "stacks": self.stacks, "samples": self.samples,
+                "lines": {label: text for label, text in self.texts.items() if label in used and text},
+                "own": sorted(self.own & used)}

@@ -1,0 +1,313 @@
+"""The profiled window: a few training steps under torch.profiler, then the untimed steps that record what the
+timed ones must not pay for (shapes, lines, memory), exported as one Chrome trace with the run's metadata.
+
+The window only captures; profiling/profile/report/folder.py summarizes the exported trace and writes the
+report, exactly as `research profile TRACE` does later on any machine.
+"""
+import contextlib
+import gc
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from profiling.errors import UserError
+from profiling.profile.capture import eager_record, nvml, provenance, settings, shapes
+from profiling.profile.capture.detail import DetailStep, SyncRecorder, without_launch_records
+from profiling.profile.capture.memory import MemoryStep, record_missing
+from profiling.profile.capture.sampler import StackSampler
+from profiling.profile.trace import settings as recorded
+
+# torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
+# repeat=1 there is one cycle, so the warning says nothing here.
+CYCLE_WARNING = "Warning: Profiler clears events at the end of each cycle"
+# kineto (torch.profiler's C++ side) asks CUDA for its devices when a trace ends, even when only the CPU
+# was profiled; on a machine without a GPU it logs this ERROR line, which tells a new user that a normal
+# CPU run failed (torch 2.11: "ERROR:<time> <pid>:<tid> DeviceProperties.cpp:48] gpuGetDeviceCount
+# failed with code 35"). Only this line is dropped, only without CUDA, only while the trace ends.
+NO_GPU_LINE = re.compile(rb"^ERROR:.*\] gpuGetDeviceCount failed with code \d+\s*$")
+
+
+def capture(step_fn, warmup, active, metadata, memory=False, parameters=()):
+    """Run `warmup + active` calls of step_fn under the profiler, then one more that records the lines of the
+    eager operators (unless AUTORESEARCH_EAGER_LINES=0) and, with `memory`, one more for GPU memory; return (the
+    trace as a dict, the perf_counter time when the last profiled step was done). The function form of Window."""
+    window = Window(warmup, active, metadata, memory, parameters)
+    trace = None
+    while trace is None:
+        step_fn()
+        trace = window.step()
+    return trace, window.t_end
+
+
+class Window:
+    """The profiled window of a training loop that calls `step()` after each of its steps: `warmup` steps
+    under torch.profiler unrecorded, `active` recorded (no input shapes), then one more that records the
+    operators' input shapes and the Python lines of the host syncs (`DetailStep`: both slowed the recorded
+    steps when recorded in them), then one that records the lines of the eager
+    operators (`eager_record.Recorder`; none with AUTORESEARCH_EAGER_LINES=0), then with `memory` (CUDA only)
+    one more with the allocator's history recorded (`capture/memory.py` MemoryStep: the metadata's `gpu_memory`;
+    without CUDA the metadata says why there is none, and no step is added). `parameters`: the model's
+    tensors, for that step's tags. `step()` returns the exported trace as a dict after the last of them,
+    else None. Created just before the first of these steps.
+
+    The device is synchronized at the window's edges only: nothing launched before it runs inside it, and
+    everything launched in it is recorded. Inside, steps run back to back as in training (no extra syncs);
+    the summary gives each kernel to the step that launched it. During the active steps the capture also
+    records what the trace cannot show (profiling/profile/findings/ reads it): the main thread's Python stack
+    every few ms (profiling/profile/capture/sampler.py), the
+    graph breaks TorchDynamo met while compiling, and the source lines of the compiled kernels when
+    profiling.profile.capture.provenance.start() ran before compilation (profiling/profile/tables/lines.py reads them).
+    Before anything else it records the process's settings (profiling/profile/capture/settings.py), unless
+    metadata["settings"] holds a record already, and adds what the profiler itself changes.
+    """
+
+    def __init__(self, warmup, active, metadata, memory=False, parameters=()):
+        if active < 1 or warmup < 0:
+            raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
+                            "use at least 1 active step and 0 or more warm-up steps")
+        self.warmup, self.active, self.metadata = warmup, active, metadata
+        self.cuda = cuda = torch.cuda.is_available()
+        self.before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
+        self.sync = torch.cuda.synchronize if cuda else (lambda: None)
+        self.sampler, self.syncs, self.state = StackSampler(), SyncRecorder(cuda), None
+        self.i, self.t_end, self.trace, self.recorder = 0, None, None, None
+        self.after = [("details", lambda: DetailStep(self.syncs, self.sync))]
+        if eager_record.enabled():
+            self.after.append(("eager_lines", lambda: eager_record.Recorder(self.sync)))
+        if memory and cuda:
+            self.after.append(("gpu_memory", lambda: MemoryStep(parameters)))
+        self.missing = {"gpu_memory": record_missing()} if memory and not cuda else {}
+        self.tmp = tempfile.mkdtemp(prefix="autoresearch-trace-")
+        self.path = os.path.join(self.tmp, "trace.json")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self.prof = profile(activities=activities, record_shapes=False,  # shapes: DetailStep, untimed
+                            schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
+                            on_trace_ready=lambda p: p.export_chrome_trace(self.path))
+        gc.collect()  # the garbage of what ran before (a collection inside the window would be its cost)
+        self.sync()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
+            self.prof.start()
+        self.launches = contextlib.ExitStack()  # Inductor's launch records: from the shape step, untimed (once
+        self.launches.enter_context(without_launch_records())  # the profiler runs: a failed start changes nothing)
+        self._before_step()
+
+    def _before_step(self):
+        """What starts with step i (self.i): the recording of the active steps."""
+        i = self.i
+        if i == self.warmup:
+            self.state = {"start": nvml.read(_uuid())} if self.cuda else None
+            self.sampler.start()
+        if i >= self.warmup:
+            self.sampler.step(i - self.warmup)
+
+    def step(self):
+        """After each step: the trace once the window is done (then nothing more to call), else None."""
+        if self.recorder is not None:  # an untimed step after the window is done: its record
+            record = self._guarded(lambda: self._quiet(self.recorder.end))
+            if self.key == "details":
+                self._details(record)
+            else:
+                self.trace["autoresearch"][self.key] = record
+            return self._next_after()
+        last = self.i == self.warmup + self.active - 1
+        if last:
+            self.sampler.stop()
+            self.sync()  # the last step's kernels finish before the profiler stops recording
+            self.t_end = time.perf_counter()
+            if self.state:
+                self.state["end"] = nvml.read(_uuid())
+        self.i += 1
+        if not last:
+            self.prof.step()
+            self._before_step()
+            return None
+        self._quiet(self._export)  # after the last active step: stop recording, export the trace
+        return self._next_after()
+
+    def _next_after(self):
+        """Begin the next untimed step after the window (None), or the trace when there is none left."""
+        if not self.after:
+            self.recorder = None
+            return self.trace
+        self.key, make = self.after.pop(0)
+        self.recorder = make()
+        failed = self._guarded(self.recorder.begin)
+        if failed is not None:  # this record is lost, said in the metadata; the next one may still run
+            if self.key == "details":
+                self._details(failed)
+            else:
+                self.trace["autoresearch"][self.key] = failed
+            return self._next_after()
+        return None
+
+    def _details(self, record):
+        """The shape step's record into the trace: its shapes given to the profiled steps' operators, its sync
+        lines as the metadata's `syncs` (counted over `syncs_steps` = 1 step); or, when it failed, why not."""
+        meta = self.trace["autoresearch"]
+        if "missing" in record:
+            meta["shapes"] = record
+            return
+        meta["shapes"] = shapes.transplant(self.trace["traceEvents"], record["shapes"])
+        if meta["shapes"]["matched"]:
+            self.trace["record_shapes"] = 1
+        meta.update(syncs=self.syncs.result(self.sampler.root), syncs_steps=1)
+
+    def _guarded(self, fn):
+        """fn()'s result, or, when it raises, a record saying why: the profile is saved already, so an untimed
+        record after it (its code depends on private torch APIs) must never stop the training it rides on."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 (any failure of a record is reported, never raised)
+            with contextlib.suppress(Exception):
+                self.recorder.abandon()
+            return {"missing": f"{self.key} failed and was left out: {type(e).__name__}: {e}"[:300]}
+
+    def _export(self):
+        try:
+            self.prof.step()
+            self.prof.stop()
+        finally:
+            self.launches.close()
+        self.trace = self._recorded(self.active)
+
+    def _recorded(self, steps, missing=None):
+        """The exported trace of the first `steps` active steps (None if there is none), with the capture's
+        metadata; `missing`: records of the steps after the window that were not made, and why."""
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                trace = json.load(f) if steps > 0 else None
+        except FileNotFoundError:
+            trace = None
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if trace is None:
+            return None
+        samples = self.sampler.result()
+        if steps < self.active:  # the step the loop was in when it ended is no step: its marker goes
+            trace["traceEvents"] = [e for e in trace.get("traceEvents") or []
+                                    if e.get("name") != f"ProfilerStep#{self.warmup + steps}"]
+            samples["samples"] = [s for s in samples["samples"] if s[0] < steps]
+        trace["autoresearch"] = dict(self.metadata, host_samples=samples,
+                                     syncs=None, dynamo=dynamo_record(),
+                                     provenance=provenance.result(), device_state=self.state,
+                                     settings=dict(self.before, profiler=own_settings(self.before, self.cuda)),
+                                     **self.missing, **(missing or {}))
+        return trace
+
+    def _quiet(self, fn):
+        """fn(), with kineto's no-GPU error line dropped on a machine without CUDA (see NO_GPU_LINE)."""
+        with stderr_without(NO_GPU_LINE) if not self.cuda else contextlib.nullcontext():
+            return fn()
+
+    def end_early(self, how):
+        """Stop a window the loop left before its end, in whatever state (nothing left running: torch.profiler,
+        the sampler thread, the sync debug mode, the line tracer, the memory history), and return what it
+        recorded: the trace of its complete active steps, with the records it could not make marked missing
+        and `ended_early` in its metadata (profiling/profile/trace/irregular.py words it); None when no active step
+        was complete. how: why the loop ended, in words ("an exception (RuntimeError)")."""
+        pending = [_record_name(key) for key, _ in self.after]
+        self.after = []
+        if self.trace is not None:  # in a record step after the window: the profile itself is whole
+            if self.recorder is not None:
+                pending.insert(0, _record_name(self.key))
+                with contextlib.suppress(Exception):
+                    self.recorder.abandon()
+                self.recorder = None
+            trace, steps = self.trace, self.active
+        else:
+            steps = max(0, self.i - self.warmup)
+            self.sampler.stop()
+            with contextlib.suppress(Exception):  # a device left broken by the user's error must not stop this
+                self.sync()
+            self.launches.close()
+            self._quiet(self.prof.stop)  # exports the steps recorded so far (torch.profiler does, mid-window)
+            missing = {key: {"missing": f"the loop ended before its step ({how})"} for key in pending}
+            trace = self._recorded(steps, missing) if steps else None
+            pending = list(missing)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if trace is not None:
+            for key in pending:
+                trace["autoresearch"][key] = {"missing": f"the loop ended before its step ({how})"}
+            trace["autoresearch"]["ended_early"] = {"how": how, "active_steps": steps, "of": self.active,
+                                                   "missing": pending}
+        self.trace = None
+        return trace
+
+    def abandon(self):
+        """Stop a window the loop left before its end: nothing recorded, nothing left running."""
+        self.end_early("abandoned")
+
+
+def _record_name(key):
+    """The metadata key of an after-window step's record (the detail step's is its shapes)."""
+    return "shapes" if key == "details" else key
+
+
+def own_settings(record, cuda):
+    """The settings the profiler itself changes (profiling/profile/trace/settings.py's `profiler` entries):
+    provenance.start()'s compiler settings, and CUDA's sync debug mode, "warn" during the untimed shape step
+    after the profiled steps (DetailStep, SyncRecorder)."""
+    changed = provenance.changes()
+    if cuda:
+        changed["sync_debug_mode"] = {"value": "warn", "during": "shape step",
+                                      "before": recorded.value(record, "sync_debug_mode", "default")}
+    return changed
+
+
+def _uuid():
+    """The current CUDA device's UUID, as NVML names it (CUDA_VISIBLE_DEVICES renumbers devices, not UUIDs)."""
+    try:
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@contextlib.contextmanager
+def stderr_without(pattern):
+    """Run the block with file descriptor 2 (where C++ code writes too, not only Python) sent to a temporary
+    file, then write its lines back to stderr, all but those `pattern` (bytes) matches. For short blocks:
+    what the block writes shows when it ends."""
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp if not pattern.search(line)]
+            if kept:
+                with open(2, "wb", closefd=False) as err:
+                    err.writelines(kept)
+
+
+def dynamo_record():
+    """The graph breaks TorchDynamo met so far in this process (compilation happens before profiling):
+    {"graph_breaks": [{reason, count}], "resumes": {resume function: count}, "unique_graphs": n}; None when
+    nothing was compiled."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    counters = utils.counters
+    reasons = {}
+    for group in ("graph_break", "unimplemented"):
+        for reason, n in counters.get(group, {}).items():
+            first = str(reason).strip().splitlines()[0][:200] if str(reason).strip() else "?"
+            reasons[first] = reasons.get(first, 0) + n
+    return {"graph_breaks": [{"reason": r, "count": n} for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])],
+            "resumes": dict(counters.get("resumes", {})),
+            "unique_graphs": counters.get("stats", {}).get("unique_graphs")}

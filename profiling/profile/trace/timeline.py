@@ -1,0 +1,195 @@
+"""Pure: the facts the findings (profiling/profile/findings/) reason from, read once from an indexed trace. Stdlib only.
+
+- GPU idle gaps: per step, the stretches of the step's device window where no device event runs, each with
+  the device event that ends it (and the CPU launch of that event) and the one before it.
+- Host syncs: CUDA runtime calls that block the host until the GPU is done (`cudaStreamSynchronize`, ...),
+  with the operators around them (`aten::item`, `aten::is_nonzero`, ...). A sync costs the GPU idle that
+  starts while the host waits in it: with the queue drained, the GPU then waits for everything the host does
+  until its next launch (a sync while the GPU has a full queue costs nearly nothing).
+- The compiled model's regions (`Torch-Compiled Region: F/C` operators outside the optimizer), per step.
+- Operators by External id, so a kernel's launching operator gives its input shapes and dtypes.
+- Host stack samples from the live run (profiling/profile/capture/sampler.py), placed on the trace's timeline.
+"""
+import bisect
+import functools
+import re
+
+from profiling.profile.trace.traceio import by_thread, find, merge, outer_names, parents
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
+              # ROCm's HIP runtime (hipMemcpyWithStream: its blocking copy, as .item() and .cpu() make)
+              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
+              "hipMemcpyWithStream")
+COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")  # compiled code's op names
+# a tensor tested for the host, reduced to one boolean; called by compiled code itself, Inductor's debug checks
+# (nan_asserts: `assert not buf.isnan().any().item()` and isinf after every buffer) are the case seen
+CHECK_OPS = ("aten::isnan", "aten::isinf", "aten::isfinite", "aten::any", "aten::all")
+LAUNCH_CALLS = re.compile(r"^(cudaLaunch|cuLaunch|hip(Ext)?(Module)?Launch)")  # HIP: hipLaunchKernel,
+                                                                             # hipExtModuleLaunchKernel...
+REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
+MAX_LOOKBACK = 400     # operators looked back through for the one around a runtime call
+SYNC_SLACK_US = 50.0   # the GPU drains a few us before the sync call returns; clocks agree to ~1 us
+
+
+class Gap:
+    """One stretch of GPU idle inside a step: [start, end) in trace microseconds."""
+
+    __slots__ = ("after", "before", "cause", "end", "launch", "start", "step")
+
+    def __init__(self, step, start, end, before, after, launch):
+        self.step, self.start, self.end = step, start, end
+        self.before, self.after, self.launch = before, after, launch
+        self.cause = None   # set by the first finding that explains it (host_sync, graph_break)
+
+    @property
+    def us(self):
+        return self.end - self.start
+
+
+class Timeline:
+    """Everything the findings read, computed once. `per_step`: [[(device event, launch)]] (traceio.attribute);
+    `windows`: each step's (start, end) on the device timeline; `labels`: each event's budget category."""
+
+    def __init__(self, ix, per_step, windows, labels, meta):
+        self.ix, self.per_step, self.windows, self.labels, self.meta = ix, per_step, windows, labels, meta
+        self.n = len(per_step)
+        self.threads = by_thread(ix.cpu_ops)
+        self.parent, self.memo, self.starts = parents(self.threads), {}, {}
+        self.launch_ops, self.chains = {}, {}  # op_of and chain, memoized
+        self.ops = {}
+        for op in ix.cpu_ops:
+            self.ops.setdefault((op.get("args") or {}).get("External id"), op)
+        self.ops.pop(None, None)
+        self.gaps = [g for k in range(self.n) for g in self._gaps(k)]
+        self.syncs = self._syncs()
+        reach = 0.0  # the latest end (plus slack) of the syncs so far, by time: sync_at bisects it
+        self.sync_reach = [reach := max(reach, e["ts"] + e["dur"] + SYNC_SLACK_US) for e, _ in self.syncs]
+        self.regions = self._regions()
+
+    # -- where things are ------------------------------------------------------------------------------
+
+    def step_of(self, ts):
+        """The index of the profiled step whose CPU window holds time ts, or None."""
+        return find(self.ix.steps, [s[0] for s in self.ix.steps], ts)
+
+    def op_of(self, launch):
+        """The operator that made a runtime call (by External id, else the innermost operator around it).
+        Memoized: every rule asks it of the same launches."""
+        key = id(launch)
+        if key not in self.launch_ops:
+            op = self.ops.get((launch.get("args") or {}).get("External id"))
+            self.launch_ops[key] = op if op is not None else self.enclosing(launch)
+        return self.launch_ops[key]
+
+    def enclosing(self, e):
+        """The innermost operator on e's thread whose span holds e's start."""
+        key = (e.get("pid"), e.get("tid"))
+        evs = self.threads.get(key, [])
+        if key not in self.starts:
+            self.starts[key] = [x["ts"] for x in evs]
+        i = bisect.bisect_right(self.starts[key], e["ts"]) - 1
+        best = None
+        for op in evs[max(0, i - MAX_LOOKBACK):i + 1][::-1]:
+            if op["ts"] + op["dur"] >= e["ts"] and (best is None or op["dur"] < best["dur"]):
+                best = op
+        return best
+
+    def chain(self, op):
+        """Names of an operator and those around it, innermost first (memoized)."""
+        if not op:
+            return ()
+        key = id(op)
+        if key not in self.chains:
+            self.chains[key] = (str(op.get("name", "")),) + outer_names(op, self.parent, self.memo)
+        return self.chains[key]
+
+    # -- gaps ------------------------------------------------------------------------------------------
+
+    def _gaps(self, k):
+        evs = self.per_step[k]
+        if not evs:
+            return []
+        end = self.windows[k][1]
+        busy = merge([(e["ts"], e["ts"] + e["dur"]) for e, _ in evs])
+        by_start = sorted(evs, key=lambda p: p[0]["ts"])
+        starts = [e["ts"] for e, _ in by_start]
+        by_end = sorted((e["ts"] + e["dur"], i) for i, (e, _) in enumerate(evs))
+        ends = [t for t, _ in by_end]
+        following = self.per_step[k + 1] if k + 1 < self.n else []
+        first_next = min(following, key=lambda p: p[0]["ts"]) if following else None
+        gaps = []
+        for i, (_, b1) in enumerate(busy):
+            g1 = busy[i + 1][0] if i + 1 < len(busy) else end
+            if g1 <= b1:
+                continue
+            j = bisect.bisect_left(starts, g1)
+            after = by_start[j] if j < len(starts) else first_next
+            if after is None:
+                continue
+            before = evs[by_end[bisect.bisect_right(ends, b1) - 1][1]][0]
+            gaps.append(Gap(k, b1, g1, before, after[0], after[1]))
+        return gaps
+
+    @functools.cached_property
+    def checks(self):
+        """[(device event, operator)] of the kernels of host checks inside compiled graphs: CHECK_OPS called by
+        the compiled code itself (the outermost operator inside a compiled graph's call)."""
+        out = []
+        for evs in self.per_step:
+            for e, launch in evs:
+                chain = self.chain(self.op_of(launch))
+                i = next((i for i, c in enumerate(chain) if c.startswith(COMPILED)), 0)
+                if i and chain[i - 1] in CHECK_OPS:
+                    out.append((e, chain[i - 1]))
+        return out
+
+    # -- syncs -----------------------------------------------------------------------------------------
+
+    def _syncs(self):
+        """[(runtime call, operator chain)] of the host syncs made inside the profiled steps, by time."""
+        out = [(e, self.chain(self.enclosing(e))) for e in self.ix.launches.values()
+               if str(e.get("name", "")) in SYNC_CALLS and self.step_of(e["ts"]) is not None]
+        return sorted(out, key=lambda x: x[0]["ts"])
+
+    def sync_at(self, gap):
+        """The sync call the host was blocked in when the GPU went idle at gap.start (the first by time, SYNC_SLACK_US
+        either side), or None. The first sync whose end reaches gap.start is where the running latest end does;
+        it holds gap.start if it began by then."""
+        i = bisect.bisect_left(self.sync_reach, gap.start)
+        if i < len(self.syncs) and self.syncs[i][0]["ts"] - SYNC_SLACK_US <= gap.start:
+            return self.syncs[i]
+        return None
+
+    # -- compiled regions --------------------------------------------------------------------------------
+
+    def _regions(self):
+        """[(op, frame id)] of the model's compiled regions per step (optimizer windows excluded)."""
+        opt_starts = [w[0] for w in self.ix.optimizer]
+        per = [[] for _ in range(self.n)]
+        for op in self.ix.cpu_ops:
+            m = REGION.match(str(op.get("name", "")))
+            if not m or find(self.ix.optimizer, opt_starts, op["ts"]) is not None:
+                continue
+            k = self.step_of(op["ts"])
+            if k is not None:
+                per[k].append((op, int(m.group(1))))
+        for regions in per:
+            regions.sort(key=lambda r: r[0]["ts"])
+        return per
+
+    # -- host samples ------------------------------------------------------------------------------------
+
+    def samples_between(self, k, start, end):
+        """Stack ids of the live run's host samples of step k whose time falls in [start, end]."""
+        host = self.meta.get("host_samples") or {}
+        t0 = self.ix.steps[k][0] if k < len(self.ix.steps) else None
+        if t0 is None:
+            return []
+        return [sid for step, us, sid in host.get("samples", ()) if step == k and start <= t0 + us <= end]
+
+
+def input_types(op):
+    """The recorded dtypes of an operator's inputs (`Input type`), or ()."""
+    types = (op.get("args") or {}).get("Input type") if op else None
+    return tuple(t for t in types if isinstance(t, str) and t) if isinstance(types, list) else ()

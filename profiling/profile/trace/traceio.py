@@ -1,0 +1,441 @@
+"""Reading torch.profiler Chrome traces: load and check a file, index its events in one pass, and give each
+device event to the step that launched it. Stdlib, and orjson for speed.
+
+Bad input raises UserError with a one-line message (the CLI prints it and exits 2).
+"""
+import bisect
+import gzip
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+
+import orjson
+
+from profiling.errors import UserError
+
+STEP_PREFIX = "ProfilerStep#"
+WHOLE_TRACE = "whole trace"  # the one window of a trace without ProfilerStep markers
+GRAPH_CALL_PREFIX = "## Call CompiledFxGraph "  # inductor's annotation around one call of a compiled graph
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+AUTOGRAD_OP = "autograd::engine::evaluate_function"  # the autograd engine runs a backward node
+MAX_CHAIN = 8           # operators around a launch looked at
+LAUNCH_SLACK_US = 1.0   # CPU and GPU clocks agree to better than this
+KNOWN_CATS = DEVICE_CATS | LAUNCH_CATS | {"cpu_op", "user_annotation", "gpu_user_annotation", "trace"}
+OLD_CATS = {"operator": "cpu_op"}  # torch <= 1.9 named CPU operators `Operator` (Kernel, Runtime: lowered)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------
+
+def read_json(path):
+    """The JSON in a file, gzip or plain; UserError when unreadable or not JSON."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise UserError(f"{path}: not a valid gzip file ({e})") from None
+    return parse_json(data, path)
+
+
+def parse_json(data, path):
+    """The JSON in `data` (bytes, already decompressed) read from `path`; UserError when it is not JSON."""
+    try:
+        return orjson.loads(data)  # 2-3x faster than json on traces; strict (no NaN): json decides then
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path}: not JSON ({reason}); expected a torch.profiler Chrome trace") from None
+
+
+def exported_events(prof):
+    """The events of a finished torch.profiler session (`prof`, already stopped), through a temporary Chrome
+    trace file (the only export torch.profiler has)."""
+    tmp = tempfile.mkdtemp(prefix="autoresearch-trace-")
+    try:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        return read_json(path).get("traceEvents") or []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_events(trace, source="trace"):
+    """Raise UserError unless `trace` is a dict with a traceEvents list."""
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise UserError(f"{source}: not a torch.profiler trace (no traceEvents list); "
+                        "export one with prof.export_chrome_trace(PATH)")
+
+
+def check_content(has_work, source="trace"):
+    """Raise UserError unless the trace has device events or CPU ops. ProfilerStep markers are not needed: a
+    trace without them is read as one window (`index`)."""
+    if not has_work:
+        raise UserError(f"{source}: no device events and no CPU operators; nothing to summarize")
+
+
+def check_trace(trace, source="trace"):
+    """Raise UserError (one line) unless `trace` is a torch.profiler trace with something to sum."""
+    check_events(trace, source)
+    has_work = any(isinstance(e, dict) and str(e.get("cat", "")).lower() in DEVICE_CATS | {"cpu_op"}
+                   for e in trace["traceEvents"])
+    check_content(has_work, source)
+
+
+def load_trace(path):
+    """Read a torch.profiler Chrome trace (gzip or plain JSON) and check it; bad input raises UserError."""
+    trace = read_json(path)
+    check_trace(trace, source=str(path))
+    return trace
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One pass over the events
+# ---------------------------------------------------------------------------------------------------------
+
+MODULE_PREFIX = "nn.Module: "
+
+
+class Index:
+    """What the summary needs from a trace, found in one pass (see `index`)."""
+
+    def __init__(self):
+        self.steps = []        # (start, end, name), sorted by start
+        self.optimizer = []    # (start, end) of optimizer annotation windows, merged
+        self.optimizer_marks = []  # the optimizer annotations themselves (closures.own_windows cuts closures out)
+        self.launches = {}     # correlation -> launch event
+        self.device = []       # device events
+        self.cpu_ops = []
+        self.graph_calls = []  # `## Call CompiledFxGraph <key> ##` annotations (profiling/profile/tables/lines.py)
+        self.modules = []      # `nn.Module: <Class>_<k>` scopes (with_stack/with_modules; profiling/profile/tables/regions.py)
+        self.runtime = []      # every CUDA/HIP runtime and driver call (`startup`)
+        self.startup = None    # one window: the run's start-up left out of it (`startup`)
+        self.other_marks = []  # the DataLoader's `enumerate(DataLoader)#...__next__` annotations (`iterations`)
+        self.span = None       # (start, end) of the recorded window
+        self.whole = False     # no ProfilerStep markers: `steps` is one window over the whole trace
+        self.iterations = None  # no ProfilerStep markers, but iterations from what repeats (`iterations`)
+
+
+def has_shapes(cpu_ops, first=2000):
+    """Whether the trace recorded operator input shapes (record_shapes=True): its first operators show it."""
+    return any((op.get("args") or {}).get("Input Dims") for op in cpu_ops[:first])
+
+
+def num(x):
+    """True for an int or float (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def corr(e):
+    """The CUPTI correlation id linking a launch to its device events, or None."""
+    args = e.get("args")
+    return args.get("correlation") if isinstance(args, dict) else None
+
+
+def index(events):
+    """One pass over the events: steps, optimizer windows, launches by correlation, device events, CPU ops."""
+    ix, lo, hi = Index(), None, None
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat", ""), e.get("name", "")
+        if cat not in KNOWN_CATS:
+            cat = str(cat).lower()
+            cat = OLD_CATS.get(cat, cat)
+        if not isinstance(name, str):
+            name = str(name)
+        if cat in DEVICE_CATS:
+            ix.device.append(e)
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if not (num(ts) and num(dur)) or cat.startswith("gpu_"):
+            continue
+        if cat == "trace":
+            ix.span = (ts, ts + dur)
+            continue
+        lo, hi = (ts, ts + dur) if lo is None else (min(lo, ts), max(hi, ts + dur))
+        if cat in LAUNCH_CATS:
+            ix.runtime.append(e)
+        if cat in LAUNCH_CATS and corr(e) is not None:
+            ix.launches[corr(e)] = e
+        elif name.startswith(STEP_PREFIX):
+            ix.steps.append((ts, ts + dur, name))
+        elif name.lower().startswith("optimizer"):
+            ix.optimizer_marks.append(e)
+        elif name.startswith(GRAPH_CALL_PREFIX):  # a user_annotation, or a cpu_op in a trace without shapes
+            ix.graph_calls.append(e)
+        elif cat == "cpu_op":
+            ix.cpu_ops.append(e)
+        elif cat == "python_function" and name.startswith(MODULE_PREFIX):
+            ix.modules.append(e)
+        elif name.startswith(DATALOADER_NEXT):
+            ix.other_marks.append(e)
+    ix.steps.sort()
+    if not ix.steps and lo is not None and (ix.device or ix.cpu_ops):  # no markers (a trace made without a
+        found = iterations(ix, lo, hi)                                  # schedule): what repeats, else one window
+        if found:
+            ix.steps, ix.iterations = found
+        else:  # the host's whole span, one step, after the run's start-up where the trace holds it
+            ix.startup = startup(ix.runtime, ix.device, lo, hi)
+            ix.steps, ix.whole = [(ix.startup["end"] if ix.startup else lo, hi, WHOLE_TRACE)], True
+    ix.optimizer = merge((m["ts"], m["ts"] + m["dur"]) for m in ix.optimizer_marks)
+    if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
+        ix.span = (lo, hi + max(hi - lo, 1e6))
+    return ix
+
+
+ITERATION_NAME = "iteration#"
+# what marks one iteration of a loop in a trace made without a schedule, most telling first: the optimizer's step
+# ends one (torch.profiler annotates Optimizer.step), a DataLoader's __next__ begins one, else a forward root
+# (with_stack/with_modules: the outermost nn.Module scope) does
+OPTIMIZER_STEP = "Optimizer.step#"
+DATALOADER_NEXT = "enumerate(DataLoader)#"
+
+
+def iterations(ix, lo, hi):
+    """([(start, end, "iteration#k")], record) of a trace without ProfilerStep markers whose loop shows in a
+    marker that repeats at least twice (OPTIMIZER_STEP, DATALOADER_NEXT, a forward root); None when nothing
+    repeats. With three or more, the first iteration is left out: it holds the run's start-up (CUDA's
+    initialisation, the first allocations, compilation, cuDNN's first loads), which no later step pays."""
+    for kind, marks, at_end in (
+            ("the optimizer's step", [m for m in ix.optimizer_marks
+                                      if str(m.get("name", "")).startswith(OPTIMIZER_STEP)], True),
+            ("the DataLoader's next batch", [m for m in ix.cpu_ops + ix.other_marks
+                                             if str(m.get("name", "")).startswith(DATALOADER_NEXT)], False),
+            ("the model's forward", ix.modules, False)):
+        marks = _outermost(marks)
+        if not marks:
+            continue
+        name, count = Counter(m.get("name") for m in marks).most_common(1)[0]
+        if count < 2:
+            continue
+        times = sorted((m["ts"], m["ts"] + m["dur"]) for m in marks if m.get("name") == name)
+        edges = [lo] + [end for _, end in times] if at_end else [start for start, _ in times] + [hi]
+        spans = list(zip(edges, edges[1:]))
+        startup = len(spans) >= 3
+        spans = spans[1:] if startup else spans
+        steps = [(a, b, f"{ITERATION_NAME}{k}") for k, (a, b) in enumerate(spans) if b > a]
+        if steps:
+            return steps, {"by": kind, "marker": name, "count": len(steps), "startup_left_out": startup}
+    return None
+
+
+STARTUP_CALL_US = 50_000  # a runtime call this long is no step's work: CUDA's initialisation (cudaFree(0),
+# cudaDeviceGetStreamPriorityRange: 25-30 s in HTA's A100 benchmarks), a kernel module's first load inside its
+# first launch (1,337 ms in a Particle Transformer's first cuDNN convolution, A100)
+NOT_STARTUP = ("Synchronize", "Memcpy", "EventQuery", "StreamWait")  # long because they wait: the run's, kept
+
+
+def startup(runtime, device, lo, hi):
+    """The start-up a one-window trace holds: {"end", "ms", "calls"} where runtime calls of STARTUP_CALL_US or
+    more (not waits) come before most of the device's work, the window then beginning after the last of them;
+    None when there is none, or when less than half of the device events would be left."""
+    long = sorted((e for e in runtime if e.get("dur", 0) >= STARTUP_CALL_US
+                   and not any(w in str(e.get("name", "")) for w in NOT_STARTUP)), key=lambda e: e["ts"])
+    for last in reversed(long):
+        end = last["ts"] + last["dur"]
+        after = sum(1 for d in device if num(d.get("ts")) and d["ts"] >= end)
+        if end < hi and device and after >= len(device) / 2:
+            calls = [e for e in long if e["ts"] + e["dur"] <= end]
+            names = Counter()
+            for e in calls:
+                names[str(e.get("name"))] += e["dur"] / 1e3
+            return {"end": end, "ms": round((end - lo) / 1e3, 3), "calls": {k: round(v, 3) for k, v in names.items()}}
+    return None
+
+
+def _outermost(marks):
+    """The marks not inside another mark of the same thread (a forward root, not its submodules)."""
+    out, ends = [], {}
+    for m in sorted(marks, key=lambda m: (m.get("ts", 0), -m.get("dur", 0))):
+        tid = m.get("tid")
+        if m.get("ts", 0) >= ends.get(tid, float("-inf")):
+            out.append(m)
+            ends[tid] = m["ts"] + m.get("dur", 0)
+    return out
+
+
+def merge(intervals):
+    """Sorted, disjoint (start, end) intervals covering the same time."""
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def union_length(intervals):
+    """Total time covered by (start, end) intervals, overlaps counted once."""
+    return sum(end - start for start, end in merge(intervals))
+
+
+def find(windows, starts, t):
+    """Index of the window (start, end, ...) containing time t, or None."""
+    i = bisect.bisect_right(starts, t) - 1
+    return i if i >= 0 and t <= windows[i][1] else None
+
+
+def self_times(ops):
+    """[(op, self_us, top_level)] with self time = duration minus direct children, per thread."""
+    by_thread = {}
+    for e in ops:
+        if num(e.get("ts")) and num(e.get("dur")):
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    result = []
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # [event, children_us]
+        for e in evs:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
+                result.append(_closed(stack.pop(), not stack))
+            if stack:
+                stack[-1][1] += e["dur"]
+            stack.append([e, 0.0])
+        while stack:
+            result.append(_closed(stack.pop(), not stack))
+    return result
+
+
+def _closed(entry, top_level):
+    e, children = entry
+    return e, max(0.0, e["dur"] - children), top_level
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Device events -> the steps that launched them
+# ---------------------------------------------------------------------------------------------------------
+
+def bogus(e, launch, span):
+    """Why a device event's timestamps cannot be true (pytorch/pytorch#192021), or None."""
+    ts, dur = e.get("ts"), e.get("dur")
+    if not (num(ts) and num(dur)):
+        return "no timestamp"
+    if ts <= 0:
+        return "zero timestamp"
+    if dur <= 0:
+        return "end before start" if dur < 0 else "zero duration"
+    if launch is not None and ts < launch["ts"] - LAUNCH_SLACK_US:
+        return "starts before its launch"
+    if span is not None and not span[0] <= ts <= span[1]:
+        return "starts outside the trace span"
+    if span is not None and dur > span[1] - span[0]:
+        return "longer than the whole trace"
+    return None
+
+
+def attribute(ix):
+    """Device events per step, by launch; plus what was not counted and why."""
+    starts = [s[0] for s in ix.steps]
+    first_launch = min((c for c in ix.launches if num(c)), default=None)
+    per_step = [[] for _ in ix.steps]
+    out = {"bogus": [], "unlaunched": [], "before": 0, "outside": 0, "seen": set()}
+    for e in ix.device:
+        c = corr(e)
+        launch = ix.launches.get(c)
+        reason = bogus(e, launch, ix.span)
+        out["seen"].add(c)
+        if reason:
+            out["bogus"].append((e, reason))
+        elif launch is None:
+            early = first_launch is not None and num(c) and c < first_launch
+            if early:
+                out["before"] += 1
+            else:
+                out["unlaunched"].append(e)
+        else:
+            k = find(ix.steps, starts, launch["ts"])
+            if k is None:
+                out["outside"] += 1
+            else:
+                per_step[k].append((e, launch))
+    return per_step, out
+
+
+def step_windows(per_step, steps):
+    """(start, end) of each step on the device timeline: from its first device event to the next step's first
+    (the last step: to its last device event), so steps tile the timeline. `steps`: the CPU step windows."""
+    firsts = [min(e["ts"] for e, _ in evs) if evs else None for evs in per_step]
+    windows = []
+    for k, evs in enumerate(per_step):
+        cpu_len = steps[k][1] - steps[k][0]
+        if not evs:
+            windows.append((0.0, cpu_len))
+            continue
+        last_end = max(e["ts"] + e["dur"] for e, _ in evs)
+        following = firsts[k + 1] if k + 1 < len(per_step) else None
+        # the last step ends with its last device event: its CPU window also holds the final synchronize,
+        # which waits for queued work and would inflate the step (a 330 ms step read as 569 ms on an H200)
+        end = max(following, last_end) if following is not None else last_end
+        windows.append((firsts[k], end))
+    return windows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Operators around a launch; forward or backward (profiling/profile/tables/regions.py)
+# ---------------------------------------------------------------------------------------------------------
+
+def by_thread(ops):
+    """Operators (with timestamps, as `index` keeps them) per (pid, tid), sorted by start, outer first."""
+    threads = {}
+    for e in ops:
+        threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for evs in threads.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+    return threads
+
+
+def parents(threads):
+    """id(operator) -> the operator directly around it on its thread."""
+    parent = {}
+    for evs in threads.values():
+        stack = []
+        for e in evs:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack:
+                parent[id(e)] = stack[-1]
+            stack.append(e)
+    return parent
+
+
+def outer_names(op, parent, memo):
+    """The names of the operators around `op`, innermost first (at most MAX_CHAIN); memo: a dict to reuse."""
+    around = parent.get(id(op))
+    if around is None:
+        return ()
+    key = id(around)
+    if key not in memo:
+        memo[key] = ((str(around.get("name", "")),) + outer_names(around, parent, memo))[:MAX_CHAIN]
+    return memo[key]
+
+
+def backward_windows(threads):
+    """(pid, tid) -> (starts, merged windows) of the autograd engine's work on that thread."""
+    windows = {}
+    for key, evs in threads.items():
+        spans = merge([(e["ts"], e["ts"] + e["dur"]) for e in evs if str(e.get("name", "")).startswith(AUTOGRAD_OP)])
+        if spans:
+            windows[key] = ([s for s, _ in spans], spans)
+    return windows
+
+
+def is_backward(e, windows):
+    """True when event e (a launch or an operator) lies inside the autograd engine's work on its thread."""
+    found = windows.get((e.get("pid"), e.get("tid")))
+    if not found:
+        return False
+    i = bisect.bisect_right(found[0], e["ts"]) - 1
+    return i >= 0 and e["ts"] <= found[1][i][1]
