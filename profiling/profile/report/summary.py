@@ -569,6 +569,10 @@ def summarize(trace, top=None, unprofiled_ms=None):
     s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {_ms_text(s['step_ms'])}"
                   ] if ix.whole else []
     s["notes"] += _window_notes(ix)
+    if ix.startup:
+        s["startup"] = ix.startup
+    if ix.iterations:
+        s["iterations"] = ix.iterations
     s["one_off"] = ix.one_off
     if ix.optimizer != merged:
         s["regions"]["notes"].append(closures.NOTE)

@@ -4,8 +4,9 @@ from what repeats; one call's inner loop as that one call; else one window less 
 What marks one iteration, most telling first (`MARKERS`): the optimizer's step ends one (torch.profiler annotates
 Optimizer.step); a DataLoader's __next__ begins one; a forward root (with_stack/with_modules: the outermost
 nn.Module scope) or a call of a compiled region (`Torch-Compiled Region: N/M`, `## Call CompiledFxGraph`: a
-compiled model records neither modules nor, with a hand-written update, an optimizer) begins one; on a CPU-only
-trace, the operators themselves: the one operator that begins every repetition of the same sequence.
+compiled model records neither modules nor, with a hand-written update, an optimizer; the region called least
+often, so micro-batches are not steps) begins one; on a CPU-only trace, the operators themselves: the one that
+begins every repetition of the same sequence, which holds nearly all of the thread's operators.
 
 Whether the first iteration (the run's start-up: CUDA's initialisation, first allocations, compilation) is like
 the others is not decided here: irregular.split leaves out every step that does not repeat.
@@ -25,8 +26,8 @@ COMPILE_MARK = re.compile(r"compile_inner|\(dynamo_timed\)|compile_id=\d|compile
 # torch 2.7+ records each compile phase as a short `..._data: compile_id=N/M` mark, not as a span: one compile is
 # the extent of its id's marks (0.1 ms marks from 20 ms to 73.6 s in tests/data/cpu-compile-in-window.json.gz)
 COMPILE_ID = re.compile(r"compile_id=([0-9/]+)")
-SEQUENCE_ALIKE = 0.8  # share of the repetitions that must hold the same operators for the sequence to be a loop
-                      # (the first and the last repetition may differ: start-up, the loop's end)
+SEQUENCE_COVERS = 0.9  # share of the thread's operators the repeated sequence must hold: a model's layers repeat
+                       # too (86 "iterations" in the 2 steps of tests/data/cpu-gpt-2steps), but not its whole step
 MAX_CANDIDATES = 30   # operators tried as the loop's first (the most frequent ones)
 STARTUP_CALL_US = 50_000  # a runtime call this long is no step's work: CUDA's initialisation (cudaFree(0),
 # cudaDeviceGetStreamPriorityRange: 25-30 s in HTA's A100 benchmarks), a kernel module's first load inside its
@@ -44,8 +45,19 @@ def markers(ix):
             ("the DataLoader's next batch", [m for m in ix.cpu_ops + ix.other_marks
                                              if _name(m).startswith(DATALOADER_NEXT)], False),
             ("the model's forward", ix.modules, False),
-            ("a compiled region's call", [m for m in ix.cpu_ops if _name(m).startswith(COMPILED_REGION)]
-             or ix.graph_calls, False))
+            ("a compiled region's call", _least([m for m in ix.cpu_ops if _name(m).startswith(COMPILED_REGION)])
+             or _least(ix.graph_calls), False))
+
+
+def _least(marks):
+    """The marks of the name that repeats least often (twice or more): a step calls a compiled model once per
+    micro-batch, and each frame a graph break splits off once more."""
+    counts = Counter(_name(m) for m in _outermost(marks))
+    names = [n for n, c in counts.items() if c >= 2]
+    if not names:
+        return []
+    name = min(names, key=lambda n: (counts[n], n))
+    return [m for m in marks if _name(m) == name]
 
 
 def iterations(ix, lo, hi):
@@ -108,8 +120,9 @@ def _sequence(ix):
             break
         at = [i for i, n in enumerate(names) if n == name]
         bodies = Counter(tuple(names[a:b]) for a, b in zip(at, at[1:]))
-        body, alike = bodies.most_common(1)[0]
-        if alike >= SEQUENCE_ALIKE * (len(at) - 1) and (best is None or len(at) > len(best[1])):
+        body, alike = bodies.most_common(1)[0]  # every repetition alike but one (the first: start-up)
+        if alike >= len(at) - 2 and len(body) * len(at) >= SEQUENCE_COVERS * len(names) and (
+                best is None or len(at) > len(best[1])):
             best = (name, at, body)
     if best is None:
         return None
