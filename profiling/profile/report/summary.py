@@ -22,11 +22,17 @@ How the numbers are made (so they add up and can be trusted):
   closures.py)); idle = step time minus the union of its busy intervals; `overlap` (zero or negative) removes
   time counted twice when kernels ran concurrently. categories + idle + overlap = step, exactly.
 - A trace without ProfilerStep markers (profiled without a schedule) is read as the iterations of its loop where a
-  marker repeats (the optimizer's step, the DataLoader's next batch, a forward root: traceio.iterations; the
-  first of three or more left out as start-up; `iterations` and a note say so), else as one step: the whole span
-  of its host events, so every launch falls inside it (`window` says "whole trace"), less the run's start-up
-  where the trace holds one (runtime calls of 50 ms or more before most of the device's work: traceio.startup;
-  `startup` and a note say so).
+  marker repeats (the optimizer's step, the DataLoader's next batch, a forward root, a compiled region's call, on
+  the CPU the operators' own sequence: trace/iterations.py; `iterations` and a note say so), as one call where
+  the repeats are the inner loop of one annotation (`iterations.one_call`), else as one step: the whole span of
+  its host events, so every launch falls inside it (`window` says "whole trace"), less the run's start-up where
+  the trace holds one (runtime calls of 50 ms or more, or compilation, before most of the work:
+  iterations.startup; `startup` and a note say so).
+- Steps that do not repeat are left out of every figure, table and finding and reported once (`one_off`:
+  [{kind (compile, cold first pass, eval, checkpoint save, log flush, unnamed), step, position, of, ms,
+  median_ms, compile_ms, why, only, text}]; compilation outside every step has step None): a step that
+  compiles, one over twice the like steps' median, a first iteration unlike the rest (trace/irregular.py's
+  split, right after the steps are made).
 - A trace without device events is a CPU profile: the same summary over CPU operators' self time
   (kind "cpu"); step time is the ProfilerStep window; idle becomes "outside ops" (Python, data, waiting).
 
