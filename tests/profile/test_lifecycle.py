@@ -212,8 +212,9 @@ def test_a_checkpoint_save_in_a_timed_and_a_profiled_step_is_named(out, tmp_path
     s, md = prof.summary, prof.report
     assert "timed step 3 of 5 took" in md and "left out of the unprofiled step time" in md
     check = next(c for c in s["checks"] if c["name"] == irregular.CHECK)
-    assert check["outliers"] == 1 and check["detail"].startswith("profiled step 2 took"), check
-    assert "note: profiled step 2 took" in md
+    assert check["outliers"] == 1 and check["detail"].startswith("profiled step 2 of 4"), check
+    assert "a checkpoint save" in check["detail"] and s["steps"] == 3  # left out of the per-step figures
+    assert "one-off, not per step: profiled step 2 of 4" in md
     assert "serialization.py" in check["detail"], check  # torch.save's frames, sampled only in it
 
 

@@ -246,7 +246,9 @@ def test_concurrent_kernels_keep_the_parts_adding_up():
 
 def test_cpu_trace_is_a_cpu_profile():
     s = summarize(load_trace(CPU))
-    assert s["kind"] == "cpu" and s["steps"] == 3 and s["device_ms"] is None
+    # its second step took 51.6 ms against 18.1 and 15.2: a one-off, left out (irregular.split)
+    assert s["kind"] == "cpu" and s["steps"] == 2 and s["device_ms"] is None
+    assert [r["position"] for r in s["one_off"]] == [2]
     assert sum(s["categories"].values()) == pytest.approx(s["step_ms"], abs=1e-3)
     names = {k["name"]: k for k in s["kernels"]}
     assert names["aten::mm"]["category"] == "GEMM" and names["aten::addmm"]["category"] == "GEMM"

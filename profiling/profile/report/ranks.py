@@ -12,6 +12,8 @@ A folder of torch.profiler's `tensorboard_trace_handler` files, `<worker>.<time_
 `distributedInfo` when torch.distributed was initialized, or the capture's own), else the number in the worker
 name (rank3, worker_3) where those run 0..N-1, else the workers in the order of those numbers (pids), else in
 name order; said in a note unless the traces recorded it. One worker's file: its summary, as a single trace.
+Traces named otherwise (`trace_rank0.json`, `node1_gpu0.json.gz`) are read by the rank each records
+(distributedInfo.rank), whatever their names; one that records none is refused (its rank would be a guess).
 
 Each rank's trace is summarized on its own (profiling/profile/report/summary.py). The result is rank 0's summary (rank
 0 speaks, and a --previous comparison diffs the same rank), its findings joined by `exposed_communication` and
@@ -31,6 +33,9 @@ Per rank and step (means over the profiled steps); compute + exposed + idle = st
 - exposed communication: communication while no compute runs on that rank; idle: neither runs.
 - work = step - exposed communication. A collective ends on every rank when the last rank joins it, so the
   ranks' steps come out equal and a slow rank shows as the others' exposed communication; the work does not.
+- the steps are each rank's like steps (profiling/profile/trace/irregular.py: one-off steps left out), and a
+  straggler is never built on the profiler's own host cost: the part of the work spread that the straggler's
+  profiled step adds over its unprofiled one is not claimed (`profiler_cost`; a note says so when nothing is left).
 """
 import os
 import re
@@ -38,14 +43,13 @@ import re
 from profiling.errors import UserError
 from profiling.profile.findings.contract import finding, rule
 from profiling.profile.report import summary
+from profiling.profile.trace import irregular
 from profiling.profile.trace.classify import CATEGORIES, is_communication
 from profiling.profile.trace.traceio import (
-    attribute,
     by_thread,
     index,
     merge,
     num,
-    step_windows,
     union_length,
 )
 
@@ -83,12 +87,12 @@ def rank_files(folder):
                                 "keep one")
             files[k] = os.path.join(folder, name)
     if not files:
-        if any(n in names for n in SINGLE) or worker_files(names)[0]:
+        if any(n in names for n in SINGLE) or worker_files(names)[0] or other_files(names):
             return None
         raise UserError(f"{folder}: no traces in this folder; expected rank-<k>.trace.json.gz (one per rank, "
                         "as train.py --profile under torchrun writes), rank-<k>.json[.gz] (as Holistic Trace "
                         "Analysis reads), <worker>.<time>.pt.trace.json[.gz] (as tensorboard_trace_handler "
-                        "writes) or trace.json.gz")
+                        "writes), traces that record their rank (distributedInfo) or trace.json.gz")
     missing = sorted(set(range(max(files) + 1)) - set(files))
     if missing:
         raise UserError(f"{folder}: no trace for rank {_list(missing)} (found rank {_list(sorted(files))}); every "
@@ -112,7 +116,11 @@ def summarize_folder(folder, top=None, unprofiled_ms=None):
     if files is None:
         single = next((os.path.join(folder, n) for n in SINGLE if os.path.exists(os.path.join(folder, n))), None)
         if single is None:
-            return _summarize_workers(folder, *worker_files(sorted(os.listdir(folder))), top, unprofiled_ms)
+            names = sorted(os.listdir(folder))
+            workers, older = worker_files(names)
+            if workers:
+                return _summarize_workers(folder, workers, older, top, unprofiled_ms)
+            return _summarize_workers(folder, other_files(names), 0, top, unprofiled_ms, named=False)
         return summary.summarize(summary.load_trace(single), top, unprofiled_ms)
     sums, rows = [], []
     for k, path in sorted(files.items()):
@@ -142,6 +150,14 @@ def worker_files(names):
         if worker not in latest or ns > latest[worker][0]:
             latest[worker] = (ns, name)
     return {w: latest[w][1] for w in sorted(latest)}, older
+
+
+def other_files(names):
+    """{name: file name} of the Chrome traces among `names` named neither rank-<k> nor as
+    tensorboard_trace_handler names them (`trace_rank0.json`, `node1_gpu0.json.gz`): read only by the rank each
+    records (`_recorded_rank`), whatever the name."""
+    return {n.split(".json")[0]: n for n in names if n.endswith((".json", ".json.gz"))
+            and not RANK_FILE.match(n) and not WORKER_FILE.match(n) and not n.startswith("summary.")}
 
 
 def worker_ranks(workers, recorded):
@@ -186,12 +202,16 @@ def _recorded_rank(trace):
     return None, None
 
 
-def _summarize_workers(folder, workers, older, top, unprofiled_ms):
-    """The result of a folder of tensorboard_trace_handler files (module docstring); one worker's: its summary."""
+def _summarize_workers(folder, workers, older, top, unprofiled_ms, named=True):
+    """The result of a folder of tensorboard_trace_handler files (module docstring), or (named False) of traces
+    named otherwise, which must record their ranks; one worker's: its summary."""
     sums, rows, recorded, worlds = [], [], [], set()
     for name in workers.values():
         trace = summary.load_trace(os.path.join(folder, name))
         rank, world = _recorded_rank(trace)
+        if not named and rank is None and len(workers) > 1:
+            raise UserError(f"{folder}: {name} records no rank (no distributedInfo.rank); name each rank's trace "
+                            "rank-<k>.json, or give `research profile` one file")
         recorded.append(rank)
         worlds.add(world)
         sums.append(summary.summarize(trace, unprofiled_ms=unprofiled_ms))
@@ -243,9 +263,8 @@ def _check_meta(trace, k, n, path):
 def rank_row(rank, trace, s):
     """The rank's row: per-step ms of compute, communication, exposed communication and idle; its collectives."""
     ix = index(trace["traceEvents"])
+    per_step, windows, _, _ = irregular.split(ix, {})  # the steps the summary reads: the one-offs left out
     if s["kind"] == "cuda":
-        per_step, _ = attribute(ix)
-        windows = step_windows(per_step, ix.steps)
         comm = [[(e["ts"], e["ts"] + e["dur"]) for e, _ in evs if _comm_kernel(e)] for evs in per_step]
         work = [[(e["ts"], e["ts"] + e["dur"]) for e, _ in evs if not _comm_kernel(e)] for evs in per_step]
         events = [e for evs in per_step for e, _ in evs if _comm_kernel(e)]
@@ -267,7 +286,8 @@ def rank_row(rank, trace, s):
     compute = compute_us / n / 1e3
     return {"rank": rank, "step_ms": step, "compute_ms": _r(compute), "comm_ms": _r(comm_us / n / 1e3),
             "exposed_comm_ms": _r(exposed), "idle_ms": _r(max(0.0, step - compute - exposed)),
-            "work_ms": _r(step - exposed), "categories": s["categories"], "collectives": _collectives(events, n)}
+            "work_ms": _r(step - exposed), "categories": s["categories"], "collectives": _collectives(events, n),
+            "unprofiled_step_ms": s.get("unprofiled_step_ms")}
 
 
 def _comm_kernel(e):
@@ -358,6 +378,8 @@ def combine(sums, rows, top=None):
         result["kernels"] = result["kernels"][:max(0, top)]
     result["skew"] = skew(sums, rows)
     ctx = {"step": result["step_ms"]}
+    note = profiler_note(rows, result["skew"], result["step_ms"])
+    result["notes"] = list(result.get("notes") or []) + ([note] if note else [])
     new = [f for f in (exposed_communication(rows, ctx), straggler(rows, result["skew"], ctx)) if f]
     old = result.get("findings") or []
     keep = [f for f in old if f["kind"] not in ("profiler_overhead", "exposed_communication")]  # rank 0's own
@@ -378,12 +400,43 @@ def skew(sums, rows):
     kernels = [{k["raw_name"]: k["ms_per_step"] for k in sums[rows.index(r)]["kernels"]
                 if k["category"] != "communication"} for r in (slow, fast)]
     ops = {name: ms - kernels[1].get(name, 0.0) for name, ms in kernels[0].items()}
+    unprofiled = [r.get("unprofiled_step_ms") for r in rows]
+    known = all(num(u) and u > 0 for u in unprofiled)
     return {"slowest": by_step[-1]["rank"], "fastest": by_step[0]["rank"],
             "step_spread_ms": _r(by_step[-1]["step_ms"] - by_step[0]["step_ms"]),
             "straggler": slow["rank"], "least_work": fast["rank"], "work_spread_ms": _r(slow["work_ms"] - fast["work_ms"]),
+            "profiler_ms": _r(profiler_cost(slow)),
+            "unprofiled_spread_ms": _r(max(unprofiled) - min(unprofiled)) if known else None,
             "grew": [{"part": p, "ms": _r(ms)} for p, ms in sorted(grew.items(), key=lambda kv: -kv[1]) if ms > 0],
             "ops": [{"name": o, "ms": _r(ms)} for o, ms in sorted(ops.items(), key=lambda kv: -kv[1])[:SHOWN]
                     if ms > 0]}
+
+
+def profiler_cost(row):
+    """ms/step the profiler added to a rank's step: its profiled step over its unprofiled one (0 when not
+    measured). Under DDP every rank's step is the slowest rank's, so a rank the profiler slows (its host
+    sampler, its records: 34.5 ms, 77% of a Lightning DDP step on 2 H100s) shows as a straggler while the
+    unprofiled steps agree."""
+    u = row.get("unprofiled_step_ms")
+    return max(0.0, row["step_ms"] - u) if num(u) and u > 0 else 0.0
+
+
+def claimable(sk):
+    """The straggler's excess work that is not the profiler's own cost (skew's work spread less profiler_ms)."""
+    return max(0.0, (sk["work_spread_ms"] or 0.0) - (sk.get("profiler_ms") or 0.0))
+
+
+def profiler_note(rows, sk, step):
+    """The note when the profiled skew is the profiler's own cost, so no straggler is claimed; else None."""
+    if sk["work_spread_ms"] < STRAGGLER_SHARE * step or claimable(sk) >= STRAGGLER_SHARE * step:
+        return None
+    slow = next(r for r in rows if r["rank"] == sk["straggler"])
+    agree = (f"; the ranks' unprofiled steps agree within {sk['unprofiled_spread_ms']:.2f} ms"
+             if sk.get("unprofiled_spread_ms") is not None and sk["unprofiled_spread_ms"] < STRAGGLER_SHARE * step
+             else "")
+    return (f"rank {slow['rank']} works {sk['work_spread_ms']:.2f} ms/step more than rank {sk['least_work']} in the "
+            f"profiled steps, but its profiled step exceeds its unprofiled one by {sk['profiler_ms']:.2f} ms (the "
+            f"profiler's own host cost){agree}: no straggler is claimed from the profiled skew")
 
 
 @rule("exposed_communication", needs=("device", "ranks"))
@@ -421,8 +474,9 @@ def _sizes(row):
 @rule("straggler", needs=("device", "ranks"))
 def straggler(rows, sk, ctx):
     """One rank works longer per step than another (step - exposed communication) by STRAGGLER_SHARE of the
-    step or more: the others wait for it in every collective. Gain: its excess over the least-working rank."""
-    excess = sk["work_spread_ms"]
+    step or more, not counting the profiler's own cost on it (`claimable`): the others wait for it in every
+    collective. Gain: that excess over the least-working rank."""
+    excess = claimable(sk)
     if len(rows) < 2 or excess < STRAGGLER_SHARE * ctx["step"]:
         return None
     slow, fast = (next(r for r in rows if r["rank"] == k) for k in (sk["straggler"], sk["least_work"]))
@@ -432,7 +486,9 @@ def straggler(rows, sk, ctx):
                 f"communication: {slow['work_ms']:.2f} vs {fast['work_ms']:.2f} ms); the others wait for it in "
                 f"their collectives (exposed communication: rank {fast['rank']} {fast['exposed_comm_ms']:.2f}, "
                 f"rank {slow['rank']} {slow['exposed_comm_ms']:.2f} ms/step); grew on rank {slow['rank']}, ms/step: "
-                f"{grew}" + (f"; operators: {ops}" if ops else ""))
+                f"{grew}" + (f"; operators: {ops}" if ops else "")
+                + (f"; {sk['profiler_ms']:.2f} ms/step of the spread is the profiler's own (rank {slow['rank']}'s "
+                   f"profiled step over its unprofiled one), not claimed" if sk.get("profiler_ms") else ""))
     return finding("straggler", excess, ctx, evidence,
                    f"give every rank the same work per step: the same batch shapes, no work on rank "
                    f"{slow['rank']} alone inside the step (logging, eval, checkpoints go outside it); with the "

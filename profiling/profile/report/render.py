@@ -74,6 +74,7 @@ def to_markdown(summary, previous=None, top=10):
     if cpu:
         lines.append(CPU_NOTE)
     lines += [f"note: {note}" for note in summary.get("notes") or ()]
+    lines += [f"one-off, not per step: {r['text']}" for r in summary.get("one_off") or ()]  # irregular.split
     if lines:
         lines.append("")
     view = _unprofiled_view(summary)

@@ -22,11 +22,17 @@ How the numbers are made (so they add up and can be trusted):
   closures.py)); idle = step time minus the union of its busy intervals; `overlap` (zero or negative) removes
   time counted twice when kernels ran concurrently. categories + idle + overlap = step, exactly.
 - A trace without ProfilerStep markers (profiled without a schedule) is read as the iterations of its loop where a
-  marker repeats (the optimizer's step, the DataLoader's next batch, a forward root: traceio.iterations; the
-  first of three or more left out as start-up; `iterations` and a note say so), else as one step: the whole span
-  of its host events, so every launch falls inside it (`window` says "whole trace"), less the run's start-up
-  where the trace holds one (runtime calls of 50 ms or more before most of the device's work: traceio.startup;
-  `startup` and a note say so).
+  marker repeats (the optimizer's step, the DataLoader's next batch, a forward root, a compiled region's call, on
+  the CPU the operators' own sequence: trace/iterations.py; `iterations` and a note say so), as one call where
+  the repeats are the inner loop of one annotation (`iterations.one_call`), else as one step: the whole span of
+  its host events, so every launch falls inside it (`window` says "whole trace"), less the run's start-up where
+  the trace holds one (runtime calls of 50 ms or more, or compilation, before most of the work:
+  iterations.startup; `startup` and a note say so).
+- Steps that do not repeat are left out of every figure, table and finding and reported once (`one_off`:
+  [{kind (compile, cold first pass, eval, checkpoint save, log flush, unnamed), step, position, of, ms,
+  median_ms, compile_ms, why, only, text}]; compilation outside every step has step None): a step that
+  compiles, one over twice the like steps' median, a first iteration unlike the rest (trace/irregular.py's
+  split, right after the steps are made).
 - A trace without device events is a CPU profile: the same summary over CPU operators' self time
   (kind "cpu"); step time is the ProfilerStep window; idle becomes "outside ops" (Python, data, waiting).
 
@@ -151,7 +157,6 @@ from profiling.profile.trace.classify import CATEGORIES, classify_cpu_op, classi
 from profiling.profile.trace.timeline import Timeline
 from profiling.profile.trace.traceio import (
     WHOLE_TRACE,
-    attribute,
     check_content,
     check_events,
     check_trace,
@@ -163,7 +168,6 @@ from profiling.profile.trace.traceio import (
     num,
     read_json,
     self_times,
-    step_windows,
     union_length,
 )
 
@@ -288,12 +292,12 @@ def recorded(trace, ix, unprofiled_given=False):
     }
 
 
-def _summarize_device(ix, meta, how):
-    if not ix.launches:
+def _summarize_device(ix, meta, how, per_step, windows, out):
+    """The device summary of the like steps: their device events (`per_step`), their windows on the GPU
+    timeline, and what attribution left out (`out`), as irregular.split made them."""
+    if not ix.launches and not out.get("one_off"):
         raise UserError("trace has device events but no CUDA runtime/driver launch events; record with "
                         "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
-    per_step, out = attribute(ix)
-    windows = step_windows(per_step, ix.steps)
     n = len(per_step)
     cats, rows, counts, labels = _device_tables(ix, per_step, windows)
     each = [(end - start) / 1e3 for start, end in windows]
@@ -520,6 +524,8 @@ def _check_unlaunched(out):
     skipped = f"not counted: {out['before']} launched before the profiled steps"
     if out["outside"]:
         skipped += f", {out['outside']} launched outside every ProfilerStep window"
+    if out.get("one_off"):
+        skipped += f", {out['one_off']} in one-off steps (reported once, on their own line)"
     if not out["unlaunched"]:
         return _check("device events without a launch", True, f"none; {skipped}")
     example = str(out["unlaunched"][0].get("name", ""))[:60]
@@ -556,40 +562,54 @@ def summarize(trace, top=None, unprofiled_ms=None):
     check_events(trace)
     ix = index(trace["traceEvents"])
     check_content(bool(ix.device or ix.cpu_ops))
-    merged, ix.optimizer = ix.optimizer, closures.own_windows(ix.optimizer_marks, ix.cpu_ops)
     meta = _metadata(trace)
+    *attributed, meta = irregular.split(ix, meta)  # the like steps only, from here on: the one-offs go
+    merged, ix.optimizer = ix.optimizer, closures.own_windows(ix.optimizer_marks, ix.cpu_ops)
     given = unprofiled_ms is not None
     if given:
         meta["unprofiled_step_ms"] = unprofiled_ms
     how = recorded(trace, ix, given)
-    s = _summarize_device(ix, meta, how) if ix.device else _summarize_cpu(ix, meta)
+    s = _summarize_device(ix, meta, how, *attributed) if ix.device else _summarize_cpu(ix, meta)
     s["recorded"] = how
     s["window"] = WHOLE_TRACE if ix.whole else "steps"
     s["notes"] = [f"the trace has no ProfilerStep markers: it is read as one window of {_ms_text(s['step_ms'])}"
                   ] if ix.whole else []
+    s["notes"] += _window_notes(ix)
     if ix.startup:
         s["startup"] = ix.startup
-        s["notes"].append(f"the run's start-up is left out: the window begins {_ms_text(ix.startup['ms'])} into the "
-                          "trace, after " + ", ".join(f"{name} ({_ms_text(ms)})" for name, ms in
-                                                      ix.startup["calls"].items())
-                          + " (CUDA's initialisation, a module's first load: no step pays them)")
     if ix.iterations:
-        it = ix.iterations
-        s["iterations"] = it
-        s["notes"].append(f"the trace has no ProfilerStep markers: its steps are {it['count']} iterations of its "
-                          f"loop, from what repeats ({it['by']}, `{it['marker']}`)" + (
-                              "; the first iteration is left out (the run's start-up: CUDA's initialisation, "
-                              "first allocations, compilation)" if it["startup_left_out"] else ""))
+        s["iterations"] = ix.iterations
+    s["one_off"] = ix.one_off
     if ix.optimizer != merged:
         s["regions"]["notes"].append(closures.NOTE)
     s["notes"] += irregular.notes(meta)  # timed steps left out, a loop that ended early
+    s["notes"] += [n for n in (irregular.few_note(ix),) if n]
     if not ix.whole:
-        check = irregular.profiled_check(s["step_ms_each"], ix.steps, ix.cpu_ops, meta.get("host_samples"))
-        s["checks"].append(check)
-        s["notes"] += [check["detail"]] if check.get("outliers") else []
+        s["checks"].append(irregular.profiled_check(s["step_ms_each"], ix))
     if top is not None:
         s["kernels"] = s["kernels"][:max(0, top)]
     return s
+
+
+def _window_notes(ix):
+    """What the window is: the start-up left out of one window, the iterations read from what repeats, the one
+    call whose inner loop repeats."""
+    notes = []
+    if ix.startup:
+        spent = ix.startup.get("compile_ms")
+        calls = [f"{name} ({_ms_text(ms)})" for name, ms in ix.startup["calls"].items()]
+        calls += [f"compilation ({_ms_text(spent)})"] if spent else []
+        notes.append(f"the run's start-up is left out: the window begins {_ms_text(ix.startup['ms'])} into the "
+                     "trace, after " + ", ".join(calls) + " (CUDA's initialisation, a module's first load, "
+                     "compiling: no step pays them)")
+    it = ix.iterations
+    if it and it.get("one_call"):
+        notes.append(f"the trace has no ProfilerStep markers: it is one call, `{it['one_call']}`, read as one step; "
+                     f"its inner loop repeats {it['by']} (`{it['marker']}`) {it['inner']} times")
+    elif it:
+        notes.append(f"the trace has no ProfilerStep markers: its steps are {it['count']} iterations of its loop, "
+                     f"from what repeats ({it['by']}, `{it['marker']}`)")
+    return notes
 
 
 def _change(before, now):

@@ -4,11 +4,21 @@ A checkpoint save, an eval or a logging burst in one of the timed (unprofiled) s
 report checks against from 65 to 119 ms in one run; inside the profiled steps one moved the profiled mean from
 90 to 135 ms (issue #41). The rule for an outlier: a step over OUTLIER_RATIO times the median of its steps and
 at least OUTLIER_MIN_MS over it, judged among MIN_STEPS steps or more (the median of five steps stays put when
-one or two are outliers). Timed outliers are left out of `unprofiled_step_ms`; a profiled outlier is named in
-a check and a note, with what ran only in it. Pure, stdlib only: the Profiler (profiling/api.py) times,
-the summary reads.
+one or two are outliers). Timed outliers are left out of `unprofiled_step_ms` (the Profiler, profiling/api.py,
+times them).
+
+Among the profiled steps (`split`, where the summary makes its steps, so every table and finding sees the same
+ones), what does not repeat is left out of every per-step figure and reported once, with its duration and kind
+(DESIGN.md pitfall 20; issue #48 item 2, #49 item 1): a step that compiles (Dynamo's and Inductor's annotations
+inside it), an outlier (an eval, a checkpoint save, a log flush: named by what ran only in it), the first
+iteration of a trace without step markers when it is unlike the rest (the run's start-up: a cold first pass),
+and compilation outside every step. An eval of 100 batches after one profiled step once made a report of 100.8
+ms/step against a median of 26.1, its GEMMs 70.8% of the step; a 1.69 s compile inside a window became a
+host_sync of 1,436 ms/step. Stdlib only.
 """
 import statistics
+
+from profiling.profile.trace import iterations, traceio
 
 OUTLIER_RATIO = 2.0   # over the median: the saves of issue #41 were 3.5x and 5x; a loaded 2-core host
                       # jitters single CPU steps by 1.5x, so 2x is clearly another kind of step
@@ -52,40 +62,30 @@ def notes(meta):
     return out
 
 
-def profiled_check(each, steps, cpu_ops, samples):
-    """The check on the profiled steps' times: each outlier step, its ms against the median, and what ran only
-    in it (CPU operators by name; host-sample frames). each: ms per step; steps: their (start, end, name)
-    windows in the same order; cpu_ops: the trace's CPU operator events; samples: the capture's host_samples
-    record, or None."""
+def profiled_check(each, ix):
+    """The check on the profiled steps' times, after `split`: the one-off steps it left out (each named with its
+    kind and what ran only in it), else that the like steps are alike. each: ms per like step."""
+    steps = [r for r in ix.one_off if r.get("step")]
+    if steps:  # ok: the profile itself is sound (a failed check opens the report as a fault of the profiler's);
+        return {"name": CHECK, "ok": True, "outliers": len(steps),  # the one-off is the run's, on a line of its own
+                "detail": "; ".join(r["text"] for r in steps)}
     out, median = outliers(each)
     if median is None:
         return {"name": CHECK, "ok": True,
                 "detail": f"{len(each)} step{'s' * (len(each) != 1)}: too few to judge"}
-    if not out:
-        return {"name": CHECK, "ok": True, "detail": f"none over {OUTLIER_RATIO:g}x the median "
-                f"({median:.2f} ms) of {len(each)} steps"}
-    ops, frames = _by_step(steps, cpu_ops), _frames_by_step(samples, len(each))
-    parts = []
-    for k in out:
-        only = _only(ops, k) + _only(frames, k)
-        ran = f"; only it ran: {', '.join(only)}" if only else ""
-        parts.append(f"step {k + 1} took {each[k]:.1f} ms against a median of {median:.1f} ms{ran}")
-    # ok: the profile itself is sound (a failed check opens the report as a fault of the profiler's); the
-    # outlier is the run's, said in the header's notes too (summary.summarize)
-    return {"name": CHECK, "ok": True, "outliers": len(out), "detail": "profiled " + "; ".join(parts)
-            + " (a checkpoint save, an eval, a logging burst?): the profiled mean includes it"}
+    return {"name": CHECK, "ok": True, "detail": f"none over {OUTLIER_RATIO:g}x the median ({median:.2f} ms) of "
+            f"{len(each)} steps"}
 
 
-def _by_step(steps, cpu_ops):
-    """[{operator name: µs}] per step window."""
-    per = [{} for _ in steps]
-    for e in cpu_ops:
+def _by_step(steps, events):
+    """[{name: us}] per step window (start, end, name) of the events (operators, annotations, frames) in it."""
+    per, starts = [{} for _ in steps], [w[0] for w in steps]
+    for e in events:
         ts = e.get("ts")
-        for k, (start, end, _) in enumerate(steps):
-            if isinstance(ts, (int, float)) and start <= ts < end:
-                name = str(e.get("name", ""))
-                per[k][name] = per[k].get(name, 0.0) + float(e.get("dur") or 0.0)
-                break
+        k = traceio.find(steps, starts, ts) if traceio.num(ts) else None
+        if k is not None:
+            name = str(e.get("name", ""))
+            per[k][name] = per[k].get(name, 0.0) + float(e.get("dur") or 0.0)
     return per
 
 
@@ -104,8 +104,179 @@ def _frames_by_step(samples, n):
     return [{label: count - inner / 1e3 for label, (count, inner) in p.items()} for p in per]
 
 
-def _only(per, k):
-    """The SHOWN heaviest keys of step k that no other step has."""
-    others = set().union(*(p for i, p in enumerate(per) if i != k))
-    only = sorted((key for key in per[k] if key not in others), key=lambda key: -per[k][key])
-    return [f"`{key}`" for key in only[:SHOWN]]
+# ---------------------------------------------------------------------------------------------------------
+# One-off steps and spans: left out of every per-step figure, reported once (issue #48 item 2, #49 item 1)
+# ---------------------------------------------------------------------------------------------------------
+
+COMPILE, COLD, EVAL, SAVE, LOG, UNNAMED = "compile", "cold first pass", "eval", "checkpoint save", "log flush", "unnamed"
+# words in what ran only in a one-off step (frames, operators, annotations; lower case) that name its kind; the
+# checkpoint first (a save evaluates nothing), then the eval (Lightning's and HF's loops: validation_step,
+# evaluation_loop, prediction_step; a loop's own evaluate()), then a logging burst
+KIND_WORDS = ((SAVE, ("serialization.py", "save_checkpoint", "checkpoint_connector", "modelcheckpoint",
+                      "safetensors", "save_pretrained", "save_model", "save_state")),
+              (EVAL, ("evaluat", "validat", "prediction_step", "predict_step", "test_step", "eval_step", "eval_loop")),
+              (LOG, ("log_metrics", "log_dict", "on_log", "logging/__init__", "add_scalar", "summarywriter",
+                     "tensorboard", "wandb", "flush")))
+WIDEN = ("profile more steps: profiling.Profiler(active_steps=N) or torch.profiler.schedule(active=N), N of 5 or "
+         "more, or a window that starts after the run's first steps")
+
+
+def one_offs(each, work, compile_ms, host=None):
+    """{index: why} of the steps that do not repeat: a step that compiles ("compile"), one over OUTLIER_RATIO
+    times the median of the steps with work ("outlier", among MIN_STEPS or more); with `host` (the CPU windows'
+    ms of a trace without step markers, whose first iteration holds whatever ran before its loop), the first
+    iteration when over OUTLIER_RATIO times the others' median in either measure ("first": the run's start-up,
+    on the host before any kernel: 1,022 ms against 24 in param's RTX 2080 Ti loop, its GPU window 27.6).
+    {} when every step would go (then none is like the others: they are kept, and the report says so)."""
+    why = {k: COMPILE for k, ms in enumerate(compile_ms) if ms > 0}
+    judged = [k for k in range(len(each)) if work[k] and k not in why]
+    while True:  # again without them: two outliers in four steps lift the median of all four past the second
+        out, _ = outliers([each[k] for k in judged])
+        if not out:
+            break
+        why.update({judged[i]: "outlier" for i in out})
+        judged = [k for k in judged if k not in why]
+    if host and judged[:1] == [0] and len(judged) > 1:
+        for ms in (each, host):
+            median = statistics.median(ms[k] for k in judged[1:])
+            if ms[0] > OUTLIER_RATIO * median and ms[0] - median >= OUTLIER_MIN_MS:
+                why[0] = "first" if ms is each else "first on the host"
+                break
+    return {} if len(why) >= len(each) else why
+
+
+def split(ix, meta):
+    """Leaves `ix` with its like steps only and `ix.one_off` with the rest, reported once; returns (per_step,
+    windows, attributed, meta): the device events per like step and their windows on the GPU timeline
+    (traceio.attribute, step_windows; None on a CPU trace), what attribution left out, and the metadata with the
+    host samples renumbered to the like steps. Every table and finding then sees the same like steps."""
+    per_step = windows = attributed = None
+    if ix.device:
+        per_step, attributed = traceio.attribute(ix)
+        windows = traceio.step_windows(per_step, ix.steps)
+        each, work = [(b - a) / 1e3 for a, b in windows], [bool(evs) for evs in per_step]
+    else:
+        each = [(b - a) / 1e3 for a, b, _ in ix.steps]
+        work = [bool(ops) for ops in _by_step(ix.steps, ix.cpu_ops)]
+    spans = iterations.compile_spans(ix.compiles)
+    # a compile stalls the host in its step's CPU window, and the GPU, once the work queued before it has run,
+    # until the first kernel after it: in the GPU window that holds the compile's end (a step's GPU window runs to
+    # the next step's first kernel; the host ran 1.7 steps ahead in tests/data/h100-compiled-gpt-5steps)
+    inside = [sum(_overlap(spans, (a, b))) / 1e3 for a, b, _ in ix.steps]
+    if windows is not None:
+        inside = [max(ms, sum(e - s for s, e in spans if a <= e < b) / 1e3) for ms, (a, b) in zip(inside, windows)]
+    ix.one_off = _outside_rows(ix, spans)
+    host = [(b - a) / 1e3 for a, b, _ in ix.steps]
+    why = {} if ix.whole or len(ix.steps) < 2 else one_offs(each, work, inside, ix.iterations and host)
+    if not why:
+        return per_step, windows, attributed, meta
+    keep = [k for k in range(len(ix.steps)) if k not in why]
+    for k, reason in sorted(why.items()):
+        ms = host if reason == "first on the host" else each  # the measure that found it, for it and the median
+        ix.one_off.append(_row(ix, meta, k, reason, ms, statistics.median(ms[i] for i in keep), inside[k], len(keep)))
+    gone = [ix.steps[k][:2] for k in why]
+    ix.steps = [ix.steps[k] for k in keep]
+    _drop_events(ix, gone, per_step, why)
+    if per_step is not None:
+        attributed["one_off"] = sum(len(per_step[k]) for k in why)
+        per_step, windows = [per_step[k] for k in keep], [windows[k] for k in keep]
+    return per_step, windows, attributed, _renumbered(meta, keep)
+
+
+def _overlap(spans, window):
+    a, b = window
+    return [min(e, b) - max(s, a) for s, e in spans if e > a and s < b]
+
+
+def _outside_rows(ix, spans):
+    """One row for the compilation outside every step (before the first iteration, in a one window's start-up)."""
+    steps = [(a, b) for a, b, _ in ix.steps]
+    ms = sum(e - s for s, e in spans) / 1e3 - sum(sum(_overlap(spans, w)) for w in steps) / 1e3
+    if ms < OUTLIER_MIN_MS:
+        return []
+    where = "in the run's start-up, before the window" if ix.whole else "before or between the steps"
+    return [{"kind": COMPILE, "step": None, "ms": round(ms, 3),
+             "text": f"compilation {where}: {_ms(ms)} (Dynamo's and Inductor's annotations), in no step"}]
+
+
+def _ms(x):
+    """Milliseconds to three significant digits at least (0.0312 ms, 26.1 ms, 1,436.2 ms)."""
+    return f"{x:,.1f} ms" if x >= 10 else f"{x:.3g} ms"
+
+
+def _row(ix, meta, k, reason, each, median, compile_ms, like):
+    """A one-off step's row: its kind, time against the like steps' median, what ran only in it."""
+    only = _only_labels(ix, meta, k)
+    kind = COMPILE if compile_ms > 0 else next(
+        (name for name, words in KIND_WORDS if any(w in label.lower() for label in only for w in words)),
+        COLD if k == 0 else UNNAMED)
+    what = "iteration" if ix.iterations else "profiled step"
+    ran = f"; only it ran {', '.join(f'`{x}`' for x in _shown(only, kind))}" if only else ""
+    spent = f", {_ms(compile_ms)} of it compiling" if compile_ms > 0 else ""
+    where = " on the host" if reason == "first on the host" else ""
+    text = (f"{what} {k + 1} of {len(each)} (`{ix.steps[k][2]}`), {_kind_words(kind)}: {_ms(each[k])}{where}{spent} "
+            f"against a median of {_ms(median)} of the {like} like step{'s' * (like != 1)}{ran}; left out of "
+            "every per-step figure")
+    return {"kind": kind, "step": ix.steps[k][2], "position": k + 1, "of": len(each), "ms": round(each[k], 3),
+            "median_ms": round(median, 3), "compile_ms": round(compile_ms, 3) or None, "why": reason,
+            "only": only[:SHOWN], "text": text}
+
+
+def _kind_words(kind):
+    return {UNNAMED: "unnamed (nothing that ran only in it says what it was)",
+            COLD: "a cold first pass (first calls: allocations, lazy loads, autotuning)",
+            EVAL: "an eval"}.get(kind, f"a {kind}")
+
+
+def _shown(only, kind):
+    """The labels named in the line: those that gave the kind first, then the heaviest."""
+    words = dict(KIND_WORDS).get(kind, ())
+    telling = [x for x in only if any(w in x.lower() for w in words)]
+    return list(dict.fromkeys(telling + only))[:SHOWN]
+
+
+def _only_labels(ix, meta, k):
+    """What ran only in step k, heaviest first: host-sample frames, Python frames (with_stack), operators and
+    annotations."""
+    windows = ix.steps
+    per = [_frames_by_step(meta.get("host_samples"), len(windows)),
+           _by_step(windows, ix.python), _by_step(windows, ix.cpu_ops + ix.annotations)]
+    out = []
+    for p in per:
+        others = set().union(*(q for i, q in enumerate(p) if i != k))
+        out += sorted((key for key in p[k] if key not in others and " at 0x" not in key), key=lambda key: -p[k][key])
+    return out  # (a with_stack name holding an address is one object's, never the same in two steps)
+
+
+def _drop_events(ix, gone, per_step, why):
+    """The host and device events of the one-off steps out of the index."""
+    def kept(events):
+        return [e for e in events if not any(a <= e.get("ts", 0) < b for a, b in gone)]
+    for attr in ("cpu_ops", "graph_calls", "modules", "runtime", "optimizer_marks", "other_marks", "python",
+                 "annotations", "compiles"):
+        setattr(ix, attr, kept(getattr(ix, attr)))
+    ix.launches = {c: e for c, e in ix.launches.items() if not any(a <= e["ts"] < b for a, b in gone)}
+    if per_step is not None:
+        dropped = {id(e) for k in why for e, _ in per_step[k]}
+        ix.device = [e for e in ix.device if id(e) not in dropped]
+    ix.optimizer = traceio.merge((m["ts"], m["ts"] + m["dur"]) for m in ix.optimizer_marks)
+
+
+def _renumbered(meta, keep):
+    """The metadata with the host samples of the like steps only, numbered as the like steps."""
+    host = meta.get("host_samples")
+    if not isinstance(host, dict) or not host.get("samples"):
+        return meta
+    new = {old: i for i, old in enumerate(keep)}
+    rows = [(new[step], us, sid) for step, us, sid in host["samples"] if step in new]
+    return dict(meta, host_samples=dict(host, samples=rows))
+
+
+def few_note(ix):
+    """The note when too few like steps are left to judge another unlike one, else None."""
+    steps = [r for r in ix.one_off if r.get("step")]
+    if not steps or len(ix.steps) >= MIN_STEPS:
+        return None
+    n = len(ix.steps)
+    return (f"{n} like step{'s' * (n != 1)} left after the one-off{'s' * (len(steps) > 1)}: the per-step figures "
+            f"rest on {'it' if n == 1 else 'them'}, too few to tell another unlike one; {WIDEN}")

@@ -14,6 +14,14 @@ from collections import Counter
 import orjson
 
 from profiling.errors import UserError
+from profiling.profile.trace.iterations import (  # noqa: F401 (DATALOADER_NEXT, ITERATION_NAME: read from here too)
+    COMPILE_MARK,
+    compile_spans,
+    DATALOADER_NEXT,
+    ITERATION_NAME,
+    iterations,
+    startup,
+)
 
 STEP_PREFIX = "ProfilerStep#"
 WHOLE_TRACE = "whole trace"  # the one window of a trace without ProfilerStep markers
@@ -121,6 +129,10 @@ class Index:
         self.modules = []      # `nn.Module: <Class>_<k>` scopes (with_stack/with_modules; profiling/profile/tables/regions.py)
         self.runtime = []      # every CUDA/HIP runtime and driver call (`startup`)
         self.startup = None    # one window: the run's start-up left out of it (`startup`)
+        self.compiles = []     # Dynamo's and Inductor's compile annotations and frames (COMPILE_MARK)
+        self.annotations = []  # the user's own record_function annotations (`iterations`: one call's loop)
+        self.python = []       # with_stack's Python frames (irregular.py: what ran only in a one-off step)
+        self.one_off = []      # the steps and spans that do not repeat, left out of the steps (irregular.split)
         self.other_marks = []  # the DataLoader's `enumerate(DataLoader)#...__next__` annotations (`iterations`)
         self.span = None       # (start, end) of the recorded window
         self.whole = False     # no ProfilerStep markers: `steps` is one window over the whole trace
@@ -177,93 +189,26 @@ def index(events):
             ix.graph_calls.append(e)
         elif cat == "cpu_op":
             ix.cpu_ops.append(e)
-        elif cat == "python_function" and name.startswith(MODULE_PREFIX):
-            ix.modules.append(e)
+        elif COMPILE_MARK.search(name):
+            ix.compiles.append(e)
+        elif cat == "python_function":
+            (ix.modules if name.startswith(MODULE_PREFIX) else ix.python).append(e)
         elif name.startswith(DATALOADER_NEXT):
             ix.other_marks.append(e)
+        elif cat == "user_annotation":
+            ix.annotations.append(e)
     ix.steps.sort()
     if not ix.steps and lo is not None and (ix.device or ix.cpu_ops):  # no markers (a trace made without a
         found = iterations(ix, lo, hi)                                  # schedule): what repeats, else one window
         if found:
             ix.steps, ix.iterations = found
         else:  # the host's whole span, one step, after the run's start-up where the trace holds it
-            ix.startup = startup(ix.runtime, ix.device, lo, hi)
+            ix.startup = startup(ix.runtime, ix.device or ix.cpu_ops, lo, hi, compile_spans(ix.compiles))
             ix.steps, ix.whole = [(ix.startup["end"] if ix.startup else lo, hi, WHOLE_TRACE)], True
     ix.optimizer = merge((m["ts"], m["ts"] + m["dur"]) for m in ix.optimizer_marks)
     if ix.span is None and lo is not None:  # no recorded window: allow the GPU to lag by the CPU span
         ix.span = (lo, hi + max(hi - lo, 1e6))
     return ix
-
-
-ITERATION_NAME = "iteration#"
-# what marks one iteration of a loop in a trace made without a schedule, most telling first: the optimizer's step
-# ends one (torch.profiler annotates Optimizer.step), a DataLoader's __next__ begins one, else a forward root
-# (with_stack/with_modules: the outermost nn.Module scope) does
-OPTIMIZER_STEP = "Optimizer.step#"
-DATALOADER_NEXT = "enumerate(DataLoader)#"
-
-
-def iterations(ix, lo, hi):
-    """([(start, end, "iteration#k")], record) of a trace without ProfilerStep markers whose loop shows in a
-    marker that repeats at least twice (OPTIMIZER_STEP, DATALOADER_NEXT, a forward root); None when nothing
-    repeats. With three or more, the first iteration is left out: it holds the run's start-up (CUDA's
-    initialisation, the first allocations, compilation, cuDNN's first loads), which no later step pays."""
-    for kind, marks, at_end in (
-            ("the optimizer's step", [m for m in ix.optimizer_marks
-                                      if str(m.get("name", "")).startswith(OPTIMIZER_STEP)], True),
-            ("the DataLoader's next batch", [m for m in ix.cpu_ops + ix.other_marks
-                                             if str(m.get("name", "")).startswith(DATALOADER_NEXT)], False),
-            ("the model's forward", ix.modules, False)):
-        marks = _outermost(marks)
-        if not marks:
-            continue
-        name, count = Counter(m.get("name") for m in marks).most_common(1)[0]
-        if count < 2:
-            continue
-        times = sorted((m["ts"], m["ts"] + m["dur"]) for m in marks if m.get("name") == name)
-        edges = [lo] + [end for _, end in times] if at_end else [start for start, _ in times] + [hi]
-        spans = list(zip(edges, edges[1:]))
-        startup = len(spans) >= 3
-        spans = spans[1:] if startup else spans
-        steps = [(a, b, f"{ITERATION_NAME}{k}") for k, (a, b) in enumerate(spans) if b > a]
-        if steps:
-            return steps, {"by": kind, "marker": name, "count": len(steps), "startup_left_out": startup}
-    return None
-
-
-STARTUP_CALL_US = 50_000  # a runtime call this long is no step's work: CUDA's initialisation (cudaFree(0),
-# cudaDeviceGetStreamPriorityRange: 25-30 s in HTA's A100 benchmarks), a kernel module's first load inside its
-# first launch (1,337 ms in a Particle Transformer's first cuDNN convolution, A100)
-NOT_STARTUP = ("Synchronize", "Memcpy", "EventQuery", "StreamWait")  # long because they wait: the run's, kept
-
-
-def startup(runtime, device, lo, hi):
-    """The start-up a one-window trace holds: {"end", "ms", "calls"} where runtime calls of STARTUP_CALL_US or
-    more (not waits) come before most of the device's work, the window then beginning after the last of them;
-    None when there is none, or when less than half of the device events would be left."""
-    long = sorted((e for e in runtime if e.get("dur", 0) >= STARTUP_CALL_US
-                   and not any(w in str(e.get("name", "")) for w in NOT_STARTUP)), key=lambda e: e["ts"])
-    for last in reversed(long):
-        end = last["ts"] + last["dur"]
-        after = sum(1 for d in device if num(d.get("ts")) and d["ts"] >= end)
-        if end < hi and device and after >= len(device) / 2:
-            calls = [e for e in long if e["ts"] + e["dur"] <= end]
-            names = Counter()
-            for e in calls:
-                names[str(e.get("name"))] += e["dur"] / 1e3
-            return {"end": end, "ms": round((end - lo) / 1e3, 3), "calls": {k: round(v, 3) for k, v in names.items()}}
-    return None
-
-
-def _outermost(marks):
-    """The marks not inside another mark of the same thread (a forward root, not its submodules)."""
-    out, ends = [], {}
-    for m in sorted(marks, key=lambda m: (m.get("ts", 0), -m.get("dur", 0))):
-        tid = m.get("tid")
-        if m.get("ts", 0) >= ends.get(tid, float("-inf")):
-            out.append(m)
-            ends[tid] = m["ts"] + m.get("dur", 0)
-    return out
 
 
 def merge(intervals):
