@@ -8,6 +8,7 @@ import os
 import pytest
 
 from profiling.profile.findings import input as input_pipeline
+from profiling.profile.report import render
 from profiling.profile.report.summary import load_trace, summarize
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
@@ -109,6 +110,8 @@ def test_a_cpu_run_names_the_loaders_share_of_the_step(workers, words):
     assert top["kind"] == "input_bound" and top["ms_per_step"] > 0.5 * s["step_ms"] and words in top["evidence"]
     assert "pin_memory" not in top["fix"] and "non_blocking" not in top["fix"]
     assert top["fix"].startswith("the workers cannot keep up") == (workers > 0)
+    md = render.to_markdown(s)  # a CPU report shows its findings (section 0) where it has some
+    assert "## 0. Findings" in md and "**input_bound**" in md
 
 
 def test_a_cpu_run_without_a_dataloader_has_no_input_finding():

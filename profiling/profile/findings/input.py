@@ -34,7 +34,8 @@ TORCH_DATA = "torch/utils/data/"            # torch's DataLoader, Dataset and co
 WAITS = ("_try_get_data", "_get_data")      # the main thread waiting on the workers' queue
 DATASET_CALLS = ("__getitem__", "__getitems__")  # a Dataset making a sample (its frames are the work)
 INNERMOST = 3       # frames the sampler keeps whatever their file (profiling/profile/capture/sampler.py)
-IDLE_FRAMES = ("threading.py", "queues.py", "selectors.py", "connection.py", "multiprocessing/")  # a wait, no work
+IDLE_FRAMES = ("threading.py", "queues.py", "queue.py", "selectors.py", "connection.py", "multiprocessing/",
+               "futures/")  # a wait on other threads or processes, no work of its own
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def input_bound(tl, ctx, found):
     workers = _workers(tl, picked)
     evidence = (_spans_text(tl, ctx, workers) + f"; the GPU idle while it waited {ms:.1f} ms/step{scaled(ctx)}"
                 f" ({100 * us / n / 1e3 / ctx['idle']:.0f}% of the GPU idle), in {len(picked) / n:g} gaps/step"
-                + (f" ({sampled_us / n / 1e3:.1f} ms/step of it where only host samples show the loader)"
+                + (f" ({sampled_us / n / 1e3 * ctx['scale']:.1f} ms/step of it where only host samples show the loader)"
                    if sampled_us else "")
                 + _ops_text(tl, ctx, spans) + _samples_text(tl, picked, spans) + _stacks_text(tl, ctx))
     return finding(KIND, ms, ctx, evidence, fix(workers, _framework(tl), _work_lines(tl, picked, spans)))
@@ -155,7 +156,7 @@ def _work(frames, own):
     sampler dropped torch's frames), else the innermost frame there that is no wait (a library's decode, the
     collate). Own frames further out are the loop that asked for the batch, not its work."""
     frames = [str(f) for f in frames]
-    if any(_function(f) in WAITS for f in frames[:3]):
+    if not frames or any(w in frames[0] for w in IDLE_FRAMES) or any(_function(f) in WAITS for f in frames[:3]):
         return None
     j = next((i for i, f in enumerate(frames) if f.startswith(TORCH_DATA)), None)
     if j is None:
@@ -256,5 +257,6 @@ def cpu_input_bound(ix, step_ms):
                 f"{len(marks) / n:g} calls/step)"
                 + (", waiting on the workers' queue" if workers else
                    ", making it itself (num_workers=0)" if workers is False else "")
-                + "; gain: that time, where workers run on cores the model's operators leave free")
+                + ("; gain: that wait, with workers that keep up" if workers else
+                   "; gain: that time, where workers run on cores the model's operators leave free"))
     return finding(KIND, ms, ctx, evidence, fix(workers, None, [], device=False))
