@@ -73,11 +73,14 @@ def test_the_loader_is_found_by_what_it_is_not_by_its_file_name(traces, frame, l
     the loader, in a file of no known loader it is host work named by its line."""
     before = by_kind(summarize(traces("h100-slowhost-baseline")), "gpu_waits_on_host")[0]
     assert before["fix"].startswith("the GPU waits for the next batch")
-    after = by_kind(summarize(rename_frames(traces("h100-slowhost-baseline"), frame)),
-                    "gpu_waits_on_host")[0]
-    assert after["fix"].startswith("the GPU waits for the next batch") is loader
-    assert after["ms_per_step"] == before["ms_per_step"]
-    if not loader:
+    s = summarize(rename_frames(traces("h100-slowhost-baseline"), frame))
+    after = by_kind(s, "gpu_waits_on_host")[0]
+    if loader:  # torch's DataLoader: its gaps are input_bound's (issue #48), the host's other work stays
+        feed = by_kind(s, "input_bound")[0]
+        assert feed["ms_per_step"] + after["ms_per_step"] == pytest.approx(before["ms_per_step"], abs=0.02)
+        assert feed["ms_per_step"] > 10 * after["ms_per_step"] and "num_workers=N" in feed["fix"]
+    else:
+        assert after["ms_per_step"] == before["ms_per_step"]
         assert after["fix"].startswith("make the host work at")
 
 

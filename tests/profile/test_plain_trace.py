@@ -18,6 +18,8 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 ROOT = os.path.dirname(DATA.rsplit(os.sep, 1)[0])
 IDLE_RULES = {"host_sync", "graph_break", "blocking_launch", "alloc_churn", "cuda_sync", "launch_bound",
               "gpu_waits_on_host"}
+RECORDED = {"host_sync", "cuda_sync"}  # issue #48: they price what the trace records (a sync's own gap, at most the
+                                       # host's wait in it; a pageable copy's device time), stacks or not
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def test_with_stacks_and_no_unprofiled_figure_no_idle_is_priced_and_section_0_sa
     s = summarize(plain(live))
     assert s["recorded"]["by"] == "torch.profiler" and s["recorded"]["stacks"] and not s["recorded"]["unprofiled"]
     assert not IDLE_RULES & {f["kind"] for f in s["findings"]}
-    assert {x["rule"] for x in s["skipped"] if "own_idle" in x["missing"]} == IDLE_RULES
+    assert {x["rule"] for x in s["skipped"] if "own_idle" in x["missing"]} == IDLE_RULES - RECORDED
     idle = [u for u in s["unknown"] if u["rule"] == "GPU idle"]
     assert len(idle) == 1 and idle[0]["ms_per_step"] == pytest.approx(s["idle_ms"], abs=0.01) and s["idle_ms"] > 300
     md = render.to_markdown(s)

@@ -10,6 +10,8 @@ ms_per_step, what}). `skipped`: the rules whose evidence the trace lacks ({rule,
 One module per family of causes, every rule of the same shape (contract.py: what it needs, a skip when that
 is missing, a match that returns a finding with evidence, gain and fix):
 
+- input.py: the GPU waiting on the input pipeline (the DataLoader's next batch); on a CPU trace, the training
+  thread's own time in it
 - idle.py: the GPU waiting on the host (host syncs, graph breaks, launches, the host's other work)
 - calls.py: the host inside CUDA calls (launches that block, allocation churn, synchronizing calls, pageable
   copies)
@@ -24,8 +26,9 @@ regression.py and ranks.py (beside this package) add the findings that need anot
 through the same contract.
 
 Costs (`ms_per_step`: what fixing the cause would save, estimated):
-- GPU idle is split once, so no two findings claim the same gap (Gap.cause): first the gaps that begin while
-  the host is blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break),
+- GPU idle is split once, so no two findings claim the same gap (Gap.cause): first the gaps the DataLoader's
+  next-batch spans cover (input_bound: a sync after a long wait for data exposes the loader, it is not the
+  cause), then those that begin while the host is blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break),
   then the CUDA calls the host was inside, then the rest (gpu_waits_on_host: long gaps, by what the host was
   doing; launch_bound: the host cannot launch fast enough). When the profiled step is slower than the
   unprofiled one, the profiler's own host cost inflated the idle: idle-based costs are scaled to the
@@ -39,11 +42,12 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
 from profiling.profile.findings import calls, comm, idle, kernels, ledger, power, settings, unplaced, waste
+from profiling.profile.findings import input as input_pipeline  # not the builtin's name here
 from profiling.profile.findings.contract import run, unknown
 from profiling.profile.trace import hardware
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
-RULES = (idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
+RULES = (input_pipeline.input_bound, idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
          waste.eager_code, unplaced.sort_scatter, kernels.math_attention, kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
          kernels.attention_fallback, kernels.attention_backend,
          waste.recompute, waste.forward_without_backward, waste.misaligned_shapes,
@@ -56,15 +60,35 @@ def diagnose(tl, summary, stacks=False):
     ctx = context(tl, summary)
     ctx["stacks"] = stacks
     found, skipped = run(RULES, tl, ctx)
-    if "own_idle" not in ctx["evidence"] and ctx["idle"] > 0:
-        unknown(ctx, "GPU idle", ["unprofiled"], ctx["idle"],
-                "GPU idle in a trace recorded with Python stacks (with_stack=True), which slow the host several-"
-                "fold: the idle may be the profiler's own cost, so no idle or launch finding is priced; give the "
-                "unprofiled ms/step (--unprofiled-ms, measured without the profiler) to price them")
+    if "own_idle" not in ctx["evidence"]:
+        _unexplained_idle(tl, ctx)
     found, notes = ledger.admit(settings.merge(power.net_of_clock(tl, ctx, found)), ctx)
     overhead, _ = run((idle.profiler_overhead,), tl, ctx)
     return {"findings": [ledger.public(f) for f in found + overhead], "unknown": ctx.get("unknown", []),
             "skipped": skipped, "ledger": notes}
+
+
+def diagnose_cpu(ix, step_ms):
+    """The findings of a CPU profile (no device, so no GPU idle): the training thread's time in the input
+    pipeline (input.cpu_input_bound), as a list."""
+    f = input_pipeline.cpu_input_bound(ix, step_ms)
+    return [f] if f else []
+
+
+def _unexplained_idle(tl, ctx):
+    """A trace recorded with Python stacks and no unprofiled step: the GPU idle no recorded event explains (no
+    DataLoader span, sync or copy claimed it) goes to `unknown`; the stacks slow the host, so it may be the
+    profiler's own."""
+    left = sum(g.us for g in tl.gaps if g.cause is None) / ctx["n"] / 1e3
+    if left <= 0:
+        return
+    claimed = ctx["idle"] - left
+    unknown(ctx, "GPU idle", ["unprofiled"], left,
+            "GPU idle in a trace recorded with Python stacks (with_stack=True), which slow the host several-fold: "
+            + (f"beside the {claimed:.1f} ms/step the findings tie to recorded events (DataLoader waits, syncs, "
+               "copies), " if claimed >= 0.005 else "")
+            + "the idle may be the profiler's own cost, so no launch or other idle finding is priced; give the "
+            "unprofiled ms/step (--unprofiled-ms, measured without the profiler) to price them")
 
 
 def context(tl, s):

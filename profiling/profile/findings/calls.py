@@ -19,7 +19,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 
 from profiling.profile.findings.contract import finding, idle_ms, made_by, rule, scaled, top
-from profiling.profile.findings.idle import own_labels
+from profiling.profile.findings.idle import own_idle, own_labels, sync_price
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables import cuda_calls
 
@@ -36,7 +36,8 @@ MIN_RATE_BYTES = 1 << 20  # pinned copies this large measure the link's rate (sm
 NEEDS = {   # evidence each rule cannot do without (contract.EVIDENCE's names); host samples only add a line
     "blocking_launch": ("device", "own_idle"),  # device events with their launch calls (correlation ids)
     "alloc_churn": ("device", "own_idle"),      # the allocation/free calls and the GPU idle gaps
-    "cuda_sync": ("device", "own_idle"),        # the sync/copy calls, the copies' device events (`Pageable` in their name)
+    "cuda_sync": ("device",),   # the sync/copy calls, the copies' device events (`Pageable` in their name); with
+                                # Python stacks and no unprofiled step, only what they record (cuda_sync's doc)
 }
 
 
@@ -109,19 +110,27 @@ def cuda_sync(tl, ctx, found):
     """Synchronizing calls (torch.cuda.synchronize(), a non-Async copy) and pageable copies that no earlier rule
     explained: the GPU idle from the call to the end of its step (the queue drained), and for pageable copies
     their own time over what pinned memory would take. Where host_sync has spoken, the syncs are its (it tied
-    them to a line or an operator and priced what they exposed): only the pageable copies are left here."""
+    them to a line or an operator and priced what they exposed): only the pageable copies are left here. In a
+    trace whose idle may be the profiler's (Python stacks, no unprofiled step), what is recorded still counts:
+    the copies' device time, and the syncs' own gaps at most the host's wait in them (idle.sync_price)."""
+    own = own_idle(tl, ctx)
     synced = any(g.cause == "host_sync" for g in tl.gaps)  # host_sync's, named as a setting or not
     syncs, copies = [] if synced else cuda_calls.sync_calls(tl), cuda_calls.pageable_copies(tl)
-    gaps = _open(cuda_calls.drained(tl, syncs + copies))
+    gaps = _open(cuda_calls.drained(tl, syncs + copies) if own else cuda_calls.drained(tl, syncs, to_step_end=False))
     slow = _pageable_excess(tl, copies) / ctx["n"] / 1e3
-    ms = idle_ms(gaps, ctx) + slow
+    idle, caveat = sync_price(tl, ctx, [c["call"] for c in syncs], gaps) if syncs or own else (0.0, "")
+    ms = idle + slow
     if not gaps and not slow or ms < FIRE_SHARE * ctx["step"]:
         return None
     _claim(gaps, "cuda_sync")
     parts = [_calls_text(tl, calls, ctx) for calls in (syncs, copies) if calls]
-    evidence = ("; ".join(parts) + f"; GPU idle after them to the end of their step {idle_ms(gaps, ctx):.1f} ms/step"
-                f"{scaled(ctx)} (the queue drained)"
-                + (f"; the pageable copies take {slow:.1f} ms/step more than pinned memory would" if slow else ""))
+    evidence = ("; ".join(parts) + (f"; GPU idle after them to the end of their step {idle_ms(gaps, ctx):.1f} "
+                                    f"ms/step{scaled(ctx)} (the queue drained)" if own else
+                                    (f"; GPU idle in the syncs' own gaps {idle_ms(gaps, ctx):.1f} ms/step" + caveat
+                                     if syncs else ""))
+                + (f"; the pageable copies take {slow:.1f} ms/step more than pinned memory would" if slow else "")
+                + ("; recorded with Python stacks (with_stack=True) and no unprofiled step: the copies' device time is "
+                   "priced, not the idle after them (it may be the profiler's own)" if copies and not own else ""))
     fixes = []
     if copies:
         fixes.append("copy from pinned host memory (pin_memory=True on the host tensor or the DataLoader, then "

@@ -84,7 +84,8 @@ def to_markdown(summary, previous=None, top=10):
     state = device_state.text(summary.get("device_state"))
     known = settings.text(summary.get("settings"))
     lines += [title, _header(summary)] + [x for x in (state, known, _recorded(summary)) if x] + [""]
-    if (not cpu or "ranks" in summary) and "findings" in summary:
+    if (not cpu or "ranks" in summary or summary.get("findings")) and "findings" in summary:  # a CPU run's
+        # findings: its time in the input pipeline (findings.diagnose_cpu)
         lines += _findings(view) + [""]
     lines += _ranks(view)
     lines += _budget(view) + _regions(view) + _lines(view) + _cuda_calls(view) + [""] + _kernels(view, top) + [""] \

@@ -393,7 +393,7 @@ def _summarize_cpu(ix, meta):
              idle_percent=_r(100 * cats["outside ops"] / step_ms if step_ms else 0.0),
              device_ms=None, categories=_categories(cats), other_kernels=[],
              kernels=_kernel_rows(rows, n, step_ms, readable=False), kernels_total=len(rows),
-             not_counted={}, findings=[], regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}),
+             not_counted={}, findings=findings.diagnose_cpu(ix, step_ms), regions=regions.cpu_table(ix, placed, meta, {"step_ms": step_ms, "categories": cats}),
              lines=lines.cpu_table(ix, placed, meta, step_ms))
     s["checks"] = [_check_counts(counts, "CPU ops"), _check_step_time(step_ms, meta, round(sum(counts) / n))]
     return s

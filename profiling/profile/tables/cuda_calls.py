@@ -330,7 +330,8 @@ def _each(tl, select):
             for e, kd, k in f.calls if select(e, kd)]
 
 
-def drained(tl, calls):
+def drained(tl, calls, to_step_end=True):
     """The GPU idle gaps that calls of sync_calls / pageable_copies leave (Facts.claimed: the queue drained),
-    each once, by start."""
-    return facts(tl).claimed((c["call"], c["step"], True) for c in calls)
+    each once, by start. `to_step_end` False: only the gaps that begin while the host is inside a call (or that
+    it fills), not the host's later work in the step (a trace whose host time the profiler inflated)."""
+    return facts(tl).claimed((c["call"], c["step"], to_step_end) for c in calls)

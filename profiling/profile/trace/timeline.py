@@ -9,12 +9,14 @@
 - The compiled model's regions (`Torch-Compiled Region: F/C` operators outside the optimizer), per step.
 - Operators by External id, so a kernel's launching operator gives its input shapes and dtypes.
 - Host stack samples from the live run (profiling/profile/capture/sampler.py), placed on the trace's timeline.
+- The input pipeline: the DataLoader's `enumerate(DataLoader)#...__next__` spans inside the steps (the host waiting
+  for its next batch, or making it in the training thread), by start.
 """
 import bisect
 import functools
 import re
 
-from profiling.profile.trace.traceio import by_thread, find, merge, outer_names, parents
+from profiling.profile.trace.traceio import DATALOADER_NEXT, by_thread, find, merge, outer_names, parents
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
@@ -177,6 +179,32 @@ class Timeline:
         for regions in per:
             regions.sort(key=lambda r: r[0]["ts"])
         return per
+
+    # -- the input pipeline ------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def loader(self):
+        """[(start, end, mark)] of the DataLoader's next-batch spans that begin inside a profiled step, by start; the
+        outermost of nested ones on a thread (an iterator wrapping another records both)."""
+        marks = [m for m in self.ix.other_marks + self.ix.cpu_ops
+                 if str(m.get("name", "")).startswith(DATALOADER_NEXT) and self.step_of(m["ts"]) is not None]
+        out, ends = [], {}
+        for m in sorted(marks, key=lambda m: (m["ts"], -m["dur"])):
+            key = (m.get("pid"), m.get("tid"))
+            if m["ts"] >= ends.get(key, float("-inf")):
+                out.append((m["ts"], m["ts"] + m["dur"], m))
+                ends[key] = m["ts"] + m["dur"]
+        return out
+
+    def loader_overlap(self, start, end):
+        """us of [start, end] that the loader's spans cover (each instant once)."""
+        spans = self._loader_merged
+        i = bisect.bisect_right([a for a, _ in spans], end)
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans[:i] if b > start)
+
+    @functools.cached_property
+    def _loader_merged(self):
+        return merge([(a, b) for a, b, _ in self.loader])
 
     # -- host samples ------------------------------------------------------------------------------------
 
