@@ -1,5 +1,5 @@
-"""The variant's own process of benchmarks/host_side.py (issue #48): build the workload, profile it through the
-public API, time it, and write its part of host_side.json into the work folder.
+"""The variant's own process of benchmarks/host_side.py (issue #48): build the workload, profile it through
+the public API, time it, and write its part of host_side.json into the work folder.
 
     run_variant(case, variant, args) -> 0     # the part: work/parts/<case>-<variant>[-rank<k>].json
     time_steps(step, warmup, reps, n, device) # every step timed at its edges (CUDA events, no sync)
