@@ -47,7 +47,10 @@ ROOF_NOTE = ("TFLOP/s: GEMM and attention FLOPs (from shapes) over the region's 
              "of its Triton kernels (each argument once: a floor) over their own time; rules: profiling/profile/tables/roofline.py")
 MAX_LINES = 8           # source lines shown (summary.json `lines` keeps more)
 LINE_TEXT = 70          # characters of source text shown per row
-LINE_WHERE = 28         # characters of a fused row's line list shown
+WHERE_PARTS = 2         # a location's path keeps its last parts (`.../gpt2/modeling_gpt2.py:698`); a file:line
+                        # is never cut (the row names the line to edit)
+WHERE_RANGES = 3        # line ranges shown of a fused row's file, then a count of the rest
+WHERE_FILES = 2         # files shown of a row fused across files, then a count of the rest
 ROOF_MISSING = ("TFLOP/s and GB/s: `-` throughout: this trace recorded no input shapes (record_shapes=False), so no "
                 "FLOPs or bytes; `train.py --profile` records them")
 CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
@@ -83,7 +86,7 @@ def to_markdown(summary, previous=None, top=10):
     state = device_state.text(summary.get("device_state"))
     known = settings.text(summary.get("settings"))
     lines += [title, _header(summary)] + [x for x in (state, known, _recorded(summary)) if x] + [""]
-    if (not cpu or "ranks" in summary) and "findings" in summary:
+    if "findings" in summary:
         lines += _findings(view) + [""]
     lines += _ranks(view)
     lines += _budget(view) + _regions(view) + _lines(view) + _cuda_calls(view) + [""] + _kernels(view, top) + [""] \
@@ -139,8 +142,15 @@ def _per_step(s):
 
 def _throughput(s):
     """tokens/s and samples/s, those known."""
-    rates = [f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s"] if s.get("tokens_per_second") else []
-    return rates + ([f"{s['samples_per_s']:,.1f} samples/s"] if s.get("samples_per_s") else [])
+    rates = [f"{_rate_text(s['tokens_per_second'])} tokens/s"] if s.get("tokens_per_second") else []
+    return rates + ([f"{_rate_text(s['samples_per_s'])} samples/s"] if s.get("samples_per_s") else [])
+
+
+def _rate_text(x):
+    """A rate in units chosen by its size: `1.23M`, `6,281`, `98.1`, `0.42` (never `0.001M`)."""
+    if x >= 1e6:
+        return f"{x / 1e6:,.2f}M"
+    return f"{x:,.0f}" if x >= 1e3 else f"{x:.3g}" if x < 1 else f"{x:,.1f}"
 
 
 RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host stacks sampled every 2 ms"),
@@ -185,6 +195,7 @@ def _findings(s, shown=MAX_FINDINGS):
     if len(found) > len(big):
         lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
     lines += [f"note: {f['evidence']}" for f in s["findings"] if f["kind"] == "profiler_overhead"]
+    lines += [f"note: {s['not_run'][0].upper()}{s['not_run'][1:]}."] if s.get("not_run") else []
     lines += [f"note: {note}" for note in s.get("ledger") or ()]  # what the ledger cut (findings/ledger.py)
     return lines + _unknown(s)
 
@@ -460,13 +471,37 @@ def _unplaced_lines(table):
     return [f"not placed: {_ms(table['unplaced_ms'])} ms/step; {reasons}"]
 
 
-def _where(row, width=LINE_WHERE):
-    """`train.py:427`, or `train.py:426-427, fused`; a long group cut to its first lines and a count."""
-    where = row["where"]
-    if len(where) > width:
-        where = where[:width].rsplit(",", 1)[0] + f",... ({len(row['lines'])} lines)"
+def _where(row):
+    """`train.py:427`, `.../gpt2/modeling_gpt2.py:698`, or `train.py:426-427,431, fused`: every file:line shown
+    whole, a long path shortened from the left; a long group keeps its first ranges and counts the rest."""
+    groups = [g.rsplit(":", 1) if ":" in g else (g, "") for g in str(row["where"]).split("; ")]
+    parts = []
+    for path, ranges in groups[:WHERE_FILES]:
+        runs = [r for r in ranges.split(",") if r]
+        text = short_path(path) + (":" + ",".join(runs[:WHERE_RANGES]) if runs else "")
+        rest = sum(_run_lines(r) for r in runs[WHERE_RANGES:])
+        parts.append(text + (f" +{rest} line{'s' * (rest != 1)}" if rest else ""))
+    if len(groups) > WHERE_FILES:
+        more = sum(_run_lines(r) for _, ranges in groups[WHERE_FILES:] for r in ranges.split(",") if r)
+        parts.append(f"+{more} line{'s' * (more != 1)} in {len(groups) - WHERE_FILES} more "
+                     f"file{'s' * (len(groups) - WHERE_FILES != 1)}")
     eager = row.get("eager_ms") and row["eager_ms"] >= row["ms_per_step"] / 2  # mostly outside compiled graphs
-    return where + (", fused" if row["fused"] else "") + (", eager" if eager else "")
+    return "; ".join(parts) + (", fused" if row["fused"] else "") + (", eager" if eager else "")
+
+
+def short_path(path, keep=WHERE_PARTS):
+    """A path shortened from the left to its last `keep` parts: `.../gpt2/modeling_gpt2.py`."""
+    parts = str(path).replace("\\", "/").split("/")
+    return path if len(parts) <= keep + 1 else ".../" + "/".join(parts[-keep:])
+
+
+def _run_lines(run):
+    """The number of lines of one range of a location: `426-427` is 2, `431` is 1."""
+    a, _, b = run.partition("-")
+    try:
+        return int(b) - int(a) + 1 if b else 1
+    except ValueError:
+        return 1
 
 
 def _line_text(row, width=LINE_TEXT):
