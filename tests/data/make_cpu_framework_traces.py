@@ -84,7 +84,7 @@ def lightning(out, which, raise_at=None):
         def __init__(self):
             super().__init__()
             self.model = Classifier() if which == "sequential" else lightning_train.GPT(
-                lightning_train.Size(layers=2, dim=64, heads=4, seq_len=64, vocab=256, batch=1))
+                lightning_train.Size(layers=2, dim=64, heads=4, seq_len=64, vocab=512, batch=1))
 
         def training_step(self, batch, batch_idx):
             if raise_at is not None and self.trainer.global_step == raise_at:
@@ -105,7 +105,7 @@ def lightning(out, which, raise_at=None):
                                               torch.randint(10, (STEPS * 16,), generator=g))
         batch = 16
     else:
-        tokens = torch.randint(256, (STEPS, 65), generator=g)
+        tokens = torch.randint(512, (STEPS, 65), generator=g)
         data, batch = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:]), 1
     loader = torch.utils.data.DataLoader(data, batch_size=batch)
     callback = profiling.LightningCallback(out_dir=out)

@@ -115,9 +115,10 @@ def cpu_threads(tl, ctx, found):
     slowest = max(waits, key=lambda w: w[1] / w[2])
     dims = " x ".join(str(d) for d in (slowest[0].get("args") or {}).get("Input Dims") or () if d)
     threads = tl.meta.get("cpu_threads") or {}
-    setting = (f"; the process ran {threads['intra_op']} intra-op threads on {threads['cores']} cores (load average "
-               f"{threads['load_average']:.1f} when the window opened)" if threads.get("intra_op") else
-               "; the trace does not record the thread count (a live capture does)")
+    load = threads.get("load_average")
+    setting = (f"; the process ran {threads['intra_op']} intra-op threads on {threads.get('cores') or '?'} cores"
+               + (f" (load average {load:.1f} as the window opened)" if load is not None else "")
+               if threads.get("intra_op") else "; the trace does not record the thread count (a live capture does)")
     calls = len(waits) / n
     evidence = (f"{calls:.0f} GEMM call{'s' * (round(calls) != 1)}/step took {waited + sum(f for *_, f in waits) / n / 1e3:.1f} ms/step "
                 f"where one core needs at most {sum(f for *_, f in waits) / n / 1e3:.2f} ms for their FLOPs (at "

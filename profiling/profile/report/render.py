@@ -39,6 +39,8 @@ REGION_LABELS = {
     "outside ops": "outside operators (Python, data, waiting)",
     "overlap": "overlap (concurrent kernels, counted once)",
 }
+NOT_MEASURED = "not measured"
+MODEL_REGIONS = ("embedding", "convolution", "attention", "MLP", "norms and residuals", "head and loss")
 SHOW_PERCENT = 1.0      # findings below this share of the step stay in the JSON only
 MAX_FINDINGS = 4        # at most this many in the Markdown (about 3 lines each)
 ROOF_HEADERS = ["TFLOP/s (% of peak)", "GB/s (% of peak)"]
@@ -92,7 +94,8 @@ def to_markdown(summary, previous=None, top=10):
     lines += _budget(view) + _regions(view) + _lines(view) + _cuda_calls(view) + [""] + _kernels(view, top) + [""] \
         + _checks(summary)
     if previous is not None:
-        lines += [""] + _changes(diff(previous, summary))
+        from profiling.profile.report.regression import noise_ms  # regression imports this module
+        lines += [""] + _changes(diff(previous, summary), noise_ms(previous, summary))
     return "\n".join(lines)
 
 
@@ -359,6 +362,10 @@ def _regions(s):
             continue  # as in the budget: timestamp noise
         split = row["forward_ms"] is not None
         fwd, bwd = fwd + (row["forward_ms"] or 0.0), bwd + (row["backward_ms"] or 0.0)
+        if table.get("unmeasured") and row["region"] in MODEL_REGIONS and not row["ms_per_step"]:
+            body.append([_cell(REGION_LABELS.get(row["region"], row["region"]))] + [NOT_MEASURED] * 4
+                        + (["-", "-"] if roof else []) + (["-"] if bounded else []))
+            continue
         body.append([_cell(REGION_LABELS.get(row["region"], row["region"])),
                      _ms(row["forward_ms"]) if split else "", _ms(row["backward_ms"]) if split else "",
                      _ms(row["ms_per_step"]), _pct(row["ms_per_step"], step)]
@@ -374,6 +381,10 @@ def _regions(s):
     head = ["region", "forward ms", "backward ms", "ms/step", "% of step"] + (ROOF_HEADERS if roof else []) \
         + ([BOUND_HEADER] if bounded else [])
     lines = ["", "### Where the step goes in the model", _table(head, body), "", placed]
+    if table.get("unmeasured"):
+        u = table["unmeasured"]
+        lines.append(f"not measured: {_ms(u['ms_per_step'])} ms/step of GEMMs are in no model region ({u['why']}): "
+                     f"the model's regions read low by that much, and one without other work is `{NOT_MEASURED}`")
     if roof:
         measured = any(r.get("flops") or r.get("gb_per_s") is not None for r in table["rows"])
         lines.append(ROOF_NOTE if measured else ROOF_MISSING)
@@ -559,23 +570,36 @@ def memory_line(change):
             + (": " + ", ".join(moved) if moved else ": no category moved by 1 MB"))
 
 
-def _changes(d):
+def _changes(d, noise=None):
+    """Section 4. `noise`: the CPU's noise floor in ms/step (regression.noise_ms): a change within it is called
+    noise, and rows that moved less are left out."""
     step = d["step_ms"]
     title = f"## 4. Changes since the previous profile ({d['previous_commit'] or '?'} -> " \
             f"{d['current_commit'] or '?'})"
     moved = f"({step['change_ms']:+.2f} ms{_signed_pct(step['change_pct'])})"
-    lines = [title, f"step: {_ms(step['previous'])} -> {_ms(step['current'])} ms/step {moved}"]
+    line = f"step: {_ms(step['previous'])} -> {_ms(step['current'])} ms/step {moved}"
+    if noise is not None:
+        line += (f": within this machine's noise (±{_ms(noise)} ms/step: half the widest spread of either "
+                 "profile's steps, profiled or timed), so not a change" if abs(step["change_ms"]) <= noise
+                 else f", beyond this machine's noise (±{_ms(noise)} ms/step)")
+    lines = [title, line]
     if d.get("gpu_memory"):
         lines.append(memory_line(d["gpu_memory"]))
     lines += [f"note: {n}" for n in d.get("notes", [])]
+    floor = max(noise or 0.0, 0.005)  # under 0.01 ms/step once rounded: no move
+
+    def kept(rows):
+        return [r for r in rows if abs(r["change_ms"]) > floor]
     rows = [[_cell(f"category: {c['name']}"), _ms(c["previous"]), _ms(c["current"]), f"{c['change_ms']:+.2f}"]
-            for c in d["categories"][:5] if round(c["change_ms"], 2) != 0]
+            for c in kept(d["categories"][:5])]
     rows += [[_cell(f"region: {r['name']}"), _ms(r["previous"]), _ms(r["current"]), f"{r['change_ms']:+.2f}"]
-             for r in d.get("regions", [])[:5] if round(r["change_ms"], 2) != 0]
+             for r in kept(d.get("regions", [])[:5])]
     rows += [[f"kernel: `{_code(k['name'])}`", _ms(k["previous"]), _ms(k["current"]), f"{k['change_ms']:+.2f}"]
-             for k in d["kernels"] if round(k["change_ms"], 2) != 0]
+             for k in kept(d["kernels"])]
     if rows:
         lines += ["", _table(["what", "before ms/step", "now ms/step", "change ms/step"], rows)]
+    elif noise:
+        lines.append(f"no category, region or operator moved by more than the noise (±{_ms(noise)} ms/step)")
     else:
         lines.append("no category or kernel moved by 0.01 ms/step or more")
     return lines
