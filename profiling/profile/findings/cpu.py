@@ -31,8 +31,8 @@ MIN_SHARE = 0.01    # of the step: a wait smaller than this is not worth a findi
 SHOWN = 3
 
 # The device rules that cannot run on a CPU trace, in words, for the report's one sentence.
-CPU_SKIPPED = ("host syncs (on the CPU the host is the device: a sync waits for no queue)", "GPU idle and launches",
-               "kernels below their rate and attention backends", "GPU memory and communication")
+CPU_SKIPPED = ("host syncs (on the CPU the host is the device: a sync waits for no queue)", "the device waiting and launches",
+               "kernels below their rate and attention backends", "device memory and communication")
 
 
 class CpuSteps:

@@ -285,9 +285,15 @@ def _usable(meta):
     return isinstance(record, dict) and bool(record.get("graphs")) or eager_lines.usable(meta.get("eager_lines"))
 
 
+MISSING_TRAIN_PY = ("no source-line record in this trace; profiling.Profiler records one (set it up before the first "
+                    "compiled call; `uv run train.py --profile` does)")
+
+
 def _missing(record, meta=None):
-    note = MISSING
-    eager = (meta or {}).get("eager_lines")
+    meta = meta or {}
+    live = any(key in meta for key in ("parameters", "unprofiled_step_ms", "tokens_per_step", "host_samples"))
+    note = MISSING_TRAIN_PY if live else MISSING  # a foreign trace's hint names the API, not train.py
+    eager = meta.get("eager_lines")
     if isinstance(eager, dict) and eager.get("missing") and not (isinstance(record, dict) and record.get("graphs")):
         note = f"the line-record step after the profiled ones did not run: {eager['missing']}"
     elif isinstance(record, dict) and record.get("unavailable"):
