@@ -31,8 +31,9 @@ MIN_SHARE = 0.01    # of the step: a wait smaller than this is not worth a findi
 SHOWN = 3
 
 # The device rules that cannot run on a CPU trace, in words, for the report's one sentence.
-CPU_SKIPPED = ("host syncs (on the CPU the host is the device: a sync waits for no queue)", "the device waiting and launches",
-               "kernels below their rate and attention backends", "device memory and communication")
+CPU_SKIPPED = ("host syncs (on the CPU the host is the device: a sync waits for no queue)",
+               "the device waiting and launches", "kernels below their rate and attention backends",
+               "device memory and communication")
 
 
 class CpuSteps:
@@ -84,7 +85,8 @@ def eager_code(tl, ctx, found):
                 + ("; the model is compiled (its graphs are in the trace)" if compiled else
                    "; no compiled graph in the trace") + "; gain: each chain fused into one pass as long as its "
                 "longest operator")
-    fix = _eager_fix(tl, shown or ["the model"], compiled) + " (on the CPU, Inductor compiles C++: it needs a C++ compiler)"
+    fix = _eager_fix(tl, shown or ["the model"], compiled) + (" (on the CPU, Inductor compiles C++: it needs a C++ "
+                                                              "compiler)")
     f = finding("eager_code", gain, ctx, evidence, fix)
     return f if compiled else attribute(tl, f, "eager_code")
 
@@ -120,15 +122,17 @@ def cpu_threads(tl, ctx, found):
                + (f" (load average {load:.1f} as the window opened)" if load is not None else "")
                if threads.get("intra_op") else "; the trace does not record the thread count (a live capture does)")
     calls = len(waits) / n
-    evidence = (f"{calls:.0f} GEMM call{'s' * (round(calls) != 1)}/step took {waited + sum(f for *_, f in waits) / n / 1e3:.1f} ms/step "
-                f"where one core needs at most {sum(f for *_, f in waits) / n / 1e3:.2f} ms for their FLOPs (at "
+    floors = sum(f for *_, f in waits) / n / 1e3
+    evidence = (f"{calls:.0f} GEMM call{'s' * (round(calls) != 1)}/step took {waited + floors:.1f} ms/step where one "
+                f"core needs at most {floors:.2f} ms for their FLOPs (at "
                 f"{CORE_FLOPS / 1e9:g} GFLOP/s + {CALL_US:g} us a call), e.g. `{slowest[0].get('name')}` {dims} "
                 f"{slowest[1] / 1e3:.1f} ms: the intra-op threads waited for cores" + setting)
     if own < MIN_SHARE * step:
         return finding("profiler_overhead", waited, ctx, evidence + (
             f"; the unprofiled step ({unprofiled:.2f} ms) cannot hold that wait: the profiler's own threads (its "
             "stack sampler) competed for the cores, so this profile's times are inflated; profile when the "
-            "machine is otherwise idle"), "none needed for training; for a truer profile, fewer threads or an idle machine")
+            "machine is otherwise idle"), "none needed for training; for a truer profile, fewer threads or an idle "
+            "machine")
     return finding("cpu_threads", own, ctx, evidence + (f"; priced at what the unprofiled step ({unprofiled:.2f} ms) "
                                                         "can hold" if unprofiled and own < waited else ""),
                    "give the intra-op threads cores of their own: torch.set_num_threads(k) (or OMP_NUM_THREADS=k) "
