@@ -92,14 +92,21 @@ def eager_code(tl, ctx, found):
 
 
 def _waits(tl):
-    """[(op, us, floor us)] of the GEMM operators that took over WAIT_RATIO x one core's floor for their FLOPs."""
-    out = []
+    """[(op, us, floor us)] of the GEMM calls that took over WAIT_RATIO x one core's floor for their FLOPs, of
+    the GEMMs (name and shapes) that waited in most of their calls: one slow call among fast ones of the same
+    shape is a first call's set-up (the BLAS's thread pool, its kernels loading), not threads waiting."""
+    groups = {}
     for op, us, cat in tl.placed:
         if cat == "GEMM" and GEMM_OPS.match(str(op.get("name", ""))):
             flops = gemm_flops(op)
-            floor = CALL_US + (flops or 0.0) / CORE_FLOPS * 1e6
-            if flops and us > WAIT_RATIO * floor:
-                out.append((op, us, floor))
+            if flops:
+                key = (op.get("name"), str((op.get("args") or {}).get("Input Dims")))
+                groups.setdefault(key, []).append((op, us, CALL_US + flops / CORE_FLOPS * 1e6))
+    out = []
+    for calls in groups.values():
+        slow = [c for c in calls if c[1] > WAIT_RATIO * c[2]]
+        if 2 * len(slow) > len(calls):
+            out += slow
     return out
 
 
@@ -123,7 +130,7 @@ def cpu_threads(tl, ctx, found):
                if threads.get("intra_op") else "; the trace does not record the thread count (a live capture does)")
     calls = len(waits) / n
     floors = sum(f for *_, f in waits) / n / 1e3
-    evidence = (f"{calls:.0f} GEMM call{'s' * (round(calls) != 1)}/step took {waited + floors:.1f} ms/step where one "
+    evidence = (f"{calls:.3g} GEMM call{'s' * (calls != 1)}/step took {waited + floors:.1f} ms/step where one "
                 f"core needs at most {floors:.2f} ms for their FLOPs (at "
                 f"{CORE_FLOPS / 1e9:g} GFLOP/s + {CALL_US:g} us a call), e.g. `{slowest[0].get('name')}` {dims} "
                 f"{slowest[1] / 1e3:.1f} ms: the intra-op threads waited for cores" + setting)
