@@ -18,6 +18,7 @@ from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.findings.settings import attribute
 from profiling.profile.findings.waste import EAGER_CATEGORIES, EAGER_MIN_SHARE, FUSED_OPTIMIZERS, _eager_fix, _part
 from profiling.profile.tables.roofline import GEMM_OPS, gemm_flops
+from profiling.profile.trace.classify import classify_cpu_op
 from profiling.profile.trace.timeline import COMPILED
 from profiling.profile.trace.traceio import by_thread, outer_names, parents
 
@@ -52,7 +53,10 @@ class CpuSteps:
 
 
 def _eager(chain, cat):
-    return cat in EAGER_CATEGORIES and not any(c.startswith((*COMPILED, *FUSED_OPTIMIZERS)) for c in chain)
+    """An elementwise operator run eagerly: its category one a compiler fuses (an optimizer's GEMM, counted as
+    optimizer by where it ran, is still a GEMM), outside compiled code and torch's fused optimizers."""
+    return cat in EAGER_CATEGORIES and classify_cpu_op(chain[0]) in EAGER_CATEGORIES and not any(
+        c.startswith((*COMPILED, *FUSED_OPTIMIZERS)) for c in chain)
 
 
 @rule("eager_code", needs=())
@@ -71,9 +75,9 @@ def eager_code(tl, ctx, found):
             parts[part] = parts.get(part, 0.0) + us
         elif run[-1]:
             run.append([])
-    chains = [c for per in runs.values() for c in per if len(c) > 1]
+    chains = [c for per in runs.values() for c in per if c]
     n = tl.n
-    gain = sum(sum(c) - max(c) for c in chains) / n / 1e3
+    gain = sum(sum(c) - max(c) for c in chains) / n / 1e3  # a lone operator gains nothing
     if gain < EAGER_MIN_SHARE * ctx["step"]:
         return None
     us = sum(sum(c) for c in chains)
