@@ -238,16 +238,12 @@ class Parameters:
     def counts(self, names, gemm=False):
         """{region: number of these parameters in it}; a parameter of no known region counts as unattributed.
 
-        Embedding tables count only when nothing else matched: they are read by index (placed by name), so a
-        GEMM with their shape is a tied head, and another operator on a tensor of their shape is more likely
-        another parameter's (a [T, C] position table has a square weight's shape where T == C).
+        For a GEMM, embedding tables count only when nothing else matched (then: a tied head).
         """
         regions = [self.region[n] for n in names]
-        others = [r for r in regions if r != "embedding"]
         if gemm:
+            others = [r for r in regions if r != "embedding"]
             regions = others or ["head and loss"] * len(regions)
-        elif others:
-            regions = others
         counts = {}
         for r in regions:
             counts[r or "unattributed"] = counts.get(r or "unattributed", 0) + 1
