@@ -176,7 +176,7 @@ class Profiler:
     def __exit__(self, kind, value, tb):
         """Close the profile however the block ends; the block's own exception goes on unchanged."""
         if not self.done:
-            self._end(None if kind is None else _cause(kind))
+            self._end(None if kind is None else _cause(kind, value))
         return False
 
     def step(self):
@@ -219,7 +219,10 @@ class Profiler:
         steps = self.steps
         try:
             if window is not None and cause is None:
-                trace = window.end_early(f"the loop stopped after step {steps}")
+                raised = sys.exc_info()[1]  # close() from an except block (Lightning's on_exception): its error
+                how = f"{_cause(type(raised), raised)} in step {steps + 1}" if raised is not None else \
+                    f"the loop stopped after step {steps}"
+                trace = window.end_early(how)
                 if trace is not None:
                     self._finish(trace, time.perf_counter())
             elif window is not None:
@@ -296,6 +299,8 @@ class Profiler:
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
                     parameters=self.parameters, compiled_before_profiler=self.compiled_before,
                     script=_script(), code_roots=whose.current().roots)
+        if not self.cuda:  # a CPU run's threads against its cores (profiling/profile/findings/cpu.py)
+            meta["cpu_threads"] = _cpu_threads(torch)
         if self.micro_batch:
             meta["micro_batch"] = self.micro_batch
         if self.tokens_per_step:
@@ -349,7 +354,7 @@ def _left_open(window, out_dir, ranks, started_provenance):
     _guards.difference_update([g for g in list(_guards) if not g.alive])
     if _exiting:
         error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
-        cause = "the program exited" + (f" on {_cause(type(error))}" if error is not None else "")
+        cause = "the program exited" + (f" on {_cause(type(error), error)}" if error is not None else "")
     else:
         cause = "the Profiler was dropped"
     try:
@@ -388,11 +393,42 @@ def _restore(started_provenance):
             provenance.stop()
 
 
-def _cause(kind):
-    """An exception type in words, for the notes: `an exception (RuntimeError)`, `KeyboardInterrupt`."""
+def _cause(kind, error=None):
+    """An exception in words, for the notes: `an exception (ValueError: a bad batch, at train.py:82)`,
+    `KeyboardInterrupt`; the line: the innermost frame of the user's own code in its traceback (else the
+    innermost frame), where the trace's reader cannot see it."""
     if kind is KeyboardInterrupt:
         return "KeyboardInterrupt"
-    return f"an exception ({getattr(kind, '__name__', kind)})"
+    what = getattr(kind, "__name__", kind)
+    text = str(error).strip().splitlines()[0][:80] if error is not None and str(error).strip() else ""
+    where = _raised_at(getattr(error, "__traceback__", None))
+    return f"an exception ({what}" + (f": {text}" if text else "") + (f", at {where}" if where else "") + ")"
+
+
+def _raised_at(tb):
+    """`file.py:line` of the innermost frame of the user's code in a traceback, else its innermost; None."""
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    if not frames:
+        return None
+    code = whose.current()
+    own = [f for f in frames if code.kind(f[0], f[2]) == whose.USER] or frames
+    path, line, _ = own[-1]
+    return f"{code.name(path)}:{line}"
+
+
+def _cpu_threads(torch):
+    """{intra_op, inter_op, cores (this process may run on), load_average (1 min)} as the window opens; a part
+    the platform cannot tell is None."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        load = None
+    return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(), "cores": cores,
+            "load_average": load}
 
 
 def _check_out_dir(path):

@@ -11,6 +11,7 @@ and a real KeyboardInterrupt."""
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,7 +133,8 @@ def test_with_ending_on_an_exception_keeps_it_and_saves_the_trace(out, capsys):
     assert prof.done and prof.report is None and not torch.autograd.profiler._is_profiler_enabled
     assert sys.gettrace() is None or "LineTracer" not in repr(sys.gettrace())
     err = capsys.readouterr().err
-    assert "an exception (ZeroDivisionError) in step 8" in err and "the 2 profiled steps recorded" in err
+    assert re.search(r"an exception \(ZeroDivisionError: division by zero, at \S*test_lifecycle\.py:\d+\) in step 8", err)
+    assert "the 2 profiled steps recorded" in err  # its type, message and the line that raised it (#49)
     assert len(list(out.glob("*/trace.json.gz"))) == 1
 
 

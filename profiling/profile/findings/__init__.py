@@ -22,6 +22,8 @@ is missing, a match that returns a finding with evidence, gain and fix):
 - unplaced.py: device time no line owns, named by its operator and what the kernel shows (a sorted
   scatter-add the compiler inserted)
 - settings.py: the process settings known to cause what a rule measured, named beside its cost
+- cpu.py: a CPU profile's (no device events): eager code, threads waiting for cores; the GPU rules named as not
+  run, in one sentence (`not_run`)
 regression.py and ranks.py (beside this package) add the findings that need another profile or other ranks,
 through the same contract.
 
@@ -41,7 +43,7 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
-from profiling.profile.findings import calls, comm, idle, kernels, ledger, power, settings, unplaced, waste
+from profiling.profile.findings import calls, comm, cpu, idle, kernels, ledger, power, settings, unplaced, waste
 from profiling.profile.findings import input as input_pipeline  # not the builtin's name here
 from profiling.profile.findings.contract import run, unknown
 from profiling.profile.trace import hardware
@@ -68,13 +70,6 @@ def diagnose(tl, summary, stacks=False):
             "skipped": skipped, "ledger": notes}
 
 
-def diagnose_cpu(ix, step_ms):
-    """The findings of a CPU profile (no device, so no GPU idle): the training thread's time in the input
-    pipeline (input.cpu_input_bound), as a list."""
-    f = input_pipeline.cpu_input_bound(ix, step_ms)
-    return [f] if f else []
-
-
 def _unexplained_idle(tl, ctx):
     """A trace recorded with Python stacks and no unprofiled step: the GPU idle no recorded event explains (no
     DataLoader span, sync or copy claimed it) goes to `unknown`; the stacks slow the host, so it may be the
@@ -89,6 +84,30 @@ def _unexplained_idle(tl, ctx):
                "copies), " if claimed >= 0.005 else "")
             + "the idle may be the profiler's own cost, so no launch or other idle finding is priced; give the "
             "unprofiled ms/step (--unprofiled-ms, measured without the profiler) to price them")
+
+
+def diagnose_cpu(ix, placed, summary, meta):
+    """The findings of a CPU profile (cpu.py): ix, the trace's index; placed, its profiled steps' operators
+    [(op, self us, category)]; summary, the CPU summary so far. As diagnose's result, with `not_run`: the one
+    sentence saying which rules ran on this CPU trace and which did not, and why."""
+    tl = cpu.CpuSteps(ix, placed, meta)
+    unprofiled = meta.get("unprofiled_step_ms")
+    ctx = {"step": summary["step_ms"], "n": tl.n, "unprofiled": unprofiled if isinstance(unprofiled, (int, float))
+           and unprofiled > 0 else None, "unknown": [], "claimed": set()}
+    if summary["step_ms"] <= 0:
+        return {"findings": [], "unknown": [], "skipped": [], "ledger": [], "not_run": CPU_NOT_RUN}
+    found, skipped = run(cpu.CPU_RULES, tl, ctx)
+    loader = input_pipeline.cpu_input_bound(ix, summary["step_ms"])  # the training thread in the DataLoader
+    found = ([loader] if loader else []) + found
+    overhead = [f for f in found if f["kind"] == "profiler_overhead"]
+    found, notes = ledger.admit([f for f in found if f["kind"] != "profiler_overhead"], ctx)
+    return {"findings": [ledger.public(f) for f in found + overhead], "unknown": ctx["unknown"], "skipped": skipped,
+            "ledger": notes, "not_run": CPU_NOT_RUN}
+
+
+CPU_NOT_RUN = ("on a CPU run the rules that ran are the input pipeline, "
+               + ", ".join(cpu.LABELS.get(r.kind, r.kind) for r in cpu.CPU_RULES)
+               + "; not run, for want of a GPU's timeline: " + "; ".join(cpu.CPU_SKIPPED))
 
 
 def context(tl, s):

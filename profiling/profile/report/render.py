@@ -39,6 +39,8 @@ REGION_LABELS = {
     "outside ops": "outside operators (Python, data, waiting)",
     "overlap": "overlap (concurrent kernels, counted once)",
 }
+NOT_MEASURED = "not measured"
+MODEL_REGIONS = ("embedding", "convolution", "attention", "MLP", "norms and residuals", "head and loss")
 SHOW_PERCENT = 1.0      # findings below this share of the step stay in the JSON only
 MAX_FINDINGS = 4        # at most this many in the Markdown (about 3 lines each)
 ROOF_HEADERS = ["TFLOP/s (% of peak)", "GB/s (% of peak)"]
@@ -47,7 +49,10 @@ ROOF_NOTE = ("TFLOP/s: GEMM and attention FLOPs (from shapes) over the region's 
              "of its Triton kernels (each argument once: a floor) over their own time; rules: profiling/profile/tables/roofline.py")
 MAX_LINES = 8           # source lines shown (summary.json `lines` keeps more)
 LINE_TEXT = 70          # characters of source text shown per row
-LINE_WHERE = 28         # characters of a fused row's line list shown
+WHERE_PARTS = 2         # a location's path keeps its last parts (`.../gpt2/modeling_gpt2.py:698`); a file:line
+                        # is never cut (the row names the line to edit)
+WHERE_RANGES = 3        # line ranges shown of a fused row's file, then a count of the rest
+WHERE_FILES = 2         # files shown of a row fused across files, then a count of the rest
 ROOF_MISSING = ("TFLOP/s and GB/s: `-` throughout: this trace recorded no input shapes (record_shapes=False), so no "
                 "FLOPs or bytes; `train.py --profile` records them")
 CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
@@ -84,14 +89,14 @@ def to_markdown(summary, previous=None, top=10):
     state = device_state.text(summary.get("device_state"))
     known = settings.text(summary.get("settings"))
     lines += [title, _header(summary)] + [x for x in (state, known, _recorded(summary)) if x] + [""]
-    if (not cpu or "ranks" in summary or summary.get("findings")) and "findings" in summary:  # a CPU run's
-        # findings: its time in the input pipeline (findings.diagnose_cpu)
+    if "findings" in summary:
         lines += _findings(view) + [""]
     lines += _ranks(view)
     lines += _budget(view) + _regions(view) + _lines(view) + _cuda_calls(view) + [""] + _kernels(view, top) + [""] \
         + _checks(summary)
     if previous is not None:
-        lines += [""] + _changes(diff(previous, summary))
+        from profiling.profile.report.regression import noise_ms  # regression imports this module
+        lines += [""] + _changes(diff(previous, summary), noise_ms(previous, summary))
     return "\n".join(lines)
 
 
@@ -141,8 +146,15 @@ def _per_step(s):
 
 def _throughput(s):
     """tokens/s and samples/s, those known."""
-    rates = [f"{s['tokens_per_second'] / 1e6:.3f}M tokens/s"] if s.get("tokens_per_second") else []
-    return rates + ([f"{s['samples_per_s']:,.1f} samples/s"] if s.get("samples_per_s") else [])
+    rates = [f"{_rate_text(s['tokens_per_second'])} tokens/s"] if s.get("tokens_per_second") else []
+    return rates + ([f"{_rate_text(s['samples_per_s'])} samples/s"] if s.get("samples_per_s") else [])
+
+
+def _rate_text(x):
+    """A rate in units chosen by its size: `1.23M`, `6,281`, `98.1`, `0.42` (never `0.001M`)."""
+    if x >= 1e6:
+        return f"{x / 1e6:,.2f}M"
+    return f"{x:,.0f}" if x >= 1e3 else f"{x:.3g}" if x < 1 else f"{x:,.1f}"
 
 
 RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host stacks sampled every 2 ms"),
@@ -187,6 +199,7 @@ def _findings(s, shown=MAX_FINDINGS):
     if len(found) > len(big):
         lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
     lines += [f"note: {f['evidence']}" for f in s["findings"] if f["kind"] == "profiler_overhead"]
+    lines += [f"note: {s['not_run'][0].upper()}{s['not_run'][1:]}."] if s.get("not_run") else []
     lines += [f"note: {note}" for note in s.get("ledger") or ()]  # what the ledger cut (findings/ledger.py)
     return lines + _unknown(s)
 
@@ -350,6 +363,10 @@ def _regions(s):
             continue  # as in the budget: timestamp noise
         split = row["forward_ms"] is not None
         fwd, bwd = fwd + (row["forward_ms"] or 0.0), bwd + (row["backward_ms"] or 0.0)
+        if table.get("unmeasured") and row["region"] in MODEL_REGIONS and not row["ms_per_step"]:
+            body.append([_cell(REGION_LABELS.get(row["region"], row["region"]))] + [NOT_MEASURED] * 4
+                        + (["-", "-"] if roof else []) + (["-"] if bounded else []))
+            continue
         body.append([_cell(REGION_LABELS.get(row["region"], row["region"])),
                      _ms(row["forward_ms"]) if split else "", _ms(row["backward_ms"]) if split else "",
                      _ms(row["ms_per_step"]), _pct(row["ms_per_step"], step)]
@@ -365,6 +382,10 @@ def _regions(s):
     head = ["region", "forward ms", "backward ms", "ms/step", "% of step"] + (ROOF_HEADERS if roof else []) \
         + ([BOUND_HEADER] if bounded else [])
     lines = ["", "### Where the step goes in the model", _table(head, body), "", placed]
+    if table.get("unmeasured"):
+        u = table["unmeasured"]
+        lines.append(f"not measured: {_ms(u['ms_per_step'])} ms/step of GEMMs are in no model region ({u['why']}): "
+                     f"the model's regions read low by that much, and one without other work is `{NOT_MEASURED}`")
     if roof:
         measured = any(r.get("flops") or r.get("gb_per_s") is not None for r in table["rows"])
         lines.append(ROOF_NOTE if measured else ROOF_MISSING)
@@ -462,13 +483,37 @@ def _unplaced_lines(table):
     return [f"not placed: {_ms(table['unplaced_ms'])} ms/step; {reasons}"]
 
 
-def _where(row, width=LINE_WHERE):
-    """`train.py:427`, or `train.py:426-427, fused`; a long group cut to its first lines and a count."""
-    where = row["where"]
-    if len(where) > width:
-        where = where[:width].rsplit(",", 1)[0] + f",... ({len(row['lines'])} lines)"
+def _where(row):
+    """`train.py:427`, `.../gpt2/modeling_gpt2.py:698`, or `train.py:426-427,431, fused`: every file:line shown
+    whole, a long path shortened from the left; a long group keeps its first ranges and counts the rest."""
+    groups = [g.rsplit(":", 1) if ":" in g else (g, "") for g in str(row["where"]).split("; ")]
+    parts = []
+    for path, ranges in groups[:WHERE_FILES]:
+        runs = [r for r in ranges.split(",") if r]
+        text = short_path(path) + (":" + ",".join(runs[:WHERE_RANGES]) if runs else "")
+        rest = sum(_run_lines(r) for r in runs[WHERE_RANGES:])
+        parts.append(text + (f" +{rest} line{'s' * (rest != 1)}" if rest else ""))
+    if len(groups) > WHERE_FILES:
+        more = sum(_run_lines(r) for _, ranges in groups[WHERE_FILES:] for r in ranges.split(",") if r)
+        parts.append(f"+{more} line{'s' * (more != 1)} in {len(groups) - WHERE_FILES} more "
+                     f"file{'s' * (len(groups) - WHERE_FILES != 1)}")
     eager = row.get("eager_ms") and row["eager_ms"] >= row["ms_per_step"] / 2  # mostly outside compiled graphs
-    return where + (", fused" if row["fused"] else "") + (", eager" if eager else "")
+    return "; ".join(parts) + (", fused" if row["fused"] else "") + (", eager" if eager else "")
+
+
+def short_path(path, keep=WHERE_PARTS):
+    """A path shortened from the left to its last `keep` parts: `.../gpt2/modeling_gpt2.py`."""
+    parts = str(path).replace("\\", "/").split("/")
+    return path if len(parts) <= keep + 1 else ".../" + "/".join(parts[-keep:])
+
+
+def _run_lines(run):
+    """The number of lines of one range of a location: `426-427` is 2, `431` is 1."""
+    a, _, b = run.partition("-")
+    try:
+        return int(b) - int(a) + 1 if b else 1
+    except ValueError:
+        return 1
 
 
 def _line_text(row, width=LINE_TEXT):
@@ -526,23 +571,36 @@ def memory_line(change):
             + (": " + ", ".join(moved) if moved else ": no category moved by 1 MB"))
 
 
-def _changes(d):
+def _changes(d, noise=None):
+    """Section 4. `noise`: the CPU's noise floor in ms/step (regression.noise_ms): a change within it is called
+    noise, and rows that moved less are left out."""
     step = d["step_ms"]
     title = f"## 4. Changes since the previous profile ({d['previous_commit'] or '?'} -> " \
             f"{d['current_commit'] or '?'})"
     moved = f"({step['change_ms']:+.2f} ms{_signed_pct(step['change_pct'])})"
-    lines = [title, f"step: {_ms(step['previous'])} -> {_ms(step['current'])} ms/step {moved}"]
+    line = f"step: {_ms(step['previous'])} -> {_ms(step['current'])} ms/step {moved}"
+    if noise is not None:
+        line += (f": within this machine's noise (±{_ms(noise)} ms/step: half the widest spread of either "
+                 "profile's steps, profiled or timed), so not a change" if abs(step["change_ms"]) <= noise
+                 else f", beyond this machine's noise (±{_ms(noise)} ms/step)")
+    lines = [title, line]
     if d.get("gpu_memory"):
         lines.append(memory_line(d["gpu_memory"]))
     lines += [f"note: {n}" for n in d.get("notes", [])]
+    floor = max(noise or 0.0, 0.005)  # under 0.01 ms/step once rounded: no move
+
+    def kept(rows):
+        return [r for r in rows if abs(r["change_ms"]) > floor]
     rows = [[_cell(f"category: {c['name']}"), _ms(c["previous"]), _ms(c["current"]), f"{c['change_ms']:+.2f}"]
-            for c in d["categories"][:5] if round(c["change_ms"], 2) != 0]
+            for c in kept(d["categories"][:5])]
     rows += [[_cell(f"region: {r['name']}"), _ms(r["previous"]), _ms(r["current"]), f"{r['change_ms']:+.2f}"]
-             for r in d.get("regions", [])[:5] if round(r["change_ms"], 2) != 0]
+             for r in kept(d.get("regions", [])[:5])]
     rows += [[f"kernel: `{_code(k['name'])}`", _ms(k["previous"]), _ms(k["current"]), f"{k['change_ms']:+.2f}"]
-             for k in d["kernels"] if round(k["change_ms"], 2) != 0]
+             for k in kept(d["kernels"])]
     if rows:
         lines += ["", _table(["what", "before ms/step", "now ms/step", "change ms/step"], rows)]
+    elif noise:
+        lines.append(f"no category, region or operator moved by more than the noise (±{_ms(noise)} ms/step)")
     else:
         lines.append("no category or kernel moved by 0.01 ms/step or more")
     return lines

@@ -38,8 +38,10 @@ GRAPH_CALL = re.compile(r"^## Call CompiledFxGraph (\S+) ##$")
 CPU_PREFIX = re.compile(r"^graph_\d+_")   # inductor.config.cpp.enable_kernel_profile's names on the CPU
 TOP = 30               # rows kept in the summary (the report shows fewer)
 MAX_UNPLACED = 5       # reasons for unplaced time listed
-MISSING = ("no source-line record in this trace; profiling.Profiler records one (set it up before the first "
-           "compiled call; `uv run train.py --profile` does)")
+MISSING = ("no source-line record in this trace (torch.profiler's own Python stacks, with_stack, are not read "
+           "for lines): profile the loop with profiling.Profiler or a framework's callback (profiling.HFCallback, "
+           "profiling.LightningCallback), created before the first compiled call; `research profile` reads the "
+           "trace it writes")
 
 
 def canonical(name):
@@ -237,7 +239,7 @@ def device_table(tl, graph_calls, meta, step_ms, moved=frozenset()):
     the `## Call CompiledFxGraph` annotations (traceio.Index.graph_calls); moved: ids of the device events
     that are backward work run in a compiled forward (profiling/profile/tables/regions.py `moved_to_backward`)."""
     if not _usable(meta):
-        return _compiled_before(_missing(meta.get("provenance")), meta)
+        return _compiled_before(_missing(meta.get("provenance"), meta), meta)
     placer = Placer(meta, graph_calls, tl.threads, tl.parent, tl.ix.steps)
     windows = backward_windows(tl.threads)
     totals, device_us = Totals(), 0.0
@@ -265,7 +267,7 @@ def _compiled_before(table, meta):
 def cpu_table(ix, placed_ops, meta, step_ms):
     """The lines table of a CPU profile: placed_ops is [(operator, self time in us, category)]."""
     if not _usable(meta):
-        return _compiled_before(_missing(meta.get("provenance")), meta)
+        return _compiled_before(_missing(meta.get("provenance"), meta), meta)
     threads = by_thread(ix.cpu_ops)
     parent = parents(threads)
     placer = Placer(meta, ix.graph_calls, threads, parent, ix.steps)
@@ -283,9 +285,18 @@ def _usable(meta):
     return isinstance(record, dict) and bool(record.get("graphs")) or eager_lines.usable(meta.get("eager_lines"))
 
 
-def _missing(record):
-    note = MISSING
-    if isinstance(record, dict) and record.get("unavailable"):
+MISSING_TRAIN_PY = ("no source-line record in this trace; profiling.Profiler records one (set it up before the first "
+                    "compiled call; `uv run train.py --profile` does)")
+
+
+def _missing(record, meta=None):
+    meta = meta or {}
+    live = any(key in meta for key in ("parameters", "unprofiled_step_ms", "tokens_per_step", "host_samples"))
+    note = MISSING_TRAIN_PY if live else MISSING  # a foreign trace's hint names the API, not train.py
+    eager = meta.get("eager_lines")
+    if isinstance(eager, dict) and eager.get("missing") and not (isinstance(record, dict) and record.get("graphs")):
+        note = f"the line-record step after the profiled ones did not run: {eager['missing']}"
+    elif isinstance(record, dict) and record.get("unavailable"):
         note = record["unavailable"]
     elif isinstance(record, dict) and not record.get("without"):
         note = ("no compiled graph was recorded (the model ran eager, or was compiled before "

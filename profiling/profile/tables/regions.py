@@ -210,6 +210,8 @@ class Parameters:
             self.region[name] = path_region(name) or ("convolution" if 3 <= len(shape) <= 5 else None)
             for key in {tuple(shape), tuple(reversed(shape)) if len(shape) == 2 else tuple(shape)}:
                 self.by_shape.setdefault(key, []).append(name)
+        for name in _linear_chains(parameters or {}, self.region):
+            self.region[name] = "MLP"
         for name in self.region:
             shape = parameters[name]
             for align in PAD_ALIGNMENTS if len(shape) == 2 else ():
@@ -248,6 +250,30 @@ class Parameters:
         return counts
 
 
+_INDEXED = re.compile(r"^(.*)\.(\d+)\.(weight|bias)$")  # a numbered layer's parameter: `net.0.weight`
+
+
+def _linear_chains(parameters, region):
+    """The parameters of numbered Linear layers in one container that no name places (`net.0.weight`,
+    `net.2.weight`: an nn.Sequential of Linear layers and activations), where two or more chain (each one's input
+    width the previous one's output width): an MLP, whatever the container is called."""
+    layers = {}
+    for name, shape in parameters.items():
+        m = _INDEXED.match(name)
+        if m and region.get(name) is None and m.group(3) == "weight" and isinstance(shape, list) and len(shape) == 2:
+            layers.setdefault(m.group(1), []).append((int(m.group(2)), shape))
+    out = []
+    for container, found in layers.items():
+        found.sort()
+        keep = set()
+        for (i, a), (j, b) in itertools.pairwise(found):
+            if a[0] == b[1]:  # Linear weights are [out, in]: this one's output feeds the next
+                keep |= {i, j}
+        out += [f"{container}.{i}.{kind}" for i in sorted(keep) for kind in ("weight", "bias")
+                if f"{container}.{i}.{kind}" in parameters and region.get(f"{container}.{i}.{kind}") is None]
+    return out
+
+
 def _shapes(dims, gemm):
     """The tensor shapes among an operator's `Input Dims`; for a GEMM only its matrices and the product of the
     first two chained ones (a weight-gradient GEMM's output has the weight's shape and need not be listed).
@@ -273,8 +299,9 @@ def _shapes(dims, gemm):
 class Placer:
     """Places events by the rules of the module docstring; results cached by what they depend on."""
 
-    def __init__(self, params, modules=None, tokens=None, activations=None):
+    def __init__(self, params, modules=None, tokens=None, activations=None, no_shapes=None):
         self.params = params
+        self.no_shapes = no_shapes or "GEMM: no input shapes recorded (record_shapes=False)"  # why, for a GEMM
         self.modules = modules  # Modules: the last rule, for what nothing else placed
         self.tokens = tokens    # the rows of a forward GEMM's activation (tokens per micro-batch), or None
         self.activations = activations or "MLP"  # the region of activation functions (activation_region)
@@ -315,22 +342,26 @@ class Placer:
             region = name_region(text)
             if region:
                 return ((self.activations if region == "MLP" else region, 1.0),), None, None
+        accumulating = any(_GRAD_ACCUMULATION.search(t) for t in texts)  # a parameter's .grad, not a residual
         if not gemm and self.params and dims:
-            placed = self._by_shape(dims, gemm=False)
+            placed = self._by_shape(dims, gemm=False, activations=not accumulating)
             if placed[0]:
                 return placed
-        accumulating = any(_GRAD_ACCUMULATION.search(t) for t in texts)  # a parameter's .grad, not a residual
         if not accumulating and any(_RESIDUAL.search(t) for t in texts[:2 if fused else 1]):
             return (("norms and residuals", 1.0),), None, None
         return UNATTRIBUTED, reason or "no rule for its name or shapes", None
 
-    def _by_shape(self, dims, gemm):
-        """Placement by parameter shapes: (shares or None, reason, shared-shape record or None)."""
+    def _by_shape(self, dims, gemm, activations=False):
+        """Placement by parameter shapes: (shares or None, reason, shared-shape record or None). `activations`:
+        the operator may work on activations, so a 2-D shape with the tokens per micro-batch as a dimension
+        ([T, C] or [C, T]) is no parameter's evidence (with T == C it has every square weight's shape)."""
         if not self.params:
             return None, "GEMM: no parameter shapes in the trace metadata", None
         if not isinstance(dims, list):
-            return None, "GEMM: no input shapes recorded (record_shapes=False)", None
+            return None, self.no_shapes, None
         shapes = _shapes(dims, gemm)
+        if activations and self.tokens:
+            shapes = [x for x in shapes if not (len(x) == 2 and self.tokens in x)]
         names = self.params.matching(shapes)
         for role in _roles(shapes, self.tokens) if gemm else ():
             names = self.params.matching([role])
@@ -500,7 +531,8 @@ def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), mo
     (profiling/profile/tables/bound.py), nested as tl.per_step, or None.
     """
     params, modules = Parameters(meta.get("parameters")), Modules(tl.ix.modules, tl.ix.cpu_ops, tl.parent)
-    placer = Placer(params, modules, tokens_of(tl.ix.cpu_ops), activation_region(params, modules, tl.ix.cpu_ops))
+    placer = Placer(params, modules, tokens_of(tl.ix.cpu_ops), activation_region(params, modules, tl.ix.cpu_ops),
+                    _no_shapes(meta))
     windows = backward_windows(tl.threads)
     totals = Totals(work=work is not None)
     moved = moved_to_backward(tl, placer.params) if moved is None else moved
@@ -518,7 +550,7 @@ def device_table(tl, categories, meta, budget, work=None, peaks=(None, None), mo
     table = _table(totals, len(tl.per_step), budget, "GPU idle", budget["categories"]["idle"], placer.params, peaks,
                    bounds is not None, placer.modules)
     table["moved_to_backward_ms"] = _r(moved_us / max(1, len(tl.per_step)) / 1e3)
-    return table
+    return _unmeasured(table, meta)
 
 
 def moved_to_backward(tl, params):
@@ -596,14 +628,35 @@ def cpu_table(ix, placed_ops, meta, budget):
     threads = by_thread(ix.cpu_ops)
     parent, windows = parents(threads), backward_windows(threads)
     params, modules, memo = Parameters(meta.get("parameters")), Modules(ix.modules, ix.cpu_ops, parent), {}
-    placer = Placer(params, modules, tokens_of(ix.cpu_ops), activation_region(params, modules, ix.cpu_ops))
+    placer = Placer(params, modules, tokens_of(ix.cpu_ops), activation_region(params, modules, ix.cpu_ops),
+                    _no_shapes(meta))
     totals = Totals()
     for op, self_us, cat in placed_ops:
         name = str(op.get("name", ""))
         placed = placer.place(name, cat, op, outer_names(op, parent, memo))
         totals.add(self_us, placed, is_backward(op, windows), name)
     gap = budget["categories"]["outside ops"]
-    return _table(totals, len(ix.steps), budget, "outside ops", gap, placer.params, modules=placer.modules)
+    return _unmeasured(_table(totals, len(ix.steps), budget, "outside ops", gap, placer.params,
+                              modules=placer.modules), meta)
+
+
+def _no_shapes(meta):
+    """Why GEMMs have no input shapes, when the capture's shape step did not run (the loop ended before it: the
+    metadata's `shapes` says so); None for the usual reason (a trace recorded without record_shapes)."""
+    record = meta.get("shapes")
+    if isinstance(record, dict) and record.get("missing"):
+        return f"GEMM: no input shapes, the shape step after the profiled ones did not run: {record['missing']}"
+    return None
+
+
+def _unmeasured(table, meta):
+    """`unmeasured`: {why, ms_per_step} where the GEMMs were left unplaced because the shape step did not run, so
+    a model region's row reads low or 0 without being measured so (the report says `not measured`)."""
+    why = _no_shapes(meta)
+    ms = sum(u["ms_per_step"] for u in table["unattributed"] if u["reason"] == why) if why else 0.0
+    if ms:
+        table["unmeasured"] = {"why": why.removeprefix("GEMM: "), "ms_per_step": _r(ms)}
+    return table
 
 
 def _table(totals, n, budget, gap_name, gap_ms, params, peaks=(None, None), bounded=False, modules=None):

@@ -1,0 +1,158 @@
+"""Pure: the findings of a CPU profile (no device events: the trace's CPU operators are the step). Stdlib only.
+
+A CPU run has no GPU to idle, no launches and no kernels: the GPU rules have no evidence there and do not run
+(CPU_SKIPPED says which, in the report's one sentence). What holds on a CPU run, from its operators' self times:
+
+- eager_code: chains of elementwise operators run one by one outside torch.compile (each a pass over memory and
+  a dispatch); the gain: each chain fused into one pass as long as its longest operator, as on a GPU
+  (waste.eager_code). torch.compile's Inductor fuses them on the CPU too (as C++ loops).
+- cpu_threads: GEMMs that took far longer than one core needs for their FLOPs (the intra-op threads waiting for
+  cores: more threads than free cores, the machine's other processes); priced only as far as the unprofiled
+  step can hold that wait, else it is the profiler's own threads competing for the cores (profiler_overhead).
+- the input pipeline: INPUT_PIPELINE, a rule of its own (another module), joins CPU_RULES there.
+
+Host syncs cost nothing on a CPU run (the host is the device: `.item()` waits for no queue), so that rule does not
+run either. Each rule has the shape of contract.py; `CpuSteps` is the little of a Timeline they read.
+"""
+from profiling.profile.findings.contract import finding, rule, top
+from profiling.profile.findings.settings import attribute
+from profiling.profile.findings.waste import EAGER_CATEGORIES, EAGER_MIN_SHARE, FUSED_OPTIMIZERS, _eager_fix, _part
+from profiling.profile.tables.roofline import GEMM_OPS, gemm_flops
+from profiling.profile.trace.classify import classify_cpu_op
+from profiling.profile.trace.timeline import COMPILED
+from profiling.profile.trace.traceio import by_thread, outer_names, parents
+
+# One core's float32 GEMM, as a floor no healthy CPU misses: 16x64 @ 64x64 (131 kFLOP) took 3.3 us with 1
+# thread and 5.9 us with 2 on this project's shared 2-core machine (torch 2.11, median of 300): 40 GFLOP/s
+# plus the call. The floor below is 1 GFLOP/s plus 20 us a call, 6x slower than that at least.
+CORE_FLOPS = 1e9
+CALL_US = 20.0
+WAIT_RATIO = 10.0   # a GEMM over 10x that floor waited for cores (the profiled Lightning MLP's: 300-4000x)
+MIN_SHARE = 0.01    # of the step: a wait smaller than this is not worth a finding
+SHOWN = 3
+
+# The device rules that cannot run on a CPU trace, in words, for the report's one sentence.
+CPU_SKIPPED = ("host syncs (on the CPU the host is the device: a sync waits for no queue)",
+               "the device waiting and launches", "kernels below their rate and attention backends",
+               "device memory and communication")
+
+
+class CpuSteps:
+    """What the CPU rules read: the trace metadata, the index, the operators of the profiled steps with their
+    self time and category ([(op, self us, category)]), and their parents (contract.run reads `gaps` and
+    `per_step`, which a CPU trace does not have)."""
+
+    def __init__(self, ix, placed, meta):
+        self.ix, self.placed, self.meta, self.n = ix, placed, meta, max(1, len(ix.steps))
+        self.parent = parents(by_thread(ix.cpu_ops))
+        self.gaps, self.per_step, self._memo = [], [], {}
+
+    def chain(self, op):
+        """The names of the operators around op and op's own, innermost first."""
+        return (str(op.get("name", "")),) + outer_names(op, self.parent, self._memo)
+
+
+def _eager(chain, cat):
+    """An elementwise operator run eagerly: its category one a compiler fuses (an optimizer's GEMM, counted as
+    optimizer by where it ran, is still a GEMM), outside compiled code and torch's fused optimizers."""
+    return cat in EAGER_CATEGORIES and classify_cpu_op(chain[0]) in EAGER_CATEGORIES and not any(
+        c.startswith((*COMPILED, *FUSED_OPTIMIZERS)) for c in chain)
+
+
+@rule("eager_code", needs=())
+def eager_code(tl, ctx, found):
+    """Eager elementwise chains on the CPU, by thread and time; each would cost about its longest operator as
+    one fused pass (waste.eager_code's gain, over operators' self times)."""
+    runs, ops, parts, compiled = {}, {}, {}, False
+    for op, us, cat in sorted(tl.placed, key=lambda x: x[0]["ts"]):
+        chain = tl.chain(op)
+        compiled = compiled or any(c.startswith(COMPILED) for c in chain)
+        run = runs.setdefault(op.get("tid"), [[]])
+        if _eager(chain, cat):
+            run[-1].append(us)
+            ops[chain[0]] = ops.get(chain[0], 0.0) + us
+            part = _part(chain, cat)
+            parts[part] = parts.get(part, 0.0) + us
+        elif run[-1]:
+            run.append([])
+    chains = [c for per in runs.values() for c in per if c]
+    n = tl.n
+    gain = sum(sum(c) - max(c) for c in chains) / n / 1e3  # a lone operator gains nothing
+    if gain < EAGER_MIN_SHARE * ctx["step"]:
+        return None
+    us = sum(sum(c) for c in chains)
+    shown = [p for p, t in top(parts) if t >= 0.1 * us]
+    evidence = (f"{sum(map(len, chains)) / n:.0f} operators/step ({us / n / 1e3:.1f} ms of self time) run one by one "
+                f"by eager PyTorch outside torch.compile, in {len(chains) / n:.0f} chains of elementwise operators "
+                f"(longest {max(map(len, chains))}): " + ", ".join(f"{p} {t / n / 1e3:.1f} ms" for p, t in top(parts))
+                + "; top operators: " + ", ".join(f"{op} {t / n / 1e3:.1f} ms" for op, t in top(ops))
+                + ("; the model is compiled (its graphs are in the trace)" if compiled else
+                   "; no compiled graph in the trace") + "; gain: each chain fused into one pass as long as its "
+                "longest operator")
+    fix = _eager_fix(tl, shown or ["the model"], compiled) + (" (on the CPU, Inductor compiles C++: it needs a C++ "
+                                                              "compiler)")
+    f = finding("eager_code", gain, ctx, evidence, fix)
+    return f if compiled else attribute(tl, f, "eager_code")
+
+
+def _waits(tl):
+    """[(op, us, floor us)] of the GEMM calls that took over WAIT_RATIO x one core's floor for their FLOPs, of
+    the GEMMs (name and shapes) that waited in most of their calls: one slow call among fast ones of the same
+    shape is a first call's set-up (the BLAS's thread pool, its kernels loading), not threads waiting."""
+    groups = {}
+    for op, us, cat in tl.placed:
+        if cat == "GEMM" and GEMM_OPS.match(str(op.get("name", ""))):
+            flops = gemm_flops(op)
+            if flops:
+                key = (op.get("name"), str((op.get("args") or {}).get("Input Dims")))
+                groups.setdefault(key, []).append((op, us, CALL_US + flops / CORE_FLOPS * 1e6))
+    out = []
+    for calls in groups.values():
+        slow = [c for c in calls if c[1] > WAIT_RATIO * c[2]]
+        if 2 * len(slow) > len(calls):
+            out += slow
+    return out
+
+
+@rule("cpu_threads", needs=("shapes",))
+def cpu_threads(tl, ctx, found):
+    """GEMMs that waited for cores; the wait the unprofiled step can hold is the run's own (a finding naming
+    the threads), the rest the profiler's (a profiler_overhead note)."""
+    waits = _waits(tl)
+    n, step = tl.n, ctx["step"]
+    waited = sum(us - floor for _, us, floor in waits) / n / 1e3
+    if waited < MIN_SHARE * step:
+        return None
+    unprofiled = ctx.get("unprofiled")
+    own = waited if not unprofiled else max(0.0, min(waited, unprofiled - (step - waited)))
+    slowest = max(waits, key=lambda w: w[1] / w[2])
+    dims = " x ".join(str(d) for d in (slowest[0].get("args") or {}).get("Input Dims") or () if d)
+    threads = tl.meta.get("cpu_threads") or {}
+    load = threads.get("load_average")
+    setting = (f"; the process ran {threads['intra_op']} intra-op threads on {threads.get('cores') or '?'} cores"
+               + (f" (load average {load:.1f} as the window opened)" if load is not None else "")
+               if threads.get("intra_op") else "; the trace does not record the thread count (a live capture does)")
+    calls = len(waits) / n
+    floors = sum(f for *_, f in waits) / n / 1e3
+    evidence = (f"{calls:.3g} GEMM call{'s' * (calls != 1)}/step took {waited + floors:.1f} ms/step where one "
+                f"core needs at most {floors:.2f} ms for their FLOPs (at "
+                f"{CORE_FLOPS / 1e9:g} GFLOP/s + {CALL_US:g} us a call), e.g. `{slowest[0].get('name')}` {dims} "
+                f"{slowest[1] / 1e3:.1f} ms: the intra-op threads waited for cores" + setting)
+    if own < MIN_SHARE * step:
+        return finding("profiler_overhead", waited, ctx, evidence + (
+            f"; the unprofiled step ({unprofiled:.2f} ms) cannot hold that wait: the profiler's own threads (its "
+            "stack sampler) competed for the cores, so this profile's times are inflated; profile when the "
+            "machine is otherwise idle"), "none needed for training; for a truer profile, fewer threads or an idle "
+            "machine")
+    return finding("cpu_threads", own, ctx, evidence + (f"; priced at what the unprofiled step ({unprofiled:.2f} ms) "
+                                                        "can hold" if unprofiled and own < waited else ""),
+                   "give the intra-op threads cores of their own: torch.set_num_threads(k) (or OMP_NUM_THREADS=k) "
+                   "with k at most the cores no other process uses (1 on a busy shared machine); a model this "
+                   "small gains little from more threads")
+
+
+# The input pipeline's CPU rule (the training thread in the DataLoader's next batch) is input.py's
+# cpu_input_bound, which findings.diagnose_cpu runs before these.
+CPU_RULES = (eager_code, cpu_threads)
+LABELS = {"eager_code": "eager code and compilation", "cpu_threads": "threads waiting for cores",
+          "input_pipeline": "the input pipeline"}
