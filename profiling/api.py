@@ -137,7 +137,7 @@ class Profiler:
 
         import torch
 
-        from profiling.profile.capture import provenance
+        from profiling.profile.capture import provenance, watchdog
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.warmup, self.timed, self.profiler_warmup = warmup_steps, timed_steps, profiler_warmup_steps
         self.active, self.unprofiled_ms, self.top = active_steps, unprofiled_step_ms, top
@@ -153,6 +153,7 @@ class Profiler:
         self.memory = self.memory_asked and self.cuda
         self.model = model
         self.steps, self.done, self.result, self._window, self._guard = 0, False, None, None, None
+        self._pace, self._watchdog, self._watch_frames = watchdog.Pace(), None, True
         if warmup_steps == 0 and timed_steps:  # the timed steps begin with the next step
             self._start_timing()
         if warmup_steps + timed_steps == 0:  # the window begins with the next step
@@ -184,6 +185,16 @@ class Profiler:
         step writing the report). Nothing once done."""
         if self.done:
             return
+        pace = self._pace
+        pace.stepped(sys._getframe(1), measured=self.steps >= self.warmup)  # the watchdog's facts
+        pace.busy += 1
+        try:
+            self._advance()
+        finally:
+            pace.busy -= 1
+            pace.returned()
+
+    def _advance(self):
         self.steps += 1
         start = self.warmup  # the timed steps begin after the warm-up
         if self.steps == start and self.timed:
@@ -205,17 +216,30 @@ class Profiler:
         that ended before them warns how many steps the profile needed. Never raises: a failure of its own is
         one line on stderr."""
         if not self.done:
-            self._end(None)
+            self._pace.busy += 1
+            try:
+                self._end(None)
+            finally:
+                self._pace.busy -= 1
 
-    def _end(self, cause):
+    def _stopped(self, reason):
+        """The watchdog's close (profiling/profile/capture/watchdog.py), on the loop's thread: the loop stopped
+        stepping inside the window without close(). Only the trace is written (this runs inside whatever the
+        program does next), without what was recorded after the last step."""
+        if self.done or self._window is None:
+            return
+        self._pace.busy += 1
+        try:
+            self._end("stopped", how=f"the loop stopped stepping after step {self.steps} ({reason})")
+        finally:
+            self._pace.busy -= 1
+
+    def _end(self, cause, how=None):
         """Stop everything the profile runs and keep what it recorded. cause: None when the loop simply
         stopped (the report is written), else the exception that ended it, in words (only the trace is
-        written: quick, and nothing that can fail on the way out)."""
+        written: quick, and nothing that can fail on the way out); "stopped" with `how`: the watchdog's."""
         window, self._window = self._window, None
-        if self._guard is not None:
-            self._guard.detach()
-            _guards.discard(self._guard)
-            self._guard = None
+        self._unguard()
         steps = self.steps
         try:
             if window is not None and cause is None:
@@ -223,7 +247,7 @@ class Profiler:
                 if trace is not None:
                     self._finish(trace, time.perf_counter())
             elif window is not None:
-                _keep(window, self.out_dir, self.ranks, f"{cause} in step {steps + 1}")
+                _keep(window, self.out_dir, self.ranks, how or f"{cause} in step {steps + 1}", cut=how is not None)
         except Exception as e:  # noqa: BLE001 (the profiler must never change how the run ends)
             _say(f"could not save what it recorded ({type(e).__name__}: {e})")
         finally:
@@ -239,13 +263,25 @@ class Profiler:
                  "was recorded (its report says what is missing)")
 
     def _open(self):
-        """Open the profiled window, guarded: closed at interpreter exit, or when the Profiler is dropped,
-        if the loop never closes it."""
+        """Open the profiled window, guarded: closed by the watchdog when the loop stops stepping, at
+        interpreter exit, or when the Profiler is dropped, if the loop never closes it."""
+        from profiling.profile.capture import watchdog
         self._window = self._open_window()
+        self._watchdog = watchdog.Watchdog(self._pace, self._stopped, self._watch_frames)
         self._guard = weakref.finalize(self, _left_open, self._window, self.out_dir, self.ranks,
-                                       self._started_provenance)
+                                       self._started_provenance, self._watchdog)
         _guards.add(self._guard)
         _hook_exit()
+        self._watchdog.start()
+
+    def _unguard(self):
+        """The window is closed here: its guard and its watchdog are no longer needed."""
+        if self._guard is not None:
+            self._guard.detach()
+            _guards.discard(self._guard)
+            self._guard = None
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
     def _mark(self):
         """A timed step's boundary, without a sync: a CUDA event (read after the last), else the clock."""
@@ -314,10 +350,7 @@ class Profiler:
     def _finish(self, trace, t_end):
         from profiling.profile.report.folder import save
         self._window = None
-        if self._guard is not None:
-            self._guard.detach()
-            _guards.discard(self._guard)
-            self._guard = None
+        self._unguard()
         reference = (self.reference, f"the profile {self.reference}") if isinstance(self.reference, str) \
             else self.reference  # train.py's: (path, "the best kept run, ...")
         try:
@@ -344,8 +377,9 @@ def _at_exit():
         guard()
 
 
-def _left_open(window, out_dir, ranks, started_provenance):
+def _left_open(window, out_dir, ranks, started_provenance, dog):
     """A Profiler whose window is open is dropped or outlived by the interpreter: stop it, keep the trace."""
+    dog.stop()
     _guards.difference_update([g for g in list(_guards) if not g.alive])
     if _exiting:
         error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
@@ -360,11 +394,12 @@ def _left_open(window, out_dir, ranks, started_provenance):
         _restore(started_provenance)
 
 
-def _keep(window, out_dir, ranks, how):
+def _keep(window, out_dir, ranks, how, cut=False):
     """Stop the window and write what it recorded, the trace only (no summary: this runs on the way out, on
-    an exception or at exit), with one line on stderr saying where."""
+    an exception or at exit), with one line on stderr saying where. cut: leave out what ran after the last
+    step (the watchdog's close: the program went on without the loop)."""
     from profiling.profile.report import folder
-    trace = window.end_early(how)
+    trace = window.end_early(how, cut=cut)
     if trace is None:
         _say(f"{how}: stopped before any profiled step was recorded; nothing saved")
         return
