@@ -109,31 +109,17 @@ class Profiler:
                  reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None,
                  samples_per_step=None, code_roots=None):
         self.parameters = _parameters(model)
-        _check_count("tokens_per_step", tokens_per_step, minimum=1, optional=True)
-        _check_count("samples_per_step", samples_per_step, minimum=1, optional=True)
+        check_arguments(tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
+                        warmup_steps=warmup_steps, timed_steps=timed_steps,
+                        profiler_warmup_steps=profiler_warmup_steps, active_steps=active_steps,
+                        unprofiled_step_ms=unprofiled_step_ms, out_dir=out_dir, reference=reference,
+                        metadata=metadata, top=top, micro_batch=micro_batch, memory=memory,
+                        samples_per_step=samples_per_step, code_roots=code_roots)
         self.samples_per_step = samples_per_step
-        _check_count("micro_batch", micro_batch, minimum=1, optional=True)
-        if memory not in (None, True, False):
-            raise ValueError(f"memory must be True, False or None, not {memory!r}")
-        _check_number("flops_per_token", flops_per_token)
-        for name, value, minimum in (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 0),
-                                     ("profiler_warmup_steps", profiler_warmup_steps, 0),
-                                     ("active_steps", active_steps, 1), ("top", top, 1)):
-            _check_count(name, value, minimum)
-        _check_number("unprofiled_step_ms", unprofiled_step_ms)
-        if timed_steps == 0 and unprofiled_step_ms is None:
-            raise ValueError("timed_steps=0 needs unprofiled_step_ms (the step time measured without the "
-                             "profiler); give it, or time at least one step")
-        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
-            raise ValueError(f"out_dir must be a folder path, not {type(out_dir).__name__}")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise ValueError(f"metadata must be a dict, not {type(metadata).__name__}")
-        if isinstance(reference, (str, os.PathLike)) and not os.path.isfile(reference):
-            raise ValueError(f"reference {reference!r} is not a file; give a profile's summary.json")
-        whose.use(code_roots)  # whose lines the report names; ValueError for anything but folders
 
         from profiling.profile.report import folder
-        _check_out_dir(out_dir if out_dir is not None else folder.profile_dir())
+        if out_dir is None:
+            _check_out_dir(folder.profile_dir())
 
         import torch
 
@@ -222,12 +208,21 @@ class Profiler:
             finally:
                 self._pace.busy -= 1
 
+    def watch_loop_frames(self, on):
+        """Whether the watchdog takes the loop's function returning for the loop's end (on by default; off
+        where a framework's own events end the profile and its loop's function returns each epoch)."""
+        self._watch_frames = on
+        if self._watchdog is not None:
+            self._watchdog.watch_frames = on
+
     def _stopped(self, reason):
         """The watchdog's close (profiling/profile/capture/watchdog.py), on the loop's thread: the loop stopped
         stepping inside the window without close(). Only the trace is written (this runs inside whatever the
         program does next), without what was recorded after the last step."""
         if self.done or self._window is None:
-            return
+            return None
+        if _in_backward():  # autograd's engine has the profiler's records of its own open: after it
+            return False
         self._pace.busy += 1
         try:
             self._end("stopped", how=f"the loop stopped stepping after step {self.steps} ({reason})")
@@ -361,6 +356,16 @@ class Profiler:
             _restore(self._started_provenance)
 
 
+def _in_backward():
+    """Whether the thread is inside a backward pass (autograd's engine calls Python: hooks, a Function's
+    backward), where stopping torch.profiler leaves the engine's open records unmatched (torch warns)."""
+    try:
+        import torch
+        return torch._C._current_graph_task_id() != -1
+    except Exception:  # noqa: BLE001 (another torch: no such check, close as anywhere else)
+        return False
+
+
 def _hook_exit():
     """Register the exit hook once, when the first window opens: after torch's own (atexit runs last first),
     so it runs before them."""
@@ -428,6 +433,42 @@ def _cause(kind):
     if kind is KeyboardInterrupt:
         return "KeyboardInterrupt"
     return f"an exception ({getattr(kind, '__name__', kind)})"
+
+
+def check_arguments(tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
+                    profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None, out_dir=None,
+                    reference=None, metadata=None, top=10, micro_batch=None, memory=None, samples_per_step=None,
+                    code_roots=None, ranks=None):
+    """A one-line ValueError naming the first bad argument of Profiler (all but the model) and what it takes;
+    the callbacks (profiling/callbacks.py) check their options so when they are made, before any training.
+    An out_dir given is checked for writing; code_roots are set (profiling/profile/trace/whose.py)."""
+    _check_count("tokens_per_step", tokens_per_step, minimum=1, optional=True)
+    _check_count("samples_per_step", samples_per_step, minimum=1, optional=True)
+    _check_count("micro_batch", micro_batch, minimum=1, optional=True)
+    if memory not in (None, True, False):
+        raise ValueError(f"memory must be True, False or None, not {memory!r}")
+    _check_number("flops_per_token", flops_per_token)
+    for name, value, minimum in (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 0),
+                                 ("profiler_warmup_steps", profiler_warmup_steps, 0),
+                                 ("active_steps", active_steps, 1), ("top", top, 1)):
+        _check_count(name, value, minimum)
+    _check_number("unprofiled_step_ms", unprofiled_step_ms)
+    if timed_steps == 0 and unprofiled_step_ms is None:
+        raise ValueError("timed_steps=0 needs unprofiled_step_ms (the step time measured without the "
+                         "profiler); give it, or time at least one step")
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise ValueError(f"out_dir must be a folder path, not {type(out_dir).__name__}")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValueError(f"metadata must be a dict, not {type(metadata).__name__}")
+    if reference is not None and not isinstance(reference, (str, os.PathLike, tuple)):
+        raise ValueError(f"reference must be a profile's summary.json path or None, not {reference!r}")
+    if isinstance(reference, (str, os.PathLike)) and not os.path.isfile(reference):
+        raise ValueError(f"reference {reference!r} is not a file; give a profile's summary.json")
+    if ranks is not None and not all(hasattr(ranks, a) for a in ("rank", "world_size", "barrier")):
+        raise ValueError(f"ranks must have rank, world_size, first, barrier() and from_first(), not {ranks!r}")
+    whose.use(code_roots)  # whose lines the report names; ValueError for anything but folders
+    if out_dir is not None:
+        _check_out_dir(out_dir)
 
 
 def _check_out_dir(path):

@@ -131,7 +131,8 @@ def _short(path):
 
 class Watchdog:
     """The thread that closes a stopped loop's window: `close(reason)` is called on the loop's thread (the
-    main one) when `pace.stopped()` holds there too. Holds `close` weakly (a bound method of the Profiler:
+    main one) when `pace.stopped()` holds there too; it returns False where it cannot close there (the call
+    is made again at the next look). Holds `close` weakly (a bound method of the Profiler:
     a dropped Profiler is closed by its own guard)."""
 
     def __init__(self, pace, close, watch_frames=True):
@@ -175,10 +176,9 @@ class Watchdog:
             return
         reason = self.pace.stopped(self.watch_frames)
         close = self._close()
-        if reason is None or close is None:
+        if reason is None or close is None or close(reason) is False:  # False: not here, asked again
             return
         self.stop()
-        close(reason)
 
 
 _live = weakref.WeakSet()   # the watchdogs running (a pending call finds its own among them)
