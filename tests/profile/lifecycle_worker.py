@@ -136,7 +136,10 @@ def left_open(steps, after, out):
     engine) or "hook" (eval forwards whose forward hook runs Python). Prints a JSON line of what it saw after:
     whether the profiler, the sampler and the watchdog still run, the settings put back, the close's thread."""
     from profiling import api
-    from profiling.profile.capture import provenance
+    from profiling.profile.capture import provenance, watchdog
+    if after.endswith("-unwatched"):  # as before the watchdog (the test's comparison)
+        watchdog.Watchdog.start = lambda self: None
+        after = after.removesuffix("-unwatched")
     closed_on = []  # the thread of each call of the watchdog's close (a deferred one included)
     stopped = api.Profiler._stopped
     api.Profiler._stopped = lambda self, reason: (closed_on.append(threading.current_thread().name),
@@ -172,7 +175,7 @@ def left_open(steps, after, out):
                 sampler="autoresearch-stack-sampler" in names, watchdog="autoresearch-watchdog" in names,
                 provenance=provenance.started() or config.trace.provenance_tracking_level != 0,
                 launch_records=triton_heuristics.autograd_profiler is torch.autograd.profiler,
-                closed_on=closed_on, done=prof.done)
+                closed_on=closed_on, done=prof.done, at=time.time())
     print(json.dumps(seen), flush=True)
 
 
