@@ -105,9 +105,13 @@ class ProfiledRun:
         if self.prof.done:
             self._say()
 
-    def close(self):
-        """Stop the Profiler; (folder, report) of what it wrote, None where nothing."""
+    def close(self, exception=None):
+        """Stop the Profiler; (folder, report) of what it wrote, None where nothing. exception: the one that
+        ended training (Lightning's on_exception), kept as the `with` block's exit keeps it: the trace only,
+        noted as ended by it (never "the loop stopped")."""
         done = self.prof.done
+        if exception is not None and not done:
+            self.prof.__exit__(type(exception), exception, None)
         self.prof.close()
         if not done:
             self._say()
@@ -196,12 +200,12 @@ class _LightningHooks:
         self.close()
 
     def on_exception(self, trainer, pl_module, exception):
-        self.close()
+        self.close(exception)
 
-    def close(self):
+    def close(self, exception=None):
         """Stop the profile (train end, an exception; safe to call any time)."""
         if self.run:
-            self.folder, self.report = self.run.close()
+            self.folder, self.report = self.run.close(exception)
             self.run = None
 
 
