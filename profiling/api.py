@@ -20,10 +20,16 @@ What it guarantees about the run it measures (DESIGN.md pitfall 14, STYLE.md hab
 ends -- done, stopped early (step() no longer called, close() or not), an exception, KeyboardInterrupt, the
 interpreter exiting, the `with` block left by an exception, the Profiler dropped:
     - nothing it started runs on: torch.profiler, the stack-sampler thread, CUDA's sync debug mode, the line
-      tracer (sys.settrace), the allocator's history; an atexit hook (registered when the window opens,
-      through weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
+      tracer (sys.settrace), the allocator's history, Inductor's launch-record switch; a loop that stops
+      stepping inside the window and goes on with something else is closed by a watchdog (no step() for
+      max(1 s, 20x the slowest step), or for max(0.25 s, 3x) once the function that steps has returned:
+      profiling/profile/capture/watchdog.py), on the main thread at its next bytecode, only the trace written,
+      without what ran after the last step; an atexit hook (registered when the window opens, through
+      weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
     - the run ends as it would without the profiler: the same exception, traceback and exit code (0; 1; a
-      KeyboardInterrupt as Python ends it), never a crash; close() and the exit hooks never raise: a failure
+      KeyboardInterrupt as Python ends it: creating a Profiler imports nothing that an exit hook imports, as
+      the report's tabulate, which changes that code), never a crash; close() and the exit hooks never raise:
+      a failure
       of their own is one line on stderr;
     - what was recorded is kept once one profiled step was complete: close() (or `with` ending without an
       exception) writes the report of the steps recorded, noting what is missing; on an exception or at exit
@@ -172,13 +178,13 @@ class Profiler:
         if self.done:
             return
         pace = self._pace
-        pace.stepped(sys._getframe(1), measured=self.steps >= self.warmup)  # the watchdog's facts
-        pace.busy += 1
+        pace.busy += 1  # first: the watchdog reads nothing while this step() runs
         try:
+            pace.stepped(sys._getframe(1), measured=self.steps >= self.warmup)  # the watchdog's facts
             self._advance()
         finally:
-            pace.busy -= 1
             pace.returned()
+            pace.busy -= 1
 
     def _advance(self):
         self.steps += 1
@@ -216,9 +222,10 @@ class Profiler:
             self._watchdog.watch_frames = on
 
     def _stopped(self, reason):
-        """The watchdog's close (profiling/profile/capture/watchdog.py), on the loop's thread: the loop stopped
-        stepping inside the window without close(). Only the trace is written (this runs inside whatever the
-        program does next), without what was recorded after the last step."""
+        """The watchdog's close (profiling/profile/capture/watchdog.py), on the loop's thread: the loop
+        stopped stepping inside the window without close(). Only the trace is written (this runs inside
+        whatever the program does next), without what was recorded after the last step. False: not here (inside
+        a backward pass), the watchdog asks again."""
         if self.done or self._window is None:
             return None
         if _in_backward():  # autograd's engine has the profiler's records of its own open: after it
@@ -242,7 +249,8 @@ class Profiler:
                 if trace is not None:
                     self._finish(trace, time.perf_counter())
             elif window is not None:
-                _keep(window, self.out_dir, self.ranks, how or f"{cause} in step {steps + 1}", cut=how is not None)
+                _keep(window, self.out_dir, self.ranks, how or f"{cause} in step {steps + 1}",
+                      cut=how is not None)
         except Exception as e:  # noqa: BLE001 (the profiler must never change how the run ends)
             _say(f"could not save what it recorded ({type(e).__name__}: {e})")
         finally:
@@ -436,9 +444,9 @@ def _cause(kind):
 
 
 def check_arguments(tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
-                    profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None, out_dir=None,
-                    reference=None, metadata=None, top=10, micro_batch=None, memory=None, samples_per_step=None,
-                    code_roots=None, ranks=None):
+                    profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None,
+                    out_dir=None, reference=None, metadata=None, top=10, micro_batch=None, memory=None,
+                    samples_per_step=None, code_roots=None, ranks=None):
     """A one-line ValueError naming the first bad argument of Profiler (all but the model) and what it takes;
     the callbacks (profiling/callbacks.py) check their options so when they are made, before any training.
     An out_dir given is checked for writing; code_roots are set (profiling/profile/trace/whose.py)."""
@@ -465,7 +473,8 @@ def check_arguments(tokens_per_step=None, flops_per_token=None, warmup_steps=3, 
     if isinstance(reference, (str, os.PathLike)) and not os.path.isfile(reference):
         raise ValueError(f"reference {reference!r} is not a file; give a profile's summary.json")
     if ranks is not None and not all(hasattr(ranks, a) for a in ("rank", "world_size", "barrier")):
-        raise ValueError(f"ranks must have rank, world_size, first, barrier() and from_first(), not {ranks!r}")
+        raise ValueError(f"ranks must have rank, world_size, first, barrier() and from_first(), "
+                         f"not {ranks!r}")
     whose.use(code_roots)  # whose lines the report names; ValueError for anything but folders
     if out_dir is not None:
         _check_out_dir(out_dir)

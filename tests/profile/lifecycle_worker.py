@@ -108,8 +108,8 @@ def with_block(steps, end, out):
     return prof
 
 
-# The window left open (tests/profile/test_lifecycle.py): eval forwards of a wider model (about 1 ms each on the
-# 2-core CPU, so the seconds recorded before the watchdog's close are quick to read back), for EVAL_S seconds.
+# The window left open (tests/profile/test_lifecycle.py): eval forwards of a wider model (about 1 ms each on
+# the 2-core CPU, so the seconds recorded before the watchdog's close are quick to read back), EVAL_S seconds.
 EVAL_S, WIDTH = 6.0, 512
 
 
@@ -134,7 +134,8 @@ def left_open(steps, after, out):
     EVAL_S seconds: "evals" (eval forwards in the same function: the watchdog's no-step limit), "return" (the
     loop's function returned first: its function rule), "backward" (a Python backward called by autograd's
     engine) or "hook" (eval forwards whose forward hook runs Python). Prints a JSON line of what it saw after:
-    whether the profiler, the sampler and the watchdog still run, the settings put back, the close's thread."""
+    whether the profiler, the sampler and the watchdog still run, the settings put back, the close's
+    thread."""
     from profiling import api
     from profiling.profile.capture import provenance, watchdog
     if after.endswith("-unwatched"):  # as before the watchdog (the test's comparison)

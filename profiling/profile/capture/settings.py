@@ -56,8 +56,8 @@ ENV_PREFIXES = ("TORCH_", "PYTORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "CUDA_",
 ENV_NAMES = ("NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "INDUCTOR_PROVENANCE",
              "DISABLE_ADDMM_CUDA_LT")
 MAX_TEXT = 200   # characters kept of a value
-# Training frameworks whose import sets variables of their own (profiling/profile/trace/settings.py FRAMEWORK_ENV
-# says which): recorded when imported, so a variable they set is named as theirs, not the user's
+# Training frameworks whose import sets variables of their own (profiling/profile/trace/settings.py
+# FRAMEWORK_ENV says which): recorded when imported, so a variable they set is named as theirs, not the user's
 FRAMEWORKS = ("lightning", "lightning_fabric", "pytorch_lightning", "transformers", "accelerate")
 # gc.get_threshold() of a fresh interpreter, by version (others: unknown, so never "differs")
 GC_THRESHOLDS = {(3, 10): [700, 10, 10], (3, 11): [700, 10, 10], (3, 12): [700, 10, 10]}

@@ -1,17 +1,18 @@
 """A profiled window the loop left open closes itself (issue #49 item 2). Stdlib only.
 
-A loop that stops stepping inside the window without close() (it breaks out, returns, or an exception is caught
-outside it) would otherwise be profiled until the process exits: every operator it runs after is recorded, the
-trace and the profiler's memory grow, and torch.profiler, the stack sampler, the compiler's settings and the
-launch-record switch stay on (issue #49: 10,000 eval forwards after such a loop grew the trace from 30 KB to 8.4
-MB and the exit from 2 s to 13 s). A daemon thread looks every POLL_S at how the loop steps:
+A loop that stops stepping inside the window without close() (it breaks out, returns, or an exception is
+caught outside it) would otherwise be profiled until the process exits: every operator it runs after is
+recorded, the trace and the profiler's memory grow, and torch.profiler, the stack sampler, the compiler's
+settings and the launch-record switch stay on (issue #49: 10,000 eval forwards after such a loop grew the
+trace from 30 KB to 8.4 MB and the exit from 2 s to 13 s). A daemon thread looks every POLL_S at how the loop
+steps:
 
     stopped       no step() for longer than any step seen could take: max(LIMIT_FLOOR_S, LIMIT_STEPS x the
                   slowest step since the warm-up); none is measured before two steps after it
     left          the function the loop runs in (the innermost regular frame common to every step() call's
-                  stack; a frame that was on two stacks was on it in between) is no longer on the thread's stack,
-                  nor a new call of it: it returned or raised; then the limit is max(LEFT_FLOOR_S, LEFT_STEPS x
-                  the slowest step)
+                  stack; a frame that was on two stacks was on it in between) is no longer on the thread's
+                  stack, nor a new call of it: it returned or raised; then the limit is max(LEFT_FLOOR_S,
+                  LEFT_STEPS x the slowest step)
 
 When one holds, the window must be stopped on the thread that started it: torch.profiler's state is that
 thread's (kineto keeps it in the thread's debug info; stopping it from another thread fails), and so are the
@@ -38,7 +39,8 @@ LIMIT_STEPS, LIMIT_FLOOR_S = 20, 1.0
 # Once the loop's function has returned and no new call of it runs, nothing steps again but a later call
 # (a loop in `train_epoch`, called again after an eval between epochs): a short wait.
 LEFT_STEPS, LEFT_FLOOR_S = 3, 0.25
-GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR
+# CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR: frames off the stack while they wait
+GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
 
 
 class Pace:
@@ -108,14 +110,15 @@ class Pace:
             return None
         if left:
             code = frame[1]
-            return (f"its function {code.co_name} ({_short(code.co_filename)}:{code.co_firstlineno}) returned, "
-                    f"no step() for {idle:.1f} s")
+            where = f"{_short(code.co_filename)}:{code.co_firstlineno}"
+            return f"its function {code.co_name} ({where}) returned, no step() for {idle:.1f} s"
         return (f"no step() for {idle:.1f} s (the limit: {LIMIT_STEPS}x its slowest step, "
                 f"{1e3 * self.slowest:.0f} ms, or {LIMIT_FLOOR_S:.0f} s at least)")
 
 
 def _on_stack(thread, entry):
-    """Whether the loop's frame, or a new call of its function (the next epoch's), is on the thread's stack."""
+    """Whether the loop's frame, or a new call of its function (the next epoch's), is on the thread's
+    stack."""
     frame = sys._current_frames().get(thread)
     while frame is not None:
         if frame.f_code is entry[1]:

@@ -265,8 +265,8 @@ def cut_after_steps(trace):
     if not ends:
         return
     end = max(ends)
-    late = [e for e in events if isinstance(e.get("ts"), (int, float)) and e["ts"] > end and e.get("ph") != "M"
-            and e.get("cat") not in DEVICE_CATS]
+    late = [e for e in events if isinstance(e.get("ts"), (int, float)) and e["ts"] > end
+            and e.get("ph") != "M" and e.get("cat") not in DEVICE_CATS]
     gone = {(e.get("args") or {}).get("correlation") for e in late} - {None}
     dropped = {id(e) for e in late}
     kept = []

@@ -14,10 +14,11 @@ ENV_NEUTRAL = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TORCH_CUDA_ARCH_LIS
 ENV_NEUTRAL_SUFFIXES = ("_VERSION", "_HOME", "_PATH", "_DIR", "_ROOT")
 # What torchrun sets in its workers unless the user did (torch/distributed/run.py, local_elastic_agent.py)
 TORCHRUN_ENV = {"env.OMP_NUM_THREADS": "1", "env.TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-# What a training framework sets in the process when it is imported, whatever the user did (its source, as of
-# lightning 2.6: lightning/fabric/__init__.py and lightning_fabric/__init__.py set PYTORCH_NVML_BASED_CUDA_CHECK=1
-# on import): {name: (value, {package the record's "frameworks" lists: the framework's name})}. Credited to the
-# framework where it was imported, the value is its value and the variable was not in the starting environment.
+# What a training framework sets in the process when it is imported, whatever the user did (its source, as
+# of lightning 2.6: lightning/fabric/__init__.py and lightning_fabric/__init__.py set
+# PYTORCH_NVML_BASED_CUDA_CHECK=1 on import): {name: (value, {package the record's "frameworks" lists: the
+# framework's name})}. Credited to the framework where it was imported, the value is its value and the
+# variable was not in the starting environment.
 LIGHTNING = {"lightning": "lightning", "lightning_fabric": "lightning", "pytorch_lightning": "lightning"}
 FRAMEWORK_ENV = {"env.PYTORCH_NVML_BASED_CUDA_CHECK": ("1", LIGHTNING)}
 FRAMEWORK_NAMES = {name for _, packages in FRAMEWORK_ENV.values() for name in packages.values()}
