@@ -224,8 +224,8 @@ class Profiler:
     def _stopped(self, reason):
         """The watchdog's close (profiling/profile/capture/watchdog.py), on the loop's thread: the loop
         stopped stepping inside the window without close(). Only the trace is written (this runs inside
-        whatever the program does next), without what was recorded after the last step. False: not here (inside
-        a backward pass), the watchdog asks again."""
+        whatever the program does next), without what was recorded after the last step. False: not here
+        (inside a backward pass), the watchdog asks again."""
         if self.done or self._window is None:
             return None
         if _in_backward():  # autograd's engine has the profiler's records of its own open: after it
