@@ -20,10 +20,16 @@ What it guarantees about the run it measures (DESIGN.md pitfall 14, STYLE.md hab
 ends -- done, stopped early (step() no longer called, close() or not), an exception, KeyboardInterrupt, the
 interpreter exiting, the `with` block left by an exception, the Profiler dropped:
     - nothing it started runs on: torch.profiler, the stack-sampler thread, CUDA's sync debug mode, the line
-      tracer (sys.settrace), the allocator's history; an atexit hook (registered when the window opens,
-      through weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
+      tracer (sys.settrace), the allocator's history, Inductor's launch-record switch; a loop that stops
+      stepping inside the window and goes on with something else is closed by a watchdog (no step() for
+      max(1 s, 20x the slowest step), or for max(0.25 s, 3x) once the function that steps has returned:
+      profiling/profile/capture/watchdog.py), on the main thread at its next bytecode, only the trace written,
+      without what ran after the last step; an atexit hook (registered when the window opens, through
+      weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
     - the run ends as it would without the profiler: the same exception, traceback and exit code (0; 1; a
-      KeyboardInterrupt as Python ends it), never a crash; close() and the exit hooks never raise: a failure
+      KeyboardInterrupt as Python ends it: creating a Profiler imports nothing that an exit hook imports, as
+      the report's tabulate, which changes that code), never a crash; close() and the exit hooks never raise:
+      a failure
       of their own is one line on stderr;
     - what was recorded is kept once one profiled step was complete: close() (or `with` ending without an
       exception) writes the report of the steps recorded, noting what is missing; on an exception or at exit
@@ -109,35 +115,21 @@ class Profiler:
                  reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None,
                  samples_per_step=None, code_roots=None):
         self.parameters = _parameters(model)
-        _check_count("tokens_per_step", tokens_per_step, minimum=1, optional=True)
-        _check_count("samples_per_step", samples_per_step, minimum=1, optional=True)
+        check_arguments(tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
+                        warmup_steps=warmup_steps, timed_steps=timed_steps,
+                        profiler_warmup_steps=profiler_warmup_steps, active_steps=active_steps,
+                        unprofiled_step_ms=unprofiled_step_ms, out_dir=out_dir, reference=reference,
+                        metadata=metadata, top=top, micro_batch=micro_batch, memory=memory,
+                        samples_per_step=samples_per_step, code_roots=code_roots)
         self.samples_per_step = samples_per_step
-        _check_count("micro_batch", micro_batch, minimum=1, optional=True)
-        if memory not in (None, True, False):
-            raise ValueError(f"memory must be True, False or None, not {memory!r}")
-        _check_number("flops_per_token", flops_per_token)
-        for name, value, minimum in (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 0),
-                                     ("profiler_warmup_steps", profiler_warmup_steps, 0),
-                                     ("active_steps", active_steps, 1), ("top", top, 1)):
-            _check_count(name, value, minimum)
-        _check_number("unprofiled_step_ms", unprofiled_step_ms)
-        if timed_steps == 0 and unprofiled_step_ms is None:
-            raise ValueError("timed_steps=0 needs unprofiled_step_ms (the step time measured without the "
-                             "profiler); give it, or time at least one step")
-        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
-            raise ValueError(f"out_dir must be a folder path, not {type(out_dir).__name__}")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise ValueError(f"metadata must be a dict, not {type(metadata).__name__}")
-        if isinstance(reference, (str, os.PathLike)) and not os.path.isfile(reference):
-            raise ValueError(f"reference {reference!r} is not a file; give a profile's summary.json")
-        whose.use(code_roots)  # whose lines the report names; ValueError for anything but folders
 
         from profiling.profile.report import folder
-        _check_out_dir(out_dir if out_dir is not None else folder.profile_dir())
+        if out_dir is None:
+            _check_out_dir(folder.profile_dir())
 
         import torch
 
-        from profiling.profile.capture import provenance
+        from profiling.profile.capture import provenance, watchdog
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.warmup, self.timed, self.profiler_warmup = warmup_steps, timed_steps, profiler_warmup_steps
         self.active, self.unprofiled_ms, self.top = active_steps, unprofiled_step_ms, top
@@ -153,6 +145,7 @@ class Profiler:
         self.memory = self.memory_asked and self.cuda
         self.model = model
         self.steps, self.done, self.result, self._window, self._guard = 0, False, None, None, None
+        self._pace, self._watchdog, self._watch_frames = watchdog.Pace(), None, True
         if warmup_steps == 0 and timed_steps:  # the timed steps begin with the next step
             self._start_timing()
         if warmup_steps + timed_steps == 0:  # the window begins with the next step
@@ -184,6 +177,16 @@ class Profiler:
         step writing the report). Nothing once done."""
         if self.done:
             return
+        pace = self._pace
+        pace.busy += 1  # first: the watchdog reads nothing while this step() runs
+        try:
+            pace.stepped(sys._getframe(1), measured=self.steps >= self.warmup)  # the watchdog's facts
+            self._advance()
+        finally:
+            pace.returned()
+            pace.busy -= 1
+
+    def _advance(self):
         self.steps += 1
         start = self.warmup  # the timed steps begin after the warm-up
         if self.steps == start and self.timed:
@@ -205,17 +208,40 @@ class Profiler:
         that ended before them warns how many steps the profile needed. Never raises: a failure of its own is
         one line on stderr."""
         if not self.done:
-            self._end(None)
+            self._pace.busy += 1
+            try:
+                self._end(None)
+            finally:
+                self._pace.busy -= 1
 
-    def _end(self, cause):
+    def watch_loop_frames(self, on):
+        """Whether the watchdog takes the loop's function returning for the loop's end (on by default; off
+        where a framework's own events end the profile and its loop's function returns each epoch)."""
+        self._watch_frames = on
+        if self._watchdog is not None:
+            self._watchdog.watch_frames = on
+
+    def _stopped(self, reason):
+        """The watchdog's close (profiling/profile/capture/watchdog.py), on the loop's thread: the loop
+        stopped stepping inside the window without close(). Only the trace is written (this runs inside
+        whatever the program does next), without what was recorded after the last step. False: not here
+        (inside a backward pass), the watchdog asks again."""
+        if self.done or self._window is None:
+            return None
+        if _in_backward():  # autograd's engine has the profiler's records of its own open: after it
+            return False
+        self._pace.busy += 1
+        try:
+            self._end("stopped", how=f"the loop stopped stepping after step {self.steps} ({reason})")
+        finally:
+            self._pace.busy -= 1
+
+    def _end(self, cause, how=None):
         """Stop everything the profile runs and keep what it recorded. cause: None when the loop simply
         stopped (the report is written), else the exception that ended it, in words (only the trace is
-        written: quick, and nothing that can fail on the way out)."""
+        written: quick, and nothing that can fail on the way out); "stopped" with `how`: the watchdog's."""
         window, self._window = self._window, None
-        if self._guard is not None:
-            self._guard.detach()
-            _guards.discard(self._guard)
-            self._guard = None
+        self._unguard()
         steps = self.steps
         try:
             if window is not None and cause is None:
@@ -226,7 +252,8 @@ class Profiler:
                 if trace is not None:
                     self._finish(trace, time.perf_counter())
             elif window is not None:
-                _keep(window, self.out_dir, self.ranks, f"{cause} in step {steps + 1}")
+                _keep(window, self.out_dir, self.ranks, how or f"{cause} in step {steps + 1}",
+                      cut=how is not None)
         except Exception as e:  # noqa: BLE001 (the profiler must never change how the run ends)
             _say(f"could not save what it recorded ({type(e).__name__}: {e})")
         finally:
@@ -242,13 +269,25 @@ class Profiler:
                  "was recorded (its report says what is missing)")
 
     def _open(self):
-        """Open the profiled window, guarded: closed at interpreter exit, or when the Profiler is dropped,
-        if the loop never closes it."""
+        """Open the profiled window, guarded: closed by the watchdog when the loop stops stepping, at
+        interpreter exit, or when the Profiler is dropped, if the loop never closes it."""
+        from profiling.profile.capture import watchdog
         self._window = self._open_window()
+        self._watchdog = watchdog.Watchdog(self._pace, self._stopped, self._watch_frames)
         self._guard = weakref.finalize(self, _left_open, self._window, self.out_dir, self.ranks,
-                                       self._started_provenance)
+                                       self._started_provenance, self._watchdog)
         _guards.add(self._guard)
         _hook_exit()
+        self._watchdog.start()
+
+    def _unguard(self):
+        """The window is closed here: its guard and its watchdog are no longer needed."""
+        if self._guard is not None:
+            self._guard.detach()
+            _guards.discard(self._guard)
+            self._guard = None
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
     def _mark(self):
         """A timed step's boundary, without a sync: a CUDA event (read after the last), else the clock."""
@@ -319,10 +358,7 @@ class Profiler:
     def _finish(self, trace, t_end):
         from profiling.profile.report.folder import save
         self._window = None
-        if self._guard is not None:
-            self._guard.detach()
-            _guards.discard(self._guard)
-            self._guard = None
+        self._unguard()
         reference = (self.reference, f"the profile {self.reference}") if isinstance(self.reference, str) \
             else self.reference  # train.py's: (path, "the best kept run, ...")
         try:
@@ -331,6 +367,16 @@ class Profiler:
         finally:
             self.done = True
             _restore(self._started_provenance)
+
+
+def _in_backward():
+    """Whether the thread is inside a backward pass (autograd's engine calls Python: hooks, a Function's
+    backward), where stopping torch.profiler leaves the engine's open records unmatched (torch warns)."""
+    try:
+        import torch
+        return torch._C._current_graph_task_id() != -1
+    except Exception:  # noqa: BLE001 (another torch: no such check, close as anywhere else)
+        return False
 
 
 def _hook_exit():
@@ -349,8 +395,9 @@ def _at_exit():
         guard()
 
 
-def _left_open(window, out_dir, ranks, started_provenance):
+def _left_open(window, out_dir, ranks, started_provenance, dog):
     """A Profiler whose window is open is dropped or outlived by the interpreter: stop it, keep the trace."""
+    dog.stop()
     _guards.difference_update([g for g in list(_guards) if not g.alive])
     if _exiting:
         error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
@@ -365,11 +412,12 @@ def _left_open(window, out_dir, ranks, started_provenance):
         _restore(started_provenance)
 
 
-def _keep(window, out_dir, ranks, how):
+def _keep(window, out_dir, ranks, how, cut=False):
     """Stop the window and write what it recorded, the trace only (no summary: this runs on the way out, on
-    an exception or at exit), with one line on stderr saying where."""
+    an exception or at exit), with one line on stderr saying where. cut: leave out what ran after the last
+    step (the watchdog's close: the program went on without the loop)."""
     from profiling.profile.report import folder
-    trace = window.end_early(how)
+    trace = window.end_early(how, cut=cut)
     if trace is None:
         _say(f"{how}: stopped before any profiled step was recorded; nothing saved")
         return
@@ -429,6 +477,43 @@ def _cpu_threads(torch):
         load = None
     return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(), "cores": cores,
             "load_average": load}
+
+
+def check_arguments(tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
+                    profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None,
+                    out_dir=None, reference=None, metadata=None, top=10, micro_batch=None, memory=None,
+                    samples_per_step=None, code_roots=None, ranks=None):
+    """A one-line ValueError naming the first bad argument of Profiler (all but the model) and what it takes;
+    the callbacks (profiling/callbacks.py) check their options so when they are made, before any training.
+    An out_dir given is checked for writing; code_roots are set (profiling/profile/trace/whose.py)."""
+    _check_count("tokens_per_step", tokens_per_step, minimum=1, optional=True)
+    _check_count("samples_per_step", samples_per_step, minimum=1, optional=True)
+    _check_count("micro_batch", micro_batch, minimum=1, optional=True)
+    if memory not in (None, True, False):
+        raise ValueError(f"memory must be True, False or None, not {memory!r}")
+    _check_number("flops_per_token", flops_per_token)
+    for name, value, minimum in (("warmup_steps", warmup_steps, 0), ("timed_steps", timed_steps, 0),
+                                 ("profiler_warmup_steps", profiler_warmup_steps, 0),
+                                 ("active_steps", active_steps, 1), ("top", top, 1)):
+        _check_count(name, value, minimum)
+    _check_number("unprofiled_step_ms", unprofiled_step_ms)
+    if timed_steps == 0 and unprofiled_step_ms is None:
+        raise ValueError("timed_steps=0 needs unprofiled_step_ms (the step time measured without the "
+                         "profiler); give it, or time at least one step")
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise ValueError(f"out_dir must be a folder path, not {type(out_dir).__name__}")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValueError(f"metadata must be a dict, not {type(metadata).__name__}")
+    if reference is not None and not isinstance(reference, (str, os.PathLike, tuple)):
+        raise ValueError(f"reference must be a profile's summary.json path or None, not {reference!r}")
+    if isinstance(reference, (str, os.PathLike)) and not os.path.isfile(reference):
+        raise ValueError(f"reference {reference!r} is not a file; give a profile's summary.json")
+    if ranks is not None and not all(hasattr(ranks, a) for a in ("rank", "world_size", "barrier")):
+        raise ValueError(f"ranks must have rank, world_size, first, barrier() and from_first(), "
+                         f"not {ranks!r}")
+    whose.use(code_roots)  # whose lines the report names; ValueError for anything but folders
+    if out_dir is not None:
+        _check_out_dir(out_dir)
 
 
 def _check_out_dir(path):

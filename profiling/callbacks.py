@@ -31,7 +31,9 @@ OWN = ("model",)  # what the callback gives the Profiler itself
 
 
 def check_options(cls_name, options):
-    """The keyword arguments a callback passes to the Profiler: ValueError for one it does not take."""
+    """The keyword arguments a callback passes to the Profiler, checked when the callback is made (before the
+    trainer makes its folders or runs a batch): a one-line ValueError for a name the Profiler does not take,
+    or a value it refuses (the Profiler's own check, profiling/api.py check_arguments)."""
     from profiling import api
     known = set(inspect.signature(api.Profiler).parameters) - set(OWN)
     known.add("samples_per_step")  # passed on once the Profiler takes it (issue #41: samples/s)
@@ -39,6 +41,10 @@ def check_options(cls_name, options):
     if bad:
         raise ValueError(f"{cls_name} got {', '.join(map(repr, bad))}, which the Profiler does not take; "
                          f"give some of: {', '.join(sorted(known))}")
+    try:
+        api.check_arguments(**options)
+    except ValueError as e:
+        raise ValueError(f"{cls_name}: {e}") from None
     return dict(options)
 
 
@@ -68,7 +74,8 @@ class ProfiledRun:
     """One Profiler driven by a framework's events: created with what the framework told, stepped once per
     optimizer step, closed at the end; rank 0 prints where the report went."""
 
-    def __init__(self, model, options, *, out_dir, samples_per_step, seq_len, micro_batch, first, framework):
+    def __init__(self, model, options, *, out_dir, samples_per_step, seq_len, micro_batch, first, framework,
+                 loop_frames=True):
         from profiling import api
         options = dict(options)
         options.setdefault("out_dir", out_dir)
@@ -81,6 +88,8 @@ class ProfiledRun:
         options["metadata"] = {"framework": framework, **(options.get("metadata") or {})}
         self.samples_per_step, self.first = samples, first
         self.prof = api.Profiler(model, **options)
+        if not loop_frames:  # the framework says when training ends (profiling/profile/capture/watchdog.py)
+            self.prof.watch_loop_frames(False)
 
     def learn_seq_len(self, seq_len):
         """Tokens per step from a sequence length seen after creation (Hugging Face: the first forward's
@@ -96,9 +105,13 @@ class ProfiledRun:
         if self.prof.done:
             self._say()
 
-    def close(self):
-        """Stop the Profiler; (folder, report) of what it wrote, None where nothing."""
+    def close(self, exception=None):
+        """Stop the Profiler; (folder, report) of what it wrote, None where nothing. exception: the one that
+        ended training (Lightning's on_exception), kept as the `with` block's exit keeps it: the trace only,
+        noted as ended by it (never "the loop stopped")."""
         done = self.prof.done
+        if exception is not None and not done:
+            self.prof.__exit__(type(exception), exception, None)
         self.prof.close()
         if not done:
             self._say()
@@ -173,7 +186,8 @@ class _LightningHooks:
                                out_dir=os.path.join(trainer.default_root_dir, "profiles"),
                                samples_per_step=samples, seq_len=seq_len, micro_batch=per_device,
                                first=trainer.is_global_zero,
-                               framework=_framework(type(trainer).__module__.split(".")[0]))
+                               framework=_framework(type(trainer).__module__.split(".")[0]),
+                               loop_frames=False)  # its epoch loop returns each epoch: on_train_end says
         self._optimizer_steps = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -186,12 +200,12 @@ class _LightningHooks:
         self.close()
 
     def on_exception(self, trainer, pl_module, exception):
-        self.close()
+        self.close(exception)
 
-    def close(self):
+    def close(self, exception=None):
         """Stop the profile (train end, an exception; safe to call any time)."""
         if self.run:
-            self.folder, self.report = self.run.close()
+            self.folder, self.report = self.run.close(exception)
             self.run = None
 
 

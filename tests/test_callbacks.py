@@ -48,6 +48,32 @@ def test_an_option_the_profiler_does_not_take_is_a_value_error(hooks):
     assert hooks(active_steps=2, samples_per_step=8).options == {"active_steps": 2, "samples_per_step": 8}
 
 
+@pytest.mark.parametrize("hooks", [callbacks._HFHooks, callbacks._LightningHooks])
+@pytest.mark.parametrize("options, said", [
+    (dict(active_steps=0), "active_steps must be an integer of at least 1, not 0"),
+    (dict(warmup_steps="3"), "warmup_steps must be an integer of at least 0, not '3'"),
+    (dict(memory="yes"), "memory must be True, False or None, not 'yes'"),
+    (dict(tokens_per_step=-1), "tokens_per_step must be an integer of at least 1, not -1"),
+    (dict(timed_steps=0), "timed_steps=0 needs unprofiled_step_ms"),
+    (dict(code_roots="src"), "code_roots must be a list of folders"),
+    (dict(out_dir=3), "out_dir must be a folder path, not int"),
+    (dict(reference="/no/such/summary.json"), "reference '/no/such/summary.json' is not a file"),
+])
+def test_a_bad_option_value_fails_at_construction(hooks, options, said):
+    """Issue #49: a wrong value failed only at the first batch, after the trainer made its folders, with a
+    15-frame traceback; now the callback's construction says it in one line naming the option."""
+    with pytest.raises(ValueError) as e:
+        hooks(**options)
+    assert str(e.value).startswith(f"{hooks.__name__}: {said}") and "\n" not in str(e.value), e.value
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+
+
+def test_an_out_dir_that_cannot_be_written_fails_at_construction(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="_LightningHooks: out_dir .* is a file; give a folder path"):
+        callbacks._LightningHooks(out_dir=tmp_path / "file" / "profiles")
+
+
 class FakeProfiler:
     """profiling.Profiler's surface as the callbacks use it: done after `steps` step() calls."""
     made = []
@@ -58,7 +84,11 @@ class FakeProfiler:
         self.micro_batch = micro_batch
         self.metadata, self.steps, self.done, self.closed = metadata, 0, False, False
         self.folder = self.report = None
+        self.loop_frames = True
         FakeProfiler.made.append(self)
+
+    def watch_loop_frames(self, on):
+        self.loop_frames = on
 
     def step(self):
         self.steps += 1
@@ -100,6 +130,7 @@ def test_lightning_steps_once_per_optimizer_step(fake, capsys):
         cb.on_train_batch_end(t, module, None, batch, i)
     (prof,) = fake
     assert prof.steps == 3 and prof.model is module and prof.done
+    assert not prof.loop_frames  # its epoch loop returns each epoch; on_train_end and on_exception end it
     assert prof.tokens_per_step == 4 * 2 * 2 * 32  # batch x accumulation x processes x sequence
     assert prof.micro_batch == 4 and prof.out_dir == os.path.join("/run", "profiles")
     assert "profiling: report in /profiles/x/report.md" in capsys.readouterr().out
@@ -141,6 +172,7 @@ def test_hf_learns_the_sequence_length_from_the_first_forward(fake):
     cb.on_step_end(args, state, None)
     (prof,) = fake
     assert prof.tokens_per_step == 2 * 3 * 10 and prof.steps == 1
+    assert prof.loop_frames  # no exception event: the watchdog sees _inner_training_loop end
     assert prof.metadata["framework"].startswith("transformers")
     cb.on_train_end(args, state, None)
     assert prof.closed and not model._forward_pre_hooks  # the hook goes at train end
@@ -279,3 +311,49 @@ def test_example_arguments_are_checked(name):
     for bad in (["--steps", "0"], ["--accumulation", "0"], ["--size", "huge"]):
         with pytest.raises(SystemExit):
             example.parse_args(bad)
+
+
+SETTINGS = """
+import json, sys
+sys.path.insert(0, {root!r})
+import lightning
+from profiling.profile.capture import settings
+from profiling.profile.trace import settings as view
+record = settings.snapshot()
+print(json.dumps([view.differing(record), view.text(view.summary(record))]))
+"""
+
+
+@pytest.mark.slow  # imports lightning: ~10 s on the loaded 2-core CPU
+@pytest.mark.parametrize("start, by", [(None, "lightning"), ("1", "user"), ("0", "lightning")])
+def test_a_variable_lightning_sets_on_import_is_named_as_lightnings(start, by):
+    """Issue #49: PYTORCH_NVML_BASED_CUDA_CHECK=1, which `import lightning` sets, was credited to the user.
+    Set by the user before the process started (the same value), it stays theirs; another value of theirs is
+    overwritten by lightning's import, so the 1 the process runs with is lightning's."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    if start is not None:
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = start
+    run = subprocess.run([sys.executable, "-c", SETTINGS.format(root=ROOT)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows, line = json.loads(run.stdout.strip().splitlines()[-1])
+    (row,) = [r for r in rows if r["name"] == "env.PYTORCH_NVML_BASED_CUDA_CHECK"]
+    assert row["value"] == "1" and row["by"] == by, row
+    assert ("PYTORCH_NVML_BASED_CUDA_CHECK=1 (lightning, set on its import)" in line) == (by == "lightning")
+
+
+@pytest.mark.slow  # two runs of each framework in processes of their own: ~1 min on a 2-core CPU
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_ctrl_c_inside_the_window_exits_as_without_the_callback(tmp_path, framework):
+    """Issue #49: Ctrl-C in the window exited 130 where the same HF run without the profiler exits 1 (CPython
+    3.11 exits 1 after an uncaught KeyboardInterrupt once a string is exec'd at exit, as torch._dynamo's exit
+    hook does importing tabulate; the profiler had imported it when created). Lightning exits 1 itself. A
+    KeyboardInterrupt raised in optimizer step 10 (the default window's first profiled step), in a process
+    of its own, as a terminal's Ctrl-C raises it."""
+    codes = {}
+    for form in (framework, worker.BASELINES[framework]):
+        run = subprocess.run([sys.executable, worker.__file__, form, "10", "interrupt", str(tmp_path / form)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert "KeyboardInterrupt" in run.stderr, run.stderr[-2000:]
+        codes[form] = run.returncode
+    assert codes[framework] == codes[worker.BASELINES[framework]], codes

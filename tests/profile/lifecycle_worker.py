@@ -7,6 +7,9 @@ framework callbacks' tests (tests/test_callbacks.py): the Profiler must never ch
         real KeyboardInterrupt)
     python tests/profile/lifecycle_worker.py --matrix FORMS COUNTS ENDS OUT
         one forked child per case (FORM x STEPS x END), the case "FORM STEPS END"
+    python tests/profile/lifecycle_worker.py open STEPS AFTER OUT
+        a loop that stops stepping after STEPS steps without close() and goes on with something else
+        (AFTER: "evals", "return", "backward", "hook"; see left_open); its last line is a JSON of what it saw
     python tests/profile/lifecycle_worker.py --callbacks hf|lightning OUT
         one forked child per callback case (CALLBACK_CASES, and "example": the example script, tiny), and
         the framework's matrix cases at CI_COUNTS
@@ -29,6 +32,8 @@ import importlib.util
 import json
 import os
 import sys
+import threading
+import time
 
 if __name__ == "__main__":  # a run of its own (the tests import this module only for its constants)
     # One thread per run: on a loaded 2-core machine torch's default two threads spin against each other and
@@ -101,6 +106,78 @@ def with_block(steps, end, out):
                 fail(end)
             prof.step()
     return prof
+
+
+# The window left open (tests/profile/test_lifecycle.py): eval forwards of a wider model (about 1 ms each on
+# the 2-core CPU, so the seconds recorded before the watchdog's close are quick to read back), EVAL_S seconds.
+EVAL_S, WIDTH = 6.0, 512
+
+
+class SlowBackward(torch.autograd.Function):
+    """A backward that runs Python for a while, called by autograd's C++ engine: the watchdog's close may land
+    inside it, with the engine's own records open."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        deadline = time.perf_counter() + EVAL_S / 2
+        while time.perf_counter() < deadline:
+            sum(range(1000))  # Python bytecodes: where the interpreter runs the pending close
+        return grad * 2
+
+
+def left_open(steps, after, out):
+    """A loop that stops stepping after `steps` steps, inside the window, without close(); then, for about
+    EVAL_S seconds: "evals" (eval forwards in the same function: the watchdog's no-step limit), "return" (the
+    loop's function returned first: its function rule), "backward" (a Python backward called by autograd's
+    engine) or "hook" (eval forwards whose forward hook runs Python). Prints a JSON line of what it saw after:
+    whether the profiler, the sampler and the watchdog still run, the settings put back, the close's
+    thread."""
+    from profiling import api
+    from profiling.profile.capture import provenance, watchdog
+    if after.endswith("-unwatched"):  # as before the watchdog (the test's comparison)
+        watchdog.Watchdog.start = lambda self: None
+        after = after.removesuffix("-unwatched")
+    closed_on = []  # the thread of each call of the watchdog's close (a deferred one included)
+    stopped = api.Profiler._stopped
+    api.Profiler._stopped = lambda self, reason: (closed_on.append(threading.current_thread().name),
+                                                  stopped(self, reason))[1]
+    model, opt = setup()
+    prof = profiling.Profiler(model, tokens_per_step=64, out_dir=out)
+
+    def loop():
+        for _ in range(steps):
+            train_step(model, opt)
+            prof.step()
+    if after == "return":
+        loop()
+    else:
+        for _ in range(steps):
+            train_step(model, opt)
+            prof.step()
+    seen, start = {}, time.perf_counter()
+    wide = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH))
+    if after == "hook":
+        wide.register_forward_hook(lambda module, args, output: sum(range(100)) and None)
+    if after == "backward":
+        x = torch.randn(8, requires_grad=True)
+        SlowBackward.apply(x).sum().backward()
+        seen["grad_ok"] = bool((x.grad == 2).all())  # d(sum(2x))/dx: the backward ran whole
+    with torch.no_grad():
+        while time.perf_counter() - start < EVAL_S:
+            wide(torch.randn(16, WIDTH))
+    names = {t.name for t in threading.enumerate()}
+    import torch._inductor.config as config
+    from torch._inductor.runtime import triton_heuristics
+    seen.update(profiler=bool(torch.autograd.profiler._is_profiler_enabled),
+                sampler="autoresearch-stack-sampler" in names, watchdog="autoresearch-watchdog" in names,
+                provenance=provenance.started() or config.trace.provenance_tracking_level != 0,
+                launch_records=triton_heuristics.autograd_profiler is torch.autograd.profiler,
+                closed_on=closed_on, done=prof.done, at=time.time())
+    print(json.dumps(seen), flush=True)
 
 
 def dropped(steps, end, out):
@@ -184,7 +261,7 @@ def framework_form(framework, profiled):
     return form
 
 
-FORMS = {"none": no_profiler, "loop": plain_loop, "with": with_block, "drop": dropped,
+FORMS = {"none": no_profiler, "loop": plain_loop, "with": with_block, "drop": dropped, "open": left_open,
          "hf": framework_form("hf", True), "hf-none": framework_form("hf", False),
          "lightning": framework_form("lightning", True), "lightning-none": framework_form("lightning", False)}
 BASELINES = {"loop": "none", "with": "none", "drop": "none", "hf": "hf-none", "lightning": "lightning-none"}

@@ -12,16 +12,16 @@ import gzip
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 import torch.nn as nn
 
 import profiling
-from profiling.profile.capture import provenance
+from profiling.profile.capture import provenance, watchdog
 from profiling.profile.report import folder
 from profiling.profile.trace import irregular
 
@@ -75,17 +75,129 @@ def test_every_step_count_from_1_to_20(tmp_path):
     check_matrix(tmp_path, ["loop", "with", "drop", "hf", "lightning"], "1-20")
 
 
-@pytest.mark.parametrize("end, code", [("raise", 1),
-                                       pytest.param("interrupt", -signal.SIGINT, marks=pytest.mark.slow)])
-def test_a_real_uncaught_exception_keeps_its_traceback_and_exit_code(tmp_path, end, code):
-    run = subprocess.run([sys.executable, WORKER, "loop", "12", end, str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+def run_worker(*args, timeout=300):
+    return subprocess.run([sys.executable, WORKER, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("end", ["raise", pytest.param("interrupt", marks=pytest.mark.slow)])
+def test_a_real_uncaught_exception_keeps_its_traceback_and_exit_code(tmp_path, end):
+    # the exit code of the same loop without the profiler: 1; an uncaught KeyboardInterrupt exits 1 there
+    # too, not 130, as CPython 3.11 does once torch._dynamo's exit hook imports tabulate (a string exec'd at
+    # exit); the profiler once imported it early and the interrupted run exited 130 (issue #49)
+    code = 1 if end == "raise" else run_worker("none", 12, end, tmp_path / "none").returncode
+    run = run_worker("loop", 12, end, tmp_path)
     assert run.returncode == code, run.stderr[-2000:]
     assert ("RuntimeError: the user's own error" if end == "raise" else "KeyboardInterrupt") in run.stderr
     said = [line for line in run.stderr.splitlines() if line.startswith("profiling:")]
     # step 12 raised: 8 unprofiled steps, 1 profiler warm-up, 2 complete profiled ones
     assert len(said) == 1 and "the 2 profiled steps recorded are in" in said[0], run.stderr[-2000:]
     assert "research profile" in said[0] and len(list(tmp_path.glob("*/trace.json.gz"))) == 1
+
+
+def left_open(tmp_path, after):
+    """The worker's loop that stops stepping after step 11 (the window's second profiled step) without close()
+    and runs something else for worker.EVAL_S seconds: (what it saw then, its stderr, seconds from its last
+    line to its exit, the trace's bytes)."""
+    run = run_worker("open", 11, after, tmp_path)
+    ended = time.time()
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-2])
+    (trace,) = tmp_path.glob("*/trace.json.gz")
+    return seen, run.stderr, ended - seen["at"], trace.stat().st_size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", ["evals", "return", "backward", "hook"])
+def test_a_window_left_open_closes_itself(tmp_path, after):
+    """Issue #49: a loop that stops inside the window without close() and goes on (eval forwards in the same
+    function; after its function returned; a backward whose Python the close may land in; eval forwards with
+    a forward hook): the watchdog closes the window on the main thread (never inside the backward), so that
+    nothing the profiler started runs on, and the trace keeps only the 2 profiled steps."""
+    seen, err, _, size = left_open(tmp_path, after)
+    assert not seen["profiler"] and not seen["sampler"] and not seen["watchdog"] and seen["done"], seen
+    assert not seen["provenance"] and seen["launch_records"], seen  # the settings put back
+    assert set(seen["closed_on"]) == {"MainThread"}, seen  # torch.profiler stopped on its own thread
+    said = [line for line in err.splitlines() if line.startswith("profiling:")]
+    assert len(said) == 1 and "the loop stopped stepping after step 11" in said[0], err[-2000:]
+    assert ("its function loop" in said[0]) == (after == "return"), said  # the quick rule once it returned
+    assert "the 2 profiled steps recorded are in" in said[0] and "Warning" not in err, err[-2000:]
+    assert size < 50_000  # the two steps only (about 10 KB): nothing recorded after the loop stopped
+    if after == "backward":
+        assert seen["grad_ok"]  # the backward's result is its own
+
+
+@pytest.mark.slow
+def test_the_window_left_open_costs_the_run_little(tmp_path):
+    """Trace size and exit time of the window left open, against the same run without the watchdog (as
+    before issue #49: profiled until the Profiler is dropped or the process exits, which writes the trace)."""
+    _, err, exit_s, size = left_open(tmp_path / "watched", "evals")
+    _, before_err, before_exit_s, before_size = left_open(tmp_path / "unwatched", "evals-unwatched")
+    assert "before the profile was done" in before_err  # closed on the way out (the Profiler dropped)
+    assert "before the profile was done" not in err  # nothing left for the way out
+    assert size * 20 < before_size, (size, before_size)
+    assert exit_s < before_exit_s, (exit_s, before_exit_s)
+
+
+def test_a_loop_that_steps_is_left_alone(out):
+    """The watchdog never touches a loop that keeps stepping, a pause under its limit included (half a
+    second in one profiled step; the limit: 1 s or 20x the slowest step)."""
+    model, opt = tiny()
+    prof = profiling.Profiler(model, out_dir=out, **FAST)
+    dog = None
+    while not prof.done:
+        train(model, opt)
+        if prof.steps == 6:  # the second profiled step
+            time.sleep(0.5)
+        prof.step()
+        dog = prof._watchdog or dog
+    assert prof.report is not None and prof.summary["steps"] == 3
+    assert dog.scheduled == 0 and not dog._thread.is_alive()
+
+
+def test_the_loop_frame_is_the_function_that_steps():
+    pace = watchdog.Pace()
+
+    def steps(n):
+        for _ in range(n):
+            pace.stepped(sys._getframe(), measured=True)
+            pace.returned()
+        return pace.loop_frame(), watchdog._on_stack(pace.thread, pace.loop_frame())
+
+    frame, there = steps(3)
+    assert frame[1] is steps.__code__ and there  # the loop's own frame, on the stack while it runs
+    assert not watchdog._on_stack(pace.thread, frame)  # returned
+
+    def generator():
+        while True:
+            pace.stepped(sys._getframe(), measured=True)
+            yield
+    pace, gen = watchdog.Pace(), generator()
+    next(gen), next(gen)
+    assert pace.loop_frame()[1] is not generator.__code__  # a generator's frame is off the stack between
+
+
+def test_what_ran_after_the_last_step_is_cut():
+    from profiling.profile.capture.window import cut_after_steps
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 10},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 2, "dur": 1},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 3, "dur": 1,
+               "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 30, "dur": 5, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 20, "dur": 1},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 21, "dur": 1,
+               "args": {"correlation": 2}},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 40, "dur": 5, "args": {"correlation": 2}},
+              {"ph": "f", "cat": "ac2g", "id": 2, "ts": 40},
+              {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "ts": 0, "dur": 50},
+              {"ph": "M", "name": "process_name", "args": {"name": "python"}}]
+    trace = {"traceEvents": events}
+    cut_after_steps(trace)
+    kept = [(e["name"], e.get("ts")) for e in trace["traceEvents"]]
+    # the step's own kernel stays however late it ran; the later launch, its kernel and flow go
+    assert kept == [("ProfilerStep#1", 0), ("aten::mm", 2), ("cudaLaunchKernel", 3), ("gemm", 30),
+                    ("PyTorch Profiler (0)", 0), ("process_name", None)]
+    assert trace["traceEvents"][4]["dur"] == 10
 
 
 def tiny():

@@ -40,6 +40,7 @@ The record (`snapshot`'s keys, then what the capture and the runner add):
      "defaults": {name: torch's default},  # where one is known
      "sources": {name: "environment" | "process"},  # how a variable or compiler entry got its value, where known
      "launcher": "torchrun" | None,
+     "frameworks": ["lightning", ...],   # the training frameworks imported (what they set is theirs)
      "notes": ["what could not be read, and why"],
      "train.py": {name: value},          # train.py's own deliberate choices (profiling/runner.py)
      "profiler": {name: {"value", "before", "during"}}}  # what the profiler itself sets: "compile" or
@@ -55,6 +56,9 @@ ENV_PREFIXES = ("TORCH_", "PYTORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "CUDA_",
 ENV_NAMES = ("NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "INDUCTOR_PROVENANCE",
              "DISABLE_ADDMM_CUDA_LT")
 MAX_TEXT = 200   # characters kept of a value
+# Training frameworks whose import sets variables of their own (profiling/profile/trace/settings.py
+# FRAMEWORK_ENV says which): recorded when imported, so a variable they set is named as theirs, not the user's
+FRAMEWORKS = ("lightning", "lightning_fabric", "pytorch_lightning", "transformers", "accelerate")
 # gc.get_threshold() of a fresh interpreter, by version (others: unknown, so never "differs")
 GC_THRESHOLDS = {(3, 10): [700, 10, 10], (3, 11): [700, 10, 10], (3, 12): [700, 10, 10]}
 CONFIGS = (("dynamo", "torch._dynamo.config"), ("inductor", "torch._inductor.config"),
@@ -125,7 +129,8 @@ def snapshot(train_py=None, environ=None):
     _environment(env, values, sources)
     _gc(values, defaults)
     record = {"version": VERSION, "values": values, "defaults": defaults, "sources": sources,
-              "launcher": "torchrun" if "TORCHELASTIC_RUN_ID" in env else None, "notes": notes}
+              "launcher": "torchrun" if "TORCHELASTIC_RUN_ID" in env else None, "notes": notes,
+              "frameworks": [name for name in FRAMEWORKS if name in sys.modules]}
     if train_py:
         record["train.py"] = dict(train_py)
     return record

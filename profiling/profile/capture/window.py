@@ -208,12 +208,13 @@ class Window:
         with stderr_without(NO_GPU_LINE) if not self.cuda else contextlib.nullcontext():
             return fn()
 
-    def end_early(self, how):
+    def end_early(self, how, cut=False):
         """Stop a window the loop left before its end, in whatever state (nothing left running: torch.profiler,
         the sampler thread, the sync debug mode, the line tracer, the memory history), and return what it
         recorded: the trace of its complete active steps, with the records it could not make marked missing
         and `ended_early` in its metadata (profiling/profile/trace/irregular.py words it); None when no active step
-        was complete. how: why the loop ended, in words ("an exception (RuntimeError)")."""
+        was complete. how: why the loop ended, in words ("an exception (RuntimeError)"). cut: leave out what
+        ran after the last complete step (the loop had stopped: what the program did next is no step)."""
         pending = [_record_name(key) for key, _ in self.after]
         self.after = []
         if self.trace is not None:  # in a record step after the window: the profile itself is whole
@@ -232,6 +233,8 @@ class Window:
             self._quiet(self.prof.stop)  # exports the steps recorded so far (torch.profiler does, mid-window)
             missing = {key: {"missing": f"the loop ended before its step ({how})"} for key in pending}
             trace = self._recorded(steps, missing) if steps else None
+            if trace is not None and cut:
+                cut_after_steps(trace)
             pending = list(missing)
             shutil.rmtree(self.tmp, ignore_errors=True)
         if trace is not None:
@@ -245,6 +248,38 @@ class Window:
     def abandon(self):
         """Stop a window the loop left before its end: nothing recorded, nothing left running."""
         self.end_early("abandoned")
+
+
+# Device-side events: placed by the launch that made them (its correlation id), not by their own time
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "ac2g")
+
+
+def cut_after_steps(trace):
+    """Leave out of a trace the events that began after its last ProfilerStep ended (a stopped loop's
+    window: the operators the program ran after it, up to the watchdog's close), and the device work those
+    launched; the device work of the steps themselves stays, however late it ran. The span of the whole
+    trace ends with the last step."""
+    events = trace.get("traceEvents") or []
+    ends = [e["ts"] + e.get("dur", 0) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+            and e.get("cat") == "user_annotation" and isinstance(e.get("ts"), (int, float))]
+    if not ends:
+        return
+    end = max(ends)
+    late = [e for e in events if isinstance(e.get("ts"), (int, float)) and e["ts"] > end
+            and e.get("ph") != "M" and e.get("cat") not in DEVICE_CATS]
+    gone = {(e.get("args") or {}).get("correlation") for e in late} - {None}
+    dropped = {id(e) for e in late}
+    kept = []
+    for e in events:
+        if id(e) in dropped:
+            continue
+        if e.get("cat") in DEVICE_CATS and ((e.get("args") or {}).get("correlation") in gone
+                                            or (e.get("cat") == "ac2g" and e.get("id") in gone)):
+            continue
+        if e.get("cat") == "Trace" and isinstance(e.get("ts"), (int, float)) and "dur" in e:
+            e["dur"] = max(0, min(e["dur"], end - e["ts"]))
+        kept.append(e)
+    trace["traceEvents"] = kept
 
 
 def _record_name(key):

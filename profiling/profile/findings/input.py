@@ -20,7 +20,7 @@ work costs nothing).
 """
 from collections import Counter
 
-from profiling.profile.findings.contract import finding, idle_ms, rule, scaled, top
+from profiling.profile.findings.contract import finding, rule, scaled, top
 from profiling.profile.findings.idle import own_idle, own_labels
 from profiling.profile.trace.traceio import DATALOADER_NEXT, find, self_times
 

@@ -20,7 +20,11 @@ import time
 
 from profiling.errors import UserError
 from profiling.files import atomic_write
-from profiling.profile.report import regression, render, summary
+
+# regression, render and summary are imported by save() only, when a report is made: a live Profiler imports
+# this module when it is created, and render's tabulate, imported then, would change how a Ctrl-C'd run exits
+# (CPython 3.11: a string exec'd at exit, as a namedtuple's class is made when tabulate is first imported
+# there by torch._dynamo's exit hook, turns an uncaught KeyboardInterrupt's exit from 130 into 1; issue #49).
 
 
 def profile_dir():
@@ -94,6 +98,7 @@ def save(trace, ranks=None, reference=None, top=10, root=None):
     one report of all ranks (profiling.profile.report.ranks) once all are written. root: where the folder goes
     (default: profile_dir()). The previous profile (root/latest) is compared with only when it is of the same
     script and model (run_identity)."""
+    from profiling.profile.report import regression, render, summary
     n = ranks.world_size if ranks else 1
     root = root or profile_dir()
     previous = previous_summary(root)

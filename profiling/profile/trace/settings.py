@@ -14,7 +14,15 @@ ENV_NEUTRAL = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TORCH_CUDA_ARCH_LIS
 ENV_NEUTRAL_SUFFIXES = ("_VERSION", "_HOME", "_PATH", "_DIR", "_ROOT")
 # What torchrun sets in its workers unless the user did (torch/distributed/run.py, local_elastic_agent.py)
 TORCHRUN_ENV = {"env.OMP_NUM_THREADS": "1", "env.TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-BY_ORDER = ("user", "torchrun", "train.py", "profiler")
+# What a training framework sets in the process when it is imported, whatever the user did (its source, as
+# of lightning 2.6: lightning/fabric/__init__.py and lightning_fabric/__init__.py set
+# PYTORCH_NVML_BASED_CUDA_CHECK=1 on import): {name: (value, {package the record's "frameworks" lists: the
+# framework's name})}. Credited to the framework where it was imported, the value is its value and the
+# variable was not in the starting environment.
+LIGHTNING = {"lightning": "lightning", "lightning_fabric": "lightning", "pytorch_lightning": "lightning"}
+FRAMEWORK_ENV = {"env.PYTORCH_NVML_BASED_CUDA_CHECK": ("1", LIGHTNING)}
+FRAMEWORK_NAMES = {name for _, packages in FRAMEWORK_ENV.values() for name in packages.values()}
+BY_ORDER = ("user", "torchrun", "lightning", "train.py", "profiler")
 MAX_SHOWN = 16   # settings on the header line; the rest are in summary.json `settings`
 
 # Views of another setting: listed only where they disagree with it (set_float32_matmul_precision("high")
@@ -86,8 +94,9 @@ def differing(record):
                one) | "process" (set by code in the process) | None (unknown: global modes and flags),
      "during": "compile" | "shape step" ("profiled steps" in older traces) for the profiler's, else None}.
     "train.py": equal to a choice train.py makes on purpose (record["train.py"]); "torchrun": a variable
-    torchrun sets in its workers; "profiler": what the capture itself turns on; "user": anything else (the
-    user's code or environment). [] for no record."""
+    torchrun sets in its workers; a framework's name ("lightning"): a variable it sets on import
+    (FRAMEWORK_ENV); "profiler": what the capture itself turns on; "user": anything else (the user's code or
+    environment). [] for no record."""
     if not _recorded(record):
         return []
     values = record["values"]
@@ -124,9 +133,19 @@ def _row(record, name, v):
     elif record.get("launcher") == "torchrun" and TORCHRUN_ENV.get(name) == v:
         by = "torchrun"
     else:
-        by = "user"
+        by = _framework(record, name, v) or "user"
     return {"name": name, "value": v, "default": _part(record, "defaults").get(name), "by": by,
             "source": _part(record, "sources").get(name), "during": None}
+
+
+def _framework(record, name, v):
+    """The framework that set this variable on import (FRAMEWORK_ENV), or None: it was imported, the value is
+    its own, and the variable was not in the environment the process started with."""
+    value, packages = FRAMEWORK_ENV.get(name, (None, {}))
+    imported = record.get("frameworks")
+    if v != value or not isinstance(imported, list) or _part(record, "sources").get(name) == "environment":
+        return None
+    return next((packages[p] for p in imported if p in packages), None)
 
 
 def summary(record):
@@ -161,6 +180,8 @@ def _who(r):
                   "shape step": "during the untimed step after the profiled steps only"}
         return "profiler, " + during.get(r["during"], f"at {r['during'] or 'capture'}")
     if r["name"].startswith("env."):
+        if r["by"] in FRAMEWORK_NAMES:  # set when the framework was imported
+            return r["by"] + ", set on its import"
         return r["by"] + (", set in the process" if r["source"] == "process" else ", environment")
     return r["by"]
 
