@@ -19,7 +19,8 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 """
 from collections import Counter
 
-from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
+from profiling.profile.findings import convs
+from profiling.profile.findings.contract import capped, claim, finding, rule, top, trainer_is_train_py, training
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables import attention_kind
 from profiling.profile.tables.attention_kind import BIDIRECTIONAL, CAUSAL, square_masks
@@ -103,19 +104,63 @@ def _nvml(state):
 
 @rule("fp32_matmul", needs=("device",))
 def fp32_matmul(tl, ctx, found):
-    """GEMMs on float32 inputs (TF32 or full fp32 kernels), against this trace's bf16 GEMM rate."""
-    gemms = _gemms(tl, ctx.get("claimed", ()))
+    """GEMMs and convolutions on float32 inputs (TF32 or full fp32 kernels), against this trace's half-precision
+    rate of each (GEMMs: its bf16 GEMMs; convolutions: its half-precision ones, else convs.CONV_EXPECTED_FRACTION
+    of the peak; a convolution its bytes bound keeps half its time: convs.half_ms)."""
+    claimed = set(ctx.get("claimed", ()))
+    conv_calls = convs.calls(tl, claimed)
+    gemms = _gemms(tl, claimed | {id(e) for c in conv_calls for e in c[4]})
     fp32 = [g for g in gemms if _is_fp32(g[0], g[1])]
-    if not fp32:
+    fp32_convs = [c for c in conv_calls if _conv_fp32(c)]
+    if not fp32 and not fp32_convs:
         return None
+    half = _half_format(tl, ctx)
+    ms, estimate, basis = _gemm_estimate(gemms, fp32, ctx, half) if fp32 else (0.0, 0.0, "")
+    c_ms, c_estimate, c_basis = _conv_estimate(conv_calls, fp32_convs, ctx, half) if fp32_convs else (0.0, 0.0, "")
+    parts = [p for _, p in sorted(((ms, basis), (c_ms, c_basis)), key=lambda x: -x[0]) if p]
+    kernels, shapes = Counter(), Counter()
+    for e, op, g_us, *_ in fp32 + fp32_convs:
+        kernels[short_name(str(e.get("name", "")))] += 1
+        shapes[_dims(op)] += g_us
+    evidence = ("; ".join(parts) + "; shapes " + ", ".join(s for s, _ in top(shapes, 2)) + "; kernel "
+                + ", ".join(f"`{k}`" for k, _ in top(kernels, 1)) + "; the float32 elementwise work around them "
+                "is not counted")
+    train = training(tl)
+    fix = (("run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() on their "
+            "inputs") if half == "bf16" else ("run these layers in fp16 (this GPU has no bf16 tensor cores): inside "
+                                              "torch.autocast(dtype=torch.float16)" + (" with a torch.amp.GradScaler"
+                                                                                        if train else "")))
+    if fp32_convs:
+        fix += ("; keep the model and its inputs in channels_last (model.to(memory_format=torch.channels_last)), "
+                "the layout half-precision convolutions run fastest in")
+    claim(ctx, [e for g in fp32 + fp32_convs for e in g[4]])
+    gain = max(0.0, ms - estimate) + max(0.0, c_ms - c_estimate)
+    return finding("fp32_matmul", gain, ctx, evidence, fix + "; the model's math stays, in lower precision")
+
+
+def _conv_fp32(call):
+    """Whether a convolution call runs on float32: its operator's dtypes, else its kernels' names (cuDNN's
+    `scudnn`, `<float, ...>` templates)."""
+    types = input_types(call[1])
+    if types:
+        return types[0] in ("float", "double")
+    return any(hardware.compute_format((), str(e.get("name", ""))) in ("fp32", "tf32") for e in call[4])
+
+
+def _half_format(tl, ctx):
+    """bf16, or fp16 on GPUs whose tensor cores have no bf16 (before sm80: V100, T4, RTX 20)."""
+    row = hardware.lookup(ctx.get("device"))
+    return "fp16" if (tl.meta.get("compute_major") or 8) < 8 or row and row.bf16 is None else "bf16"
+
+
+def _gemm_estimate(gemms, fp32, ctx, half):
+    """(ms/step of the float32 GEMMs, ms/step in half precision, the evidence's words)."""
     us, flops = sum(g[2] for g in fp32), sum(g[3] or 0.0 for g in fp32)
-    known_us = sum(g[2] for g in fp32 if g[3])  # GEMMs whose FLOPs the shapes give (not convolutions)
+    known_us = sum(g[2] for g in fp32 if g[3])  # GEMMs whose FLOPs the shapes give
     bf16 = [g for g in gemms if g[3] and not _is_fp32(g[0], g[1])]
     rate = sum(g[3] for g in bf16) / (sum(g[2] for g in bf16) / 1e6) if bf16 else \
         (EXPECTED_GEMM_FRACTION * ctx["peak"] if ctx["peak"] else None)
     ms = us / ctx["n"] / 1e3
-    row = hardware.lookup(ctx.get("device"))  # tensor cores before sm80 (V100, T4, RTX 20): fp16 only
-    half = "fp16" if (tl.meta.get("compute_major") or 8) < 8 or row and row.bf16 is None else "bf16"
     if not rate or not flops:
         estimate, basis = ms / 2, "half its time (" + ("no shapes recorded" if not flops else "no half-precision "
                                                        "GEMM in this trace and no known peak") + " to estimate better)"
@@ -126,22 +171,33 @@ def fp32_matmul(tl, ctx, found):
                   f"device's datasheet {half} peak (no {half} GEMM in this trace to measure)")
         basis = (f"{estimate:.1f} ms at {source}, {rate / 1e12:.0f} TFLOP/s"
                  + (f", half the time of the {rest:.1f} ms without known FLOPs" if rest >= 0.05 else ""))
-    kernels, shapes = {}, {}
-    for e, op, g_us, _, _ in fp32:
-        name = short_name(str(e.get("name", "")))
-        kernels[name] = kernels.get(name, 0) + 1
-        shapes[_dims(op)] = shapes.get(_dims(op), 0.0) + g_us
-    evidence = (f"{len(fp32) / ctx['n']:g} GEMMs/step on float32 inputs: {ms:.1f} ms/step"
-                + (f" at {flops / (known_us / 1e6) / 1e12:.0f} TFLOP/s" + ("" if known_us == us else " (those with "
-                   "known FLOPs)") if flops else "") + f"; in {half}: {basis}; "
-                + "shapes " + ", ".join(s for s, _ in top(shapes, 2)) + "; kernel "
-                + ", ".join(f"`{k}`" for k, _ in top(kernels, 1)) + "; the float32 elementwise work around them "
-                "is not counted")
-    fix = ("run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() on their "
-           "inputs") if half == "bf16" else ("run these layers in fp16 (this GPU has no bf16 tensor cores): inside "
-                                             "torch.autocast(dtype=torch.float16) with a torch.amp.GradScaler")
-    claim(ctx, [e for g in fp32 for e in g[4]])
-    return finding("fp32_matmul", max(0.0, ms - estimate), ctx, evidence, fix)
+    now = ""
+    if flops:
+        fmt = hardware.compute_format(input_types(fp32[0][1]), str(fp32[0][0].get("name", "")))
+        shown, note = capped(flops / (known_us / 1e6), hardware.peak_for(ctx.get("device"), fmt))
+        now = f" at {shown / 1e12:.0f} TFLOP/s" + ("" if known_us == us else " (those with known FLOPs)") + note
+    return ms, estimate, f"{len(fp32) / ctx['n']:g} GEMMs/step on float32 inputs: {ms:.1f} ms/step{now}; in {half}: {basis}"
+
+
+def _conv_estimate(conv_calls, fp32, ctx, half):
+    """(ms/step of the float32 convolutions, ms/step in half precision, the evidence's words)."""
+    n = ctx["n"]
+    known = [c for c in conv_calls if c[3] and not _conv_fp32(c)]
+    rate = sum(c[3] for c in known) / (sum(c[2] for c in known) / 1e6) if known else \
+        (convs.CONV_EXPECTED_FRACTION * ctx["peak"] if ctx["peak"] else None)
+    bandwidth = hardware.peak_bandwidth(ctx.get("device"))
+    ms = sum(c[2] for c in fp32) / n / 1e3
+    estimate = sum(convs.half_ms(c, rate, bandwidth, n) for c in fp32)
+    flops, known_us = sum(c[3] or 0.0 for c in fp32), sum(c[2] for c in fp32 if c[3])
+    now = f" at {flops / (known_us / 1e6) / 1e12:.0f} TFLOP/s" if flops else ""
+    source = ("half their time (no shapes recorded to estimate better)" if not flops or not rate else
+              f"their FLOPs at {rate / 1e12:.0f} TFLOP/s, " + (f"this trace's {half} convolutions' rate" if known else
+                                                              f"{100 * convs.CONV_EXPECTED_FRACTION:.0f}% of the "
+                                                              f"device's datasheet {half} peak (what a clean bf16 "
+                                                              "ResNet-50 reaches on the H100)")
+              + ", half the time of those their bytes bound")
+    return ms, estimate, (f"{len(fp32) / n:g} convolutions/step on float32 inputs: {ms:.1f} ms/step{now}; in "
+                          f"{half}: {estimate:.1f} ms at {source}")
 
 
 @rule("slow_device", needs=("device", "peak", "shapes"))
