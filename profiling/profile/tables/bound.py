@@ -21,10 +21,8 @@ An event with neither (cuBLAS's and cuDNN's own bytes, copies, a trace recorded 
 (None): its time is taken as needed, so no excess is ever claimed where the trace shows no work. Left out:
 launch latency, and the bytes of intermediates a fused kernel keeps on chip (taken as needed).
 """
-from profiling.profile.tables.roofline import ATTENTION_OP, DTYPE_BYTES, GEMM_OPS, elements, tile_padding
+from profiling.profile.tables.roofline import ATTENTION_OP, DTYPE_BYTES, GEMM_OPS, elements, format_of, tile_padding
 from profiling.profile.trace import hardware
-from profiling.profile.trace import settings as recorded
-from profiling.profile.trace.timeline import input_types
 
 LARGE_GEMM_FLOPS = 1e10  # GEMM calls this big set the attainable rate (smaller ones are latency-bound)
 BEST_SHARE = 0.25        # the rate the fastest quarter of large-GEMM FLOPs reaches: the trace's own ceiling
@@ -46,21 +44,6 @@ def gemm_ceiling(tl, work, peak_flops):
     without its source. peak_flops: the device's bf16 peak (its fallback where the device's name is unknown)."""
     fmt = dominant_format(tl, work)
     return _ceiling(tl, _large_calls(tl, work).get(fmt, []), fmt, peak_flops)
-
-
-def format_of(tl, e, op):
-    """The number format of a GEMM, convolution or attention event (hardware.compute_format), or None."""
-    return hardware.compute_format(input_types(op), str(e.get("name", "")), _tf32(tl, op))
-
-
-def _tf32(tl, op):
-    """Whether the process let this float32 call run as TF32: cuDNN's flag for a convolution (torch's default:
-    on), cuBLAS's for a GEMM (default: off); None without a settings record."""
-    record = tl.meta.get("settings")
-    if not isinstance(record, dict):
-        return None
-    conv = "conv" in str(op.get("name", "") if op else "")
-    return recorded.value(record, "cudnn.allow_tf32" if conv else "cuda.matmul.allow_tf32")
 
 
 def _large_calls(tl, work):

@@ -16,6 +16,10 @@
   written, from the shapes and dtypes the kernel's own CPU operator records. A floor: an argument read and
   written in place moves twice, a broadcast one is read more than once.
 
+No event's FLOPs exceed its time at the device's peak for its number format (hardware.peak_for; the format
+from its dtypes and kernel name, `format_of`): a winograd convolution does fewer multiplications than the
+convolution it computes, and a count that overstates the work is never quoted as a rate above the peak.
+
 An operator that runs as several kernels (a split-K GEMM and its reduction, cuDNN's attention backward) has
 its FLOPs shared among them by device time, so each kernel shows its operator's rate and no FLOP counts
 twice. Everything else (elementwise ops of eager PyTorch, cuBLAS's and cuDNN's own bytes) is left out: no
@@ -24,6 +28,9 @@ number where the trace does not support one.
 import re
 
 from profiling.profile.tables import conv
+from profiling.profile.trace import hardware
+from profiling.profile.trace import settings as recorded
+from profiling.profile.trace.timeline import input_types
 from profiling.profile.trace.traceio import num
 
 GEMM_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_mm|_int_mm)$")
@@ -197,16 +204,39 @@ def work(tl, causal=True):
                 us[id(owned[0])] = us.get(id(owned[0]), 0.0) + e["dur"]
             row.append((owned, tensor_bytes(op)))
         found.append(row)
-    return [[_share(owned, e["dur"], us, nbytes) for (e, _), (owned, nbytes) in zip(evs, row)]
-            for evs, row in zip(tl.per_step, found)]
+    device = tl.meta.get("device")
+    return [[_share(owned, e, us, nbytes, _peak(tl, device, e, launch, owned))
+             for (e, launch), (owned, nbytes) in zip(evs, row)] for evs, row in zip(tl.per_step, found)]
 
 
-def _share(owned, dur, us, nbytes):
-    """(flops, bytes) of one event: its share by device time of its owner's FLOPs (and a convolution's bytes)."""
+def _peak(tl, device, e, launch, owned):
+    """The device's peak FLOP/s for an event's number format, or None (no FLOPs, or a format or device not known)."""
+    return hardware.peak_for(device, format_of(tl, e, tl.op_of(launch))) if owned and device else None
+
+
+def _share(owned, e, us, nbytes, peak):
+    """(flops, bytes) of one event: its share by device time of its owner's FLOPs (and a convolution's bytes),
+    the FLOPs no more than its time at `peak`."""
     if not owned or not us[id(owned[0])]:
         return None, nbytes
-    share = dur / us[id(owned[0])]
-    return owned[1] * share, owned[2] * share if owned[2] else nbytes
+    share = e["dur"] / us[id(owned[0])]
+    flops = owned[1] * share
+    return (min(flops, peak * e["dur"] / 1e6) if peak else flops), owned[2] * share if owned[2] else nbytes
+
+
+def format_of(tl, e, op):
+    """The number format of a GEMM, convolution or attention event (hardware.compute_format), or None."""
+    return hardware.compute_format(input_types(op), str(e.get("name", "")), _tf32(tl, op))
+
+
+def _tf32(tl, op):
+    """Whether the process let this float32 call run as TF32: cuDNN's flag for a convolution (torch's default:
+    on), cuBLAS's for a GEMM (default: off); None without a settings record."""
+    record = tl.meta.get("settings")
+    if not isinstance(record, dict):
+        return None
+    name = str(op.get("name", "") if op else "")
+    return recorded.value(record, "cudnn.allow_tf32" if "conv" in name else "cuda.matmul.allow_tf32")
 
 
 def rates(flops, us, nbytes=None, bytes_us=None, peak_flops=None, peak_bandwidth=None):
