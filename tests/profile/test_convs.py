@@ -156,3 +156,71 @@ def test_a_depthwise_convolutions_backward_far_over_its_bound_is_named_with_cudn
     assert "backward [64, 384, 14, 14]" in f["evidence"] and "cudnn.benchmark: off" in f["evidence"]
     assert "torch.backends.cudnn.benchmark = True" in f["fix"] and "channels_last" in f["fix"]
     assert sum(g["ms_per_step"] for g in s["findings"]) <= s["step_ms"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Item 7: a float attention mask that is a bias (T5's relative positions, ALiBi) is never advised away
+
+def biased(per_head):
+    """The H100 dense-mask plant with its [2048, 2048] mask made a float [B, H or 1, T, T] tensor, its forward
+    on SDPA's math path and its backward's mask (a fused kernel's) the same."""
+    import gzip
+    import json
+    with gzip.open(os.path.join(DATA, "h100-plant-dense_mask.trace.json.gz")) as f:
+        data = json.load(f)
+    for e in data["traceEvents"]:
+        args = e.get("args") or {}
+        dims = args.get("Input Dims") or []
+        at = next((i for i, d in enumerate(dims) if d == [2048, 2048]), None)
+        if "attention" in str(e.get("name", "")) and at is not None:
+            dims[at] = [128, 4 if per_head else 1, 2048, 2048]
+            args["Input type"][at] = "float"
+            if "backward" not in e["name"]:
+                e["name"] = "aten::_scaled_dot_product_attention_math"
+    return summarize(data)
+
+
+def test_a_per_head_float_mask_is_a_bias_kept_by_the_fix():
+    from profiling.profile.tables.attention_kind import bias_masks
+    args = {"Input Dims": [[2, 8, 64, 64]] * 3 + [[2, 8, 64, 64]], "Input type": ["float"] * 4}
+    assert bias_masks(args) == ([[2, 8, 64, 64]], [])
+    assert bias_masks(dict(args, **{"Input type": ["float"] * 3 + ["bool"]})) == ([], [])
+    f = next(f for f in biased(True)["findings"] if f["kind"] == "attention_fallback")
+    assert "keep the mask" in f["fix"] and "is_causal=True instead" not in f["fix"] and "no mask when" not in f["fix"]
+    assert "T5's relative positions" in f["evidence"]
+
+
+def test_a_float_mask_the_same_for_every_head_gets_both_branches():
+    f = next(f for f in biased(False)["findings"] if f["kind"] == "attention_fallback")
+    assert "if the mask holds only 0 and -inf" in f["fix"] and "if it adds a bias to the scores" in f["fix"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Item 6: fixes by workload
+
+def test_collectives_on_activations_are_not_told_to_tune_ddp_buckets():
+    """The V100 DLRM rank 0 of 8: its exposed all-to-alls move embedding activations in the forward; the MI300X
+    ResNet's collectives are gradients in the backward."""
+    dlrm = next(f for f in trace("param-v100-dlrm-train-rank0-of-8")["findings"] if f["kind"] == "exposed_communication")
+    assert dlrm["fix"].index("move activations") < dlrm["fix"].index("bucket_cap_mb")
+    resnet = next(f for f in trace("tracelens-mi300x-resnet-act-ckpt-train-rank0-of-8")["findings"]
+                  if f["kind"] == "exposed_communication")
+    assert "bucket_cap_mb" in resnet["fix"] and "activations" not in resnet["fix"]
+
+
+def test_inference_gets_no_training_advice():
+    from types import SimpleNamespace
+
+    from profiling.profile.findings import comm
+    from profiling.profile.findings.contract import training
+    forward = SimpleNamespace(ix=SimpleNamespace(optimizer=[], cpu_ops=[{"name": "aten::mm"}]))
+    assert not training(forward) and comm._links_fix(forward, []) == comm.ACTIVATIONS
+    assert "bucket_cap_mb" not in comm.ACTIVATIONS and "no_sync" not in comm.ACTIVATIONS
+    backward = SimpleNamespace(ix=SimpleNamespace(optimizer=[], cpu_ops=[{"name": "autograd::engine::evaluate_"
+                                                                                  "function: MmBackward0"}]))
+    assert training(backward)
+
+
+def test_a_report_without_shapes_points_to_the_api_not_train_py():
+    from profiling.profile.report import render
+    assert "train.py" not in render.ROOF_MISSING and "research profile" in render.ROOF_MISSING

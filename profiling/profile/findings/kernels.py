@@ -23,7 +23,7 @@ from profiling.profile.findings import convs
 from profiling.profile.findings.contract import capped, claim, finding, rule, top, trainer_is_train_py, training
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables import attention_kind
-from profiling.profile.tables.attention_kind import BIDIRECTIONAL, CAUSAL, square_masks
+from profiling.profile.tables.attention_kind import BIDIRECTIONAL, CAUSAL, bias_masks, square_masks
 from profiling.profile.tables.roofline import ATTENTION_OP, GEMM_OPS, attention_flops, causal_flag, gemm_flops
 from profiling.profile.trace import device_state, hardware
 from profiling.profile.trace.classify import short_name
@@ -288,7 +288,7 @@ def _attention_calls(tl, kind):
     None, input dims, is_causal: True, False or None when unrecorded; a window op counts as causal)} of the
     attention operators that take q, k, v (the math path's kernels count under it). Kernels of compiled
     attention templates (FlexAttention in a Triton kernel) have no such operator: not judged."""
-    groups = {}
+    groups, types = {}, {}
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
             if cat in ("memory", "optimizer"):
@@ -301,10 +301,14 @@ def _attention_calls(tl, kind):
             name, dims = str(op["name"]), args.get("Input Dims")
             causal = "window" in name or causal_flag(args.get("Concrete Inputs"))
             flops = needed_flops(op, kind), needed_flops(op, kind, force=True)
-            row = groups.setdefault((name, str(dims)), [0.0, set(), flops if flops[0] else None, dims, causal])
+            row = groups.setdefault((name, str(dims)), [0.0, set(), flops if flops[0] else None, dims, causal, []])
             row[0] += e["dur"]
             row[1].add(id(op))
-    return {key: (us, len(ids), f, dims, causal) for key, (us, ids, f, dims, causal) in groups.items()}
+            row[5].append(e)
+            types.setdefault((name, str(dims)), input_types(op))
+    tl._attention_types = types  # the rates quoted are held under the peak of the calls' format
+    tl._attention_events = {key: row[5] for key, row in groups.items()}  # attention_fallback claims them
+    return {key: (us, len(ids), f, dims, causal) for key, (us, ids, f, dims, causal, _) in groups.items()}
 
 
 def _ancestors(tl, op):
@@ -351,17 +355,21 @@ def attention_fallback(tl, ctx, found):
         return None  # on a slow device every kernel is slow: attention is not judged
     kind = attention_kind.of(tl)
     slow, own = _split_attention(tl, kind.kind)
+    slow, bias = _without_fused_bias(tl, slow)
     if not slow:
         return None
     fast_rate = own or ATTENTION_FAST_FRACTION * ctx["peak"]
     gain, if_causal, parts, masked = 0.0, 0.0, [], False
-    for (name, _), (us, n, flops, rate, mask) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
+    for (name, _), (us, n, flops, rate, mask) in sorted(slow.items(), key=lambda kv: -kv[1][0]):  # _: dims
         ms = us / ctx["n"] / 1e3
         target, causal_target = (f * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2 for f in flops or (0, 0))
         gain, if_causal = gain + max(0.0, ms - target), if_causal + max(0.0, ms - causal_target)
         masked = masked or bool(mask)
+        fmt = hardware.compute_format(getattr(tl, "_attention_types", {}).get((name, _), ()))
+        rate, note = capped(rate, hardware.peak_for(ctx.get("device"), fmt))
         parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a dense ' + str(mask[0]) + ' mask' if mask else ''}"
-                     f": {ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
+                     f": {ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s{note}" if rate else ""))
+    claim(ctx, [e for key in slow for e in getattr(tl, "_attention_events", {}).get(key, ())])
     basis = ("this trace's other attention calls run at" if own else
              f"a fused kernel runs at ~{100 * ATTENTION_FAST_FRACTION:.0f}% of the device's datasheet peak,")
     evidence = ("; ".join(parts[:3]) + f"; {basis} {fast_rate / 1e12:.0f} TFLOP/s (in the FLOPs each call's mask "
@@ -372,12 +380,43 @@ def attention_fallback(tl, ctx, found):
         elif kind.kind != BIDIRECTIONAL and if_causal > gain + 0.05:
             evidence += (f"; priced as full attention (the mask may hide only padding); were the mask causal, "
                          f"is_causal=True would save {if_causal:.1f} ms/step")
+        if bias:  # a float mask: a bias the model adds (certain per head), never advised away (pitfall 19)
+            per_head, _ = bias
+            fix = BIAS_FIX if per_head else (f"if the mask holds only 0 and -inf (padding or causal): {_mask_fix(tl, kind)}; "
+                                             f"if it adds a bias to the scores: {BIAS_FIX}")
+            return finding("attention_fallback", gain, ctx, evidence + "; the mask is float, " + (
+                f"per head ({per_head[0]}): a bias the model adds to the scores (T5's relative positions, ALiBi), "
+                "part of what it computes" if per_head else "so it may carry a bias the model adds"), fix)
         return finding("attention_fallback", gain, ctx, evidence, _mask_fix(tl, kind))
     return attribute(tl, finding("attention_fallback", gain, ctx, evidence + "; no mask: the math path ran",
                                  "let SDPA pick its fused kernel: all its backends on (torch.backends.cuda."
                                  "enable_*_sdp), no setting that rules the fused one out (deterministic "
                                  "algorithms), inputs it takes (bf16, contiguous, head size <= 256)"),
                      "math_attention")
+
+
+# a float mask that is a bias: what keeps it and still runs a fused kernel (SDPA's memory-efficient backend adds an
+# arbitrary float attn_mask to the scores, forward and backward; FlexAttention's score_mod computes it in the kernel)
+BIAS_FIX = ("keep the mask, it is part of the model's math (never is_causal=True or no mask in its place: that "
+            "changes the outputs); let a fused kernel add it: pass it to F.scaled_dot_product_attention as a "
+            "contiguous attn_mask of q's dtype (its memory-efficient backend takes a float bias, forward and "
+            "backward), or compute it inside FlexAttention's score_mod (flex_attention(q, k, v, score_mod=...))")
+
+
+def _without_fused_bias(tl, slow):
+    """(the slow calls less those on a fused kernel whose mask is a per-head bias: such a kernel computes every
+    score by design, nothing to recover without changing the model's math; (per-head float masks, other batched
+    float masks) of the rest, or None when neither is there)."""
+    keep, per_head, other = {}, [], []
+    for key, row in slow.items():
+        op = next((o for o in tl.ix.cpu_ops if str(o.get("name", "")) == key[0] and
+                   str((o.get("args") or {}).get("Input Dims")) == key[1]), None)
+        heads, floats = bias_masks((op or {}).get("args"))
+        if heads and "attention_math" not in key[0]:
+            continue
+        per_head, other = per_head + heads, other + floats
+        keep[key] = row
+    return keep, ((per_head, other) if per_head or other else None)
 
 
 # what a library that builds the attention mask itself lets its user change (attention_kind.builder)
@@ -520,6 +559,9 @@ def math_attention(tl, ctx, found):
         fix = ("use F.scaled_dot_product_attention with the fused backends on, not matmul + softmax, computing what "
                "the model computes (the trace does not say whether it is causal): is_causal=True only if the "
                "scores of future keys are masked now; otherwise the padding mask as [B, 1, 1, T], or none")
+    if kind.kind != CAUSAL:  # pitfall 19: a bias added to the scores is the model's (T5, ALiBi)
+        fix += ("; a bias the model adds to the scores (T5's relative position bias, ALiBi) stays: pass it as SDPA's "
+                "float attn_mask (its memory-efficient backend adds it), never drop it")
     if kind.builder:  # a library builds the mask: its frame and its own remedy first, in the model's terms after
         library, where = kind.builder
         fix = (f"the attention mask is built by {library}, in {where}: " + LIBRARY_MATH_REMEDIES.get(

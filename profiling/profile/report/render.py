@@ -49,7 +49,8 @@ MAX_LINES = 8           # source lines shown (summary.json `lines` keeps more)
 LINE_TEXT = 70          # characters of source text shown per row
 LINE_WHERE = 28         # characters of a fused row's line list shown
 ROOF_MISSING = ("TFLOP/s and GB/s: `-` throughout: this trace recorded no input shapes (record_shapes=False), so no "
-                "FLOPs or bytes; `train.py --profile` records them")
+                "FLOPs or bytes; profile with shapes (torch.profiler's record_shapes=True, or profiling.Profiler "
+                "around the loop, which records them) and read it again with `research profile TRACE`")
 CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
             "self times per step.")
 
