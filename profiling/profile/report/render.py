@@ -23,6 +23,7 @@ from profiling.profile.trace import device_state, settings
 
 PART_LABELS = {
     "GEMM": "GEMM",
+    "convolution": "convolution (cuDNN/MIOpen kernels, layout transposes)",
     "attention": "attention",
     "other compute": "other compute (fused elementwise, norms, loss)",
     "optimizer": "optimizer",
