@@ -29,8 +29,9 @@ MIN_SHARE = 0.01           # of the step (the report's threshold)
 
 
 def calls(tl, skip=()):
-    """[(first kernel, convolution operator, device us, FLOPs or None, [its kernels], bytes or None)] per
-    convolution call of every step, its kernels not in `skip` (claimed by an earlier rule)."""
+    """[(first kernel, convolution operator, device us, FLOPs or None, [its kernels], bytes or None, the innermost
+    convolution operator: its dtypes are what ran)] per convolution call of every step, its kernels not in `skip`
+    (claimed by an earlier rule)."""
     rows = {}
     for evs, cats in zip(tl.per_step, tl.labels):
         for (e, launch), cat in zip(evs, cats):
@@ -41,8 +42,9 @@ def calls(tl, skip=()):
                 continue
             row = rows.get(id(op))
             if row is None:
-                flops, nbytes = conv.work(tl, op)
-                row = rows[id(op)] = [e, op, 0.0, flops, [], nbytes]
+                inner = conv.innermost(tl, tl.op_of(launch))
+                flops, nbytes = conv.work(tl, op, inner)
+                row = rows[id(op)] = [e, op, 0.0, flops, [], nbytes, inner]
             row[2] += e["dur"]
             row[4].append(e)
     return [tuple(r) for r in rows.values()]
@@ -56,7 +58,7 @@ def events(tl):
 def half_ms(call, rate, bandwidth, n):
     """ms/step one float32 convolution call would take in half precision: its FLOPs at `rate`, and no less than
     half its time where its bytes, not its FLOPs, bound it (half the bytes, at the rate it moves them now)."""
-    _, _, us, flops, _, nbytes = call
+    _, _, us, flops, _, nbytes, _ = call
     if not flops or not rate:
         return us / 2 / n / 1e3
     compute = flops / rate * 1e6
@@ -88,7 +90,7 @@ def slow_convolution(tl, ctx, found):
     bounds = {id(e): b for evs, bs in zip(tl.per_step, tl.bounds) for (e, _), b in zip(evs, bs)}
     slow, names, shapes, us_all, bound_all = [], Counter(), Counter(), 0.0, 0.0
     for call in calls(tl, ctx.get("claimed", ())):
-        first, op, us, _, evs, _ = call
+        first, op, us, _, evs, _, _ = call
         b = sum(bounds.get(id(e)) or 0.0 for e in evs)
         if not b or not grouped(op) or us < CONV_OVER_RATIO * b:
             continue

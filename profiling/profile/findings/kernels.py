@@ -141,8 +141,8 @@ def fp32_matmul(tl, ctx, found):
 def _conv_fp32(call):
     """Whether a convolution call runs on float32: its operator's dtypes, else its kernels' names (cuDNN's
     `scudnn`, `<float, ...>` templates)."""
-    types = input_types(call[1])
-    if types:
+    types = [t for t in input_types(call[6]) if t == "double" or t in hardware.DTYPE_FORMAT]  # tensors' dtypes
+    if types:  # the innermost convolution operator's: under autocast, those of the casts
         return types[0] in ("float", "double")
     return any(hardware.compute_format((), str(e.get("name", ""))) in ("fp32", "tf32") for e in call[4])
 

@@ -48,12 +48,22 @@ BACKWARD_NODE = re.compile(r"Convolution\w*Backward|ConvolutionBackward")
 def outermost(tl, op):
     """The outermost convolution operator among op and those around it, or None: its FLOPs are the call's whole
     work (aten::conv2d around aten::convolution around aten::cudnn_convolution count once)."""
-    found = None
+    return _around(tl, op)[0]
+
+
+def innermost(tl, op):
+    """The innermost convolution operator around a kernel, or None: its dtypes are those the kernel ran in (under
+    autocast, aten::conv2d takes float32 and aten::cudnn_convolution the casts, in bf16 or fp16)."""
+    return _around(tl, op)[1]
+
+
+def _around(tl, op):
+    outer = inner = None
     while op is not None:
         if CONV_OP.match(str(op.get("name", ""))):
-            found = op
+            outer, inner = op, inner or op
         op = tl.parent.get(id(op))
-    return found if found is not None and _known(found) else None
+    return (outer, inner) if outer is not None and _known(outer) else (None, None)
 
 
 def _known(op):
@@ -61,11 +71,12 @@ def _known(op):
     return name in FORWARD or name in BACKWARD
 
 
-def work(tl, op):
-    """(FLOPs, bytes) of a convolution operator, either None where its shapes do not tell."""
+def work(tl, op, inner=None):
+    """(FLOPs, bytes) of a convolution operator, either None where its shapes do not tell; its bytes in the dtype
+    of `inner` (the innermost convolution operator: what ran) where given."""
     name = str(op.get("name", ""))
     args = op.get("args") or {}
-    dims, types = args.get("Input Dims"), args.get("Input type") or []
+    dims, types = args.get("Input Dims"), (inner or op).get("args", {}).get("Input type") or args.get("Input type") or []
     concrete = args.get("Concrete Inputs") or []
     if not isinstance(dims, list):
         return None, None

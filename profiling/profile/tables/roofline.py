@@ -175,7 +175,7 @@ def _flops_of(tl, op, category, causal=True):
     owner = conv.outermost(tl, op) if category not in ("memory", "optimizer", "communication", "attention") \
         and op is not None else None
     if owner is not None:
-        flops, nbytes = conv.work(tl, owner)
+        flops, nbytes = conv.work(tl, owner, conv.innermost(tl, op))
         return (owner, flops, nbytes) if flops else None
     if category == "GEMM" and op is not None and GEMM_OPS.match(str(op.get("name", ""))):
         owner, flops = op, gemm_flops(op)
