@@ -17,6 +17,8 @@ is missing, a match that returns a finding with evidence, gain and fix):
   copies)
 - kernels.py: kernels below their rate (float32 GEMMs, a slow device, attention fallbacks, attention on a
   slower backend a setting chose)
+- convs.py: convolutions (grouped and depthwise ones far over their bound, layout transposes around NCHW
+  tensors); their float32 form is priced with the GEMMs' (kernels.fp32_matmul)
 - waste.py: work done in a slow form (eager code, float32 intermediates, recomputation, misaligned shapes,
   the bound)
 - unplaced.py: device time no line owns, named by its operator and what the kernel shows (a sorted
@@ -43,17 +45,19 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
-from profiling.profile.findings import calls, comm, cpu, idle, kernels, ledger, power, settings, unplaced, waste
+from profiling.profile.findings import (calls, comm, convs, cpu, idle, kernels, ledger, power, settings, unplaced,
+                                       waste)
 from profiling.profile.findings import input as input_pipeline  # not the builtin's name here
 from profiling.profile.findings.contract import run, unknown
 from profiling.profile.trace import hardware
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
 RULES = (input_pipeline.input_bound, idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
-         waste.eager_code, unplaced.sort_scatter, kernels.math_attention, kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
+         waste.eager_code, unplaced.sort_scatter, kernels.math_attention, convs.slow_convolution,
+         kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
          kernels.attention_fallback, kernels.attention_backend,
          waste.recompute, waste.forward_without_backward, waste.misaligned_shapes,
-         comm.exposed_communication, idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
+         convs.conv_layout, comm.exposed_communication, idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
 
 
 def diagnose(tl, summary, stacks=False):

@@ -4,11 +4,13 @@
   GPU. From one rank's trace the cause is not in the data: the links' bandwidth, or the other ranks arriving late
   (a collective ends on every rank when the last one joins it, so a slow rank shows as the others' exposed
   communication). The finding says so, first by its size (effect first), and how to tell: every rank's trace in
-  one folder (`research profile FOLDER`: profiling/profile/report/ranks.py prices the two apart).
+  one folder (`research profile FOLDER`: profiling/profile/report/ranks.py prices the two apart). The links'
+  remedies follow what the collectives carry: DDP's and FSDP's for gradients in a training step's backward,
+  tensor parallelism's overlap for activations (a forward-only run: inference never gets training advice).
 """
 from collections import Counter
 
-from profiling.profile.findings.contract import claim, finding, rule
+from profiling.profile.findings.contract import claim, finding, rule, training
 from profiling.profile.trace.traceio import merge, union_length
 
 MIN_SHARE = 0.05  # of the step: exposed communication below this is left to the budget table
@@ -40,8 +42,32 @@ def exposed_communication(tl, ctx, found):
                                                           for n, t in top) + "); cause unknown from one rank's "
                 "trace: the links' bandwidth, or other ranks joining the collectives late (a slower rank shows "
                 "here as waiting)")
-    return finding("exposed_communication", ms, ctx, evidence,
-                   "profile every rank and read them together (`research profile FOLDER` of all ranks' traces: it "
-                   "tells a straggler from the links' time); then, for the links: fewer, larger collectives "
-                   "started during backward (a larger DDP bucket_cap_mb, FSDP's backward prefetch), gradient sync "
-                   "on the last micro-batch only (no_sync), bf16 gradients (a DDP comm hook)")
+    return finding("exposed_communication", ms, ctx, evidence, FIRST + _links_fix(tl, events))
+
+
+FIRST = ("profile every rank and read them together (`research profile FOLDER` of all ranks' traces: it tells a "
+         "straggler from the links' time); then, for the links: ")
+# collectives on gradients (a training step's backward: DDP's buckets, FSDP's reduce-scatter) and on activations
+# (tensor and sequence parallelism in the forward, inference included), each with what its user can change
+GRADIENTS = ("fewer, larger collectives started during backward (a larger DDP bucket_cap_mb, FSDP's backward "
+             "prefetch), gradient sync on the last micro-batch only (no_sync), bf16 gradients (a DDP comm hook)")
+ACTIVATIONS = ("these collectives move activations (tensor or sequence parallelism, embedding tables sharded by all-to-all), not gradients: overlap them "
+               "with compute (async tensor parallelism: torch._inductor.config._micro_pipeline_tp with "
+               "torch.compile, or a framework's comm-compute overlap), fewer ranks per model replica where the "
+               "model fits (a smaller tensor-parallel degree), and the ranks of one replica on one node's NVLink")
+
+
+def _links_fix(tl, events):
+    """The links' remedies for what the collectives carry: gradients when most of their time runs in a
+    training step's backward (launched from autograd's engine, a DDP reducer hook, a compiled backward),
+    activations otherwise (a forward-only run: inference)."""
+    if not training(tl):
+        return ACTIVATIONS
+    ids, backward = {id(e) for e in events}, 0.0
+    for evs in tl.per_step:
+        for e, launch in evs:
+            if id(e) in ids and any("Backward" in c or c.startswith("autograd::engine") or "reducer" in c.lower()
+                                    for c in tl.chain(tl.op_of(launch))):
+                backward += e["dur"]
+    return GRADIENTS if backward >= sum(e["dur"] for e in events) / 2 else (
+        ACTIVATIONS + "; for the gradients' share: " + GRADIENTS)

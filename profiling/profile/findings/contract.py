@@ -164,6 +164,27 @@ def trainer_is_train_py(meta):
     return trainer == "train.py" if trainer is not None else "micro_batches" in meta
 
 
+def training(tl):
+    """Whether the trace shows training: a backward (autograd's evaluate_function nodes, a compiled backward) or
+    an optimizer step. An inference run (a forward, generation) gets no training advice: no GradScaler, no
+    gradient buckets, no activation checkpointing (memoized on the timeline)."""
+    known = getattr(tl, "_training", None)
+    if known is None:
+        known = bool(getattr(tl.ix, "optimizer", None)) or any(
+            "Backward" in str(op.get("name", "")) or str(op.get("name", "")).startswith("autograd::engine")
+            for op in tl.ix.cpu_ops)
+        tl._training = known
+    return known
+
+
+def capped(rate, peak):
+    """A rate quoted in words, never above the device's peak for its number format (a rate above it means the
+    FLOPs counted overstate the work): (rate, note)."""
+    if peak and rate and rate > peak:
+        return peak, " (capped at the device's peak for this format: the FLOPs counted overstate the work)"
+    return rate, ""
+
+
 def top(counts, k=3):
     """The k largest (key, value) pairs of a dict."""
     return sorted(counts.items(), key=lambda kv: -kv[1])[:k]

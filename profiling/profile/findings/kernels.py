@@ -19,10 +19,11 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 """
 from collections import Counter
 
-from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
+from profiling.profile.findings import convs
+from profiling.profile.findings.contract import capped, claim, finding, rule, top, trainer_is_train_py, training
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables import attention_kind
-from profiling.profile.tables.attention_kind import BIDIRECTIONAL, CAUSAL, square_masks
+from profiling.profile.tables.attention_kind import BIDIRECTIONAL, CAUSAL, bias_masks, square_masks
 from profiling.profile.tables.roofline import ATTENTION_OP, GEMM_OPS, attention_flops, causal_flag, gemm_flops
 from profiling.profile.trace import device_state, hardware
 from profiling.profile.trace.classify import short_name
@@ -103,19 +104,63 @@ def _nvml(state):
 
 @rule("fp32_matmul", needs=("device",))
 def fp32_matmul(tl, ctx, found):
-    """GEMMs on float32 inputs (TF32 or full fp32 kernels), against this trace's bf16 GEMM rate."""
-    gemms = _gemms(tl, ctx.get("claimed", ()))
+    """GEMMs and convolutions on float32 inputs (TF32 or full fp32 kernels), against this trace's half-precision
+    rate of each (GEMMs: its bf16 GEMMs; convolutions: its half-precision ones, else convs.CONV_EXPECTED_FRACTION
+    of the peak; a convolution its bytes bound keeps half its time: convs.half_ms)."""
+    claimed = set(ctx.get("claimed", ()))
+    conv_calls = convs.calls(tl, claimed)
+    gemms = _gemms(tl, claimed | {id(e) for c in conv_calls for e in c[4]})
     fp32 = [g for g in gemms if _is_fp32(g[0], g[1])]
-    if not fp32:
+    fp32_convs = [c for c in conv_calls if _conv_fp32(c)]
+    if not fp32 and not fp32_convs:
         return None
+    half = _half_format(tl, ctx)
+    ms, estimate, basis = _gemm_estimate(gemms, fp32, ctx, half) if fp32 else (0.0, 0.0, "")
+    c_ms, c_estimate, c_basis = _conv_estimate(conv_calls, fp32_convs, ctx, half) if fp32_convs else (0.0, 0.0, "")
+    parts = [p for _, p in sorted(((ms, basis), (c_ms, c_basis)), key=lambda x: -x[0]) if p]
+    kernels, shapes = Counter(), Counter()
+    for e, op, g_us, *_ in fp32 + fp32_convs:
+        kernels[short_name(str(e.get("name", "")))] += 1
+        shapes[_dims(op)] += g_us
+    evidence = ("; ".join(parts) + "; shapes " + ", ".join(s for s, _ in top(shapes, 2)) + "; kernel "
+                + ", ".join(f"`{k}`" for k, _ in top(kernels, 1)) + "; the float32 elementwise work around them "
+                "is not counted")
+    train = training(tl)
+    fix = (("run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() on their "
+            "inputs") if half == "bf16" else ("run these layers in fp16 (this GPU has no bf16 tensor cores): inside "
+                                              "torch.autocast(dtype=torch.float16)" + (" with a torch.amp.GradScaler"
+                                                                                        if train else "")))
+    if fp32_convs:
+        fix += ("; keep the model and its inputs in channels_last (model.to(memory_format=torch.channels_last)), "
+                "the layout half-precision convolutions run fastest in")
+    claim(ctx, [e for g in fp32 + fp32_convs for e in g[4]])
+    gain = max(0.0, ms - estimate) + max(0.0, c_ms - c_estimate)
+    return finding("fp32_matmul", gain, ctx, evidence, fix + "; the model's math stays, in lower precision")
+
+
+def _conv_fp32(call):
+    """Whether a convolution call runs on float32: its operator's dtypes, else its kernels' names (cuDNN's
+    `scudnn`, `<float, ...>` templates)."""
+    types = [t for t in input_types(call[6]) if t == "double" or t in hardware.DTYPE_FORMAT]  # tensors' dtypes
+    if types:  # the innermost convolution operator's: under autocast, those of the casts
+        return types[0] in ("float", "double")
+    return any(hardware.compute_format((), str(e.get("name", ""))) in ("fp32", "tf32") for e in call[4])
+
+
+def _half_format(tl, ctx):
+    """bf16, or fp16 on GPUs whose tensor cores have no bf16 (before sm80: V100, T4, RTX 20)."""
+    row = hardware.lookup(ctx.get("device"))
+    return "fp16" if (tl.meta.get("compute_major") or 8) < 8 or row and row.bf16 is None else "bf16"
+
+
+def _gemm_estimate(gemms, fp32, ctx, half):
+    """(ms/step of the float32 GEMMs, ms/step in half precision, the evidence's words)."""
     us, flops = sum(g[2] for g in fp32), sum(g[3] or 0.0 for g in fp32)
-    known_us = sum(g[2] for g in fp32 if g[3])  # GEMMs whose FLOPs the shapes give (not convolutions)
+    known_us = sum(g[2] for g in fp32 if g[3])  # GEMMs whose FLOPs the shapes give
     bf16 = [g for g in gemms if g[3] and not _is_fp32(g[0], g[1])]
     rate = sum(g[3] for g in bf16) / (sum(g[2] for g in bf16) / 1e6) if bf16 else \
         (EXPECTED_GEMM_FRACTION * ctx["peak"] if ctx["peak"] else None)
     ms = us / ctx["n"] / 1e3
-    row = hardware.lookup(ctx.get("device"))  # tensor cores before sm80 (V100, T4, RTX 20): fp16 only
-    half = "fp16" if (tl.meta.get("compute_major") or 8) < 8 or row and row.bf16 is None else "bf16"
     if not rate or not flops:
         estimate, basis = ms / 2, "half its time (" + ("no shapes recorded" if not flops else "no half-precision "
                                                        "GEMM in this trace and no known peak") + " to estimate better)"
@@ -126,22 +171,33 @@ def fp32_matmul(tl, ctx, found):
                   f"device's datasheet {half} peak (no {half} GEMM in this trace to measure)")
         basis = (f"{estimate:.1f} ms at {source}, {rate / 1e12:.0f} TFLOP/s"
                  + (f", half the time of the {rest:.1f} ms without known FLOPs" if rest >= 0.05 else ""))
-    kernels, shapes = {}, {}
-    for e, op, g_us, _, _ in fp32:
-        name = short_name(str(e.get("name", "")))
-        kernels[name] = kernels.get(name, 0) + 1
-        shapes[_dims(op)] = shapes.get(_dims(op), 0.0) + g_us
-    evidence = (f"{len(fp32) / ctx['n']:g} GEMMs/step on float32 inputs: {ms:.1f} ms/step"
-                + (f" at {flops / (known_us / 1e6) / 1e12:.0f} TFLOP/s" + ("" if known_us == us else " (those with "
-                   "known FLOPs)") if flops else "") + f"; in {half}: {basis}; "
-                + "shapes " + ", ".join(s for s, _ in top(shapes, 2)) + "; kernel "
-                + ", ".join(f"`{k}`" for k, _ in top(kernels, 1)) + "; the float32 elementwise work around them "
-                "is not counted")
-    fix = ("run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() on their "
-           "inputs") if half == "bf16" else ("run these layers in fp16 (this GPU has no bf16 tensor cores): inside "
-                                             "torch.autocast(dtype=torch.float16) with a torch.amp.GradScaler")
-    claim(ctx, [e for g in fp32 for e in g[4]])
-    return finding("fp32_matmul", max(0.0, ms - estimate), ctx, evidence, fix)
+    now = ""
+    if flops:
+        fmt = hardware.compute_format(input_types(fp32[0][1]), str(fp32[0][0].get("name", "")))
+        shown, note = capped(flops / (known_us / 1e6), hardware.peak_for(ctx.get("device"), fmt))
+        now = f" at {shown / 1e12:.0f} TFLOP/s" + ("" if known_us == us else " (those with known FLOPs)") + note
+    return ms, estimate, f"{len(fp32) / ctx['n']:g} GEMMs/step on float32 inputs: {ms:.1f} ms/step{now}; in {half}: {basis}"
+
+
+def _conv_estimate(conv_calls, fp32, ctx, half):
+    """(ms/step of the float32 convolutions, ms/step in half precision, the evidence's words)."""
+    n = ctx["n"]
+    known = [c for c in conv_calls if c[3] and not _conv_fp32(c)]
+    rate = sum(c[3] for c in known) / (sum(c[2] for c in known) / 1e6) if known else \
+        (convs.CONV_EXPECTED_FRACTION * ctx["peak"] if ctx["peak"] else None)
+    bandwidth = hardware.peak_bandwidth(ctx.get("device"))
+    ms = sum(c[2] for c in fp32) / n / 1e3
+    estimate = sum(convs.half_ms(c, rate, bandwidth, n) for c in fp32)
+    flops, known_us = sum(c[3] or 0.0 for c in fp32), sum(c[2] for c in fp32 if c[3])
+    now = f" at {flops / (known_us / 1e6) / 1e12:.0f} TFLOP/s" if flops else ""
+    source = ("half their time (no shapes recorded to estimate better)" if not flops or not rate else
+              f"their FLOPs at {rate / 1e12:.0f} TFLOP/s, " + (f"this trace's {half} convolutions' rate" if known else
+                                                              f"{100 * convs.CONV_EXPECTED_FRACTION:.0f}% of the "
+                                                              f"device's datasheet {half} peak (what a clean bf16 "
+                                                              "ResNet-50 reaches on the H100)")
+              + ", half the time of those their bytes bound")
+    return ms, estimate, (f"{len(fp32) / n:g} convolutions/step on float32 inputs: {ms:.1f} ms/step{now}; in "
+                          f"{half}: {estimate:.1f} ms at {source}")
 
 
 @rule("slow_device", needs=("device", "peak", "shapes"))
@@ -232,7 +288,7 @@ def _attention_calls(tl, kind):
     None, input dims, is_causal: True, False or None when unrecorded; a window op counts as causal)} of the
     attention operators that take q, k, v (the math path's kernels count under it). Kernels of compiled
     attention templates (FlexAttention in a Triton kernel) have no such operator: not judged."""
-    groups = {}
+    groups, types = {}, {}
     for k, evs in enumerate(tl.per_step):
         for (e, launch), cat in zip(evs, tl.labels[k]):
             if cat in ("memory", "optimizer"):
@@ -245,10 +301,14 @@ def _attention_calls(tl, kind):
             name, dims = str(op["name"]), args.get("Input Dims")
             causal = "window" in name or causal_flag(args.get("Concrete Inputs"))
             flops = needed_flops(op, kind), needed_flops(op, kind, force=True)
-            row = groups.setdefault((name, str(dims)), [0.0, set(), flops if flops[0] else None, dims, causal])
+            row = groups.setdefault((name, str(dims)), [0.0, set(), flops if flops[0] else None, dims, causal, []])
             row[0] += e["dur"]
             row[1].add(id(op))
-    return {key: (us, len(ids), f, dims, causal) for key, (us, ids, f, dims, causal) in groups.items()}
+            row[5].append(e)
+            types.setdefault((name, str(dims)), input_types(op))
+    tl._attention_types = types  # the rates quoted are held under the peak of the calls' format
+    tl._attention_events = {key: row[5] for key, row in groups.items()}  # attention_fallback claims them
+    return {key: (us, len(ids), f, dims, causal) for key, (us, ids, f, dims, causal, _) in groups.items()}
 
 
 def _ancestors(tl, op):
@@ -295,17 +355,21 @@ def attention_fallback(tl, ctx, found):
         return None  # on a slow device every kernel is slow: attention is not judged
     kind = attention_kind.of(tl)
     slow, own = _split_attention(tl, kind.kind)
+    slow, bias = _without_fused_bias(tl, slow)
     if not slow:
         return None
     fast_rate = own or ATTENTION_FAST_FRACTION * ctx["peak"]
     gain, if_causal, parts, masked = 0.0, 0.0, [], False
-    for (name, _), (us, n, flops, rate, mask) in sorted(slow.items(), key=lambda kv: -kv[1][0]):
+    for (name, _), (us, n, flops, rate, mask) in sorted(slow.items(), key=lambda kv: -kv[1][0]):  # _: dims
         ms = us / ctx["n"] / 1e3
         target, causal_target = (f * n / fast_rate / ctx["n"] * 1e3 if flops else ms / 2 for f in flops or (0, 0))
         gain, if_causal = gain + max(0.0, ms - target), if_causal + max(0.0, ms - causal_target)
         masked = masked or bool(mask)
+        fmt = hardware.compute_format(getattr(tl, "_attention_types", {}).get((name, _), ()))
+        rate, note = capped(rate, hardware.peak_for(ctx.get("device"), fmt))
         parts.append(f"`{name}` {n / ctx['n']:g} calls/step{' with a dense ' + str(mask[0]) + ' mask' if mask else ''}"
-                     f": {ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s" if rate else ""))
+                     f": {ms:.1f} ms/step" + (f" at {rate / 1e12:.0f} TFLOP/s{note}" if rate else ""))
+    claim(ctx, [e for key in slow for e in getattr(tl, "_attention_events", {}).get(key, ())])
     basis = ("this trace's other attention calls run at" if own else
              f"a fused kernel runs at ~{100 * ATTENTION_FAST_FRACTION:.0f}% of the device's datasheet peak,")
     evidence = ("; ".join(parts[:3]) + f"; {basis} {fast_rate / 1e12:.0f} TFLOP/s (in the FLOPs each call's mask "
@@ -316,12 +380,43 @@ def attention_fallback(tl, ctx, found):
         elif kind.kind != BIDIRECTIONAL and if_causal > gain + 0.05:
             evidence += (f"; priced as full attention (the mask may hide only padding); were the mask causal, "
                          f"is_causal=True would save {if_causal:.1f} ms/step")
+        if bias:  # a float mask: a bias the model adds (certain per head), never advised away (pitfall 19)
+            per_head, _ = bias
+            fix = BIAS_FIX if per_head else (f"if the mask holds only 0 and -inf (padding or causal): {_mask_fix(tl, kind)}; "
+                                             f"if it adds a bias to the scores: {BIAS_FIX}")
+            return finding("attention_fallback", gain, ctx, evidence + "; the mask is float, " + (
+                f"per head ({per_head[0]}): a bias the model adds to the scores (T5's relative positions, ALiBi), "
+                "part of what it computes" if per_head else "so it may carry a bias the model adds"), fix)
         return finding("attention_fallback", gain, ctx, evidence, _mask_fix(tl, kind))
     return attribute(tl, finding("attention_fallback", gain, ctx, evidence + "; no mask: the math path ran",
                                  "let SDPA pick its fused kernel: all its backends on (torch.backends.cuda."
                                  "enable_*_sdp), no setting that rules the fused one out (deterministic "
                                  "algorithms), inputs it takes (bf16, contiguous, head size <= 256)"),
                      "math_attention")
+
+
+# a float mask that is a bias: what keeps it and still runs a fused kernel (SDPA's memory-efficient backend adds an
+# arbitrary float attn_mask to the scores, forward and backward; FlexAttention's score_mod computes it in the kernel)
+BIAS_FIX = ("keep the mask, it is part of the model's math (never is_causal=True or no mask in its place: that "
+            "changes the outputs); let a fused kernel add it: pass it to F.scaled_dot_product_attention as a "
+            "contiguous attn_mask of q's dtype (its memory-efficient backend takes a float bias, forward and "
+            "backward), or compute it inside FlexAttention's score_mod (flex_attention(q, k, v, score_mod=...))")
+
+
+def _without_fused_bias(tl, slow):
+    """(the slow calls less those on a fused kernel whose mask is a per-head bias: such a kernel computes every
+    score by design, nothing to recover without changing the model's math; (per-head float masks, other batched
+    float masks) of the rest, or None when neither is there)."""
+    keep, per_head, other = {}, [], []
+    for key, row in slow.items():
+        op = next((o for o in tl.ix.cpu_ops if str(o.get("name", "")) == key[0] and
+                   str((o.get("args") or {}).get("Input Dims")) == key[1]), None)
+        heads, floats = bias_masks((op or {}).get("args"))
+        if heads and "attention_math" not in key[0]:
+            continue
+        per_head, other = per_head + heads, other + floats
+        keep[key] = row
+    return keep, ((per_head, other) if per_head or other else None)
 
 
 # what a library that builds the attention mask itself lets its user change (attention_kind.builder)
@@ -464,6 +559,9 @@ def math_attention(tl, ctx, found):
         fix = ("use F.scaled_dot_product_attention with the fused backends on, not matmul + softmax, computing what "
                "the model computes (the trace does not say whether it is causal): is_causal=True only if the "
                "scores of future keys are masked now; otherwise the padding mask as [B, 1, 1, T], or none")
+    if kind.kind != CAUSAL:  # pitfall 19: a bias added to the scores is the model's (T5, ALiBi)
+        fix += ("; a bias the model adds to the scores (T5's relative position bias, ALiBi) stays: pass it as SDPA's "
+                "float attn_mask (its memory-efficient backend adds it), never drop it")
     if kind.builder:  # a library builds the mask: its frame and its own remedy first, in the model's terms after
         library, where = kind.builder
         fix = (f"the attention mask is built by {library}, in {where}: " + LIBRARY_MATH_REMEDIES.get(

@@ -23,6 +23,7 @@ from profiling.profile.trace import device_state, settings
 
 PART_LABELS = {
     "GEMM": "GEMM",
+    "convolution": "convolution (cuDNN/MIOpen kernels, layout transposes)",
     "attention": "attention",
     "other compute": "other compute (fused elementwise, norms, loss)",
     "optimizer": "optimizer",
@@ -54,7 +55,8 @@ WHERE_PARTS = 2         # a location's path keeps its last parts (`.../gpt2/mode
 WHERE_RANGES = 3        # line ranges shown of a fused row's file, then a count of the rest
 WHERE_FILES = 2         # files shown of a row fused across files, then a count of the rest
 ROOF_MISSING = ("TFLOP/s and GB/s: `-` throughout: this trace recorded no input shapes (record_shapes=False), so no "
-                "FLOPs or bytes; `train.py --profile` records them")
+                "FLOPs or bytes; profile with shapes (torch.profiler's record_shapes=True, or profiling.Profiler "
+                "around the loop, which records them) and read it again with `research profile TRACE`")
 CPU_NOTE = ("CPU profile: this trace has no GPU timeline (no device events); the times below are CPU operator "
             "self times per step.")
 

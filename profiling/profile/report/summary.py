@@ -421,8 +421,9 @@ def _ms_text(ms):
 
 
 def _categories(cats):
-    """The budget's parts, rounded; `communication` only where there is some (a single-process run has none)."""
-    return {k: _r(v) for k, v in cats.items() if k != "communication" or v}
+    """The budget's parts, rounded; `communication` and `convolution` only where there is some (a single-process
+    run has no collectives, a model without convolutions none of theirs)."""
+    return {k: _r(v) for k, v in cats.items() if k not in ("communication", "convolution") or v}
 
 
 def _metadata(trace):

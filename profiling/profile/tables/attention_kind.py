@@ -103,6 +103,19 @@ def square_masks(dims):
     return out
 
 
+def bias_masks(args):
+    """([per-head float masks], [other batched float masks]) among an attention call's [.., T, T] masks. A mask
+    that is not boolean is added to the scores; one that varies by head ([B, H, T, T], H > 1) is a bias the model
+    adds (T5's relative position bias, ALiBi; shared/DESIGN.md pitfall 19), never a padding or causal mask, which
+    are the same for every head. A batched float mask the same for every head ([B, 1, T, T]: how some libraries
+    pass padding and causality) may be either. A [T, T] one is read as a mask."""
+    dims, types = (args or {}).get("Input Dims") or [], (args or {}).get("Input type") or []
+    floats = [d for d, t in zip(dims[3:], types[3:])
+              if isinstance(d, list) and len(d) >= 3 and square_masks([None] * 3 + [d]) and t not in ("bool", "")]
+    per_head = [d for d in floats if len(d) == 4 and d[1] > 1]
+    return per_head, [d for d in floats if d not in per_head]
+
+
 def _calls(tl):
     """{kind: number of outermost forward attention calls of that kind}."""
     counts = Counter()

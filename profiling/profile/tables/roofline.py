@@ -9,9 +9,16 @@
   attention: causal over the last `window` keys, its last integer input). A
   backward counts 2.5 x its forward (the useful work: five matrix products against two; the recomputation
   of the scores that flash kernels do is not counted), as MFU conventions do.
+- FLOPs and bytes of convolutions: from the outermost convolution operator's recorded shapes (tables/conv.py:
+  the input, the weight, stride, padding, groups; depthwise and transposed too), for every kernel it launches,
+  whatever its name's category (cuDNN 9 runs some 1x1 convolutions as nvjet GEMMs; the layout transposes).
 - Bytes of a Triton kernel (Inductor's fused kernels, train.py's own): every tensor argument once, read or
   written, from the shapes and dtypes the kernel's own CPU operator records. A floor: an argument read and
   written in place moves twice, a broadcast one is read more than once.
+
+No event's FLOPs exceed its time at the device's peak for its number format (hardware.peak_for; the format
+from its dtypes and kernel name, `format_of`): a winograd convolution does fewer multiplications than the
+convolution it computes, and a count that overstates the work is never quoted as a rate above the peak.
 
 An operator that runs as several kernels (a split-K GEMM and its reduction, cuDNN's attention backward) has
 its FLOPs shared among them by device time, so each kernel shows its operator's rate and no FLOP counts
@@ -20,6 +27,10 @@ number where the trace does not support one.
 """
 import re
 
+from profiling.profile.tables import conv
+from profiling.profile.trace import hardware
+from profiling.profile.trace import settings as recorded
+from profiling.profile.trace.timeline import input_types
 from profiling.profile.trace.traceio import num
 
 GEMM_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_mm|_int_mm)$")
@@ -159,7 +170,13 @@ def elements(shape):
 
 
 def _flops_of(tl, op, category, causal=True):
-    """(operator owning the FLOPs, its FLOPs) for a device event launched by `op`; None when unknown."""
+    """(operator owning the FLOPs, its FLOPs, its bytes or None) for a device event launched by `op`; None when
+    its FLOPs are unknown."""
+    owner = conv.outermost(tl, op) if category not in ("memory", "optimizer", "communication", "attention") \
+        and op is not None else None
+    if owner is not None:
+        flops, nbytes = conv.work(tl, owner, conv.innermost(tl, op))
+        return (owner, flops, nbytes) if flops else None
     if category == "GEMM" and op is not None and GEMM_OPS.match(str(op.get("name", ""))):
         owner, flops = op, gemm_flops(op)
     elif category == "attention":
@@ -169,13 +186,14 @@ def _flops_of(tl, op, category, causal=True):
         flops = attention_flops(owner, causal) if owner is not None else None
     else:
         return None
-    return (owner, flops) if flops else None
+    return (owner, flops, None) if flops else None
 
 
 def work(tl, causal=True):
     """[[(flops or None, bytes or None)]] parallel to tl.per_step: what each device event does. An operator's
-    FLOPs are shared among its kernels by device time. causal: whether an attention call whose is_causal input
-    is not recorded is causal (the model's kind, profiling/profile/tables/attention_kind.py)."""
+    FLOPs (and a convolution's bytes) are shared among its kernels by device time. causal: whether an attention
+    call whose is_causal input is not recorded is causal (the model's kind, profiling/profile/tables/
+    attention_kind.py)."""
     found, us = [], {}   # per event: (owner, FLOPs) or None, bytes; device us per owning operator
     for evs, cats in zip(tl.per_step, tl.labels):
         row = []
@@ -186,8 +204,39 @@ def work(tl, causal=True):
                 us[id(owned[0])] = us.get(id(owned[0]), 0.0) + e["dur"]
             row.append((owned, tensor_bytes(op)))
         found.append(row)
-    return [[(owned[1] * e["dur"] / us[id(owned[0])] if owned and us[id(owned[0])] else None, nbytes)
-             for (e, _), (owned, nbytes) in zip(evs, row)] for evs, row in zip(tl.per_step, found)]
+    device = tl.meta.get("device")
+    return [[_share(owned, e, us, nbytes, _peak(tl, device, e, launch, owned))
+             for (e, launch), (owned, nbytes) in zip(evs, row)] for evs, row in zip(tl.per_step, found)]
+
+
+def _peak(tl, device, e, launch, owned):
+    """The device's peak FLOP/s for an event's number format, or None (no FLOPs, or a format or device not known)."""
+    return hardware.peak_for(device, format_of(tl, e, tl.op_of(launch))) if owned and device else None
+
+
+def _share(owned, e, us, nbytes, peak):
+    """(flops, bytes) of one event: its share by device time of its owner's FLOPs (and a convolution's bytes),
+    the FLOPs no more than its time at `peak`."""
+    if not owned or not us[id(owned[0])]:
+        return None, nbytes
+    share = e["dur"] / us[id(owned[0])]
+    flops = owned[1] * share
+    return (min(flops, peak * e["dur"] / 1e6) if peak else flops), owned[2] * share if owned[2] else nbytes
+
+
+def format_of(tl, e, op):
+    """The number format of a GEMM, convolution or attention event (hardware.compute_format), or None."""
+    return hardware.compute_format(input_types(op), str(e.get("name", "")), _tf32(tl, op))
+
+
+def _tf32(tl, op):
+    """Whether the process let this float32 call run as TF32: cuDNN's flag for a convolution (torch's default:
+    on), cuBLAS's for a GEMM (default: off); None without a settings record."""
+    record = tl.meta.get("settings")
+    if not isinstance(record, dict):
+        return None
+    name = str(op.get("name", "") if op else "")
+    return recorded.value(record, "cudnn.allow_tf32" if "conv" in name else "cuda.matmul.allow_tf32")
 
 
 def rates(flops, us, nbytes=None, bytes_us=None, peak_flops=None, peak_bandwidth=None):

@@ -13,28 +13,51 @@ Categories (the rules, applied in this order; the first that matches wins):
    or a name that names an optimizer (adam, muon, lamb, lion, sgd, optimizer).
 2. `memory`: device memcpy/memset records (`gpu_memcpy`, `gpu_memset`); on CPU, allocation and copy ops.
 3. `attention`: flex/flash/fused attention kernels, including Triton kernels that fused an attention op.
-4. `GEMM`: cuBLAS/cuBLASLt (nvjet, xmma, gemm, splitKreduce), CUTLASS, rocBLAS/hipBLASLt's Tensile kernels
+4. `convolution`: cuDNN's and MIOpen's convolution kernels on every GPU family (implicit-GEMM `fprop`/`dgrad`/
+   `wgrad` and `scudnn` kernels, `implicit_convolve_sgemm`, `wgrad_alg0_engine`, winograd and FFT kernels,
+   `conv2d_c1_k1_nhwc`, depthwise kernels, MIOpen's `igemm_fwd/bwd/wrw` and composable-kernel `grouped_conv`),
+   Inductor's convolution templates, and the layout transposes cuDNN and MIOpen run around a convolution whose
+   tensors are not in the layout its kernel wants (`nchwToNhwcKernel`, `batched_transpose_*`,
+   `transpose_NCHW2CNHW`); on the CPU, the convolution operators: NCHW tensors (not channels_last) cost these passes. A kernel of another name that a
+   convolution operator launched (cuDNN 9 runs some 1x1 convolutions as cuBLAS's `nvjet` GEMMs) keeps its
+   name's category: the roofline prices it from the convolution's shapes all the same (tables/roofline.py).
+5. `GEMM`: cuBLAS/cuBLASLt (nvjet, xmma, gemm, splitKreduce), CUTLASS, rocBLAS/hipBLASLt's Tensile kernels
    (Cijk_...: an AMD trace's GEMMs), Triton mm templates; on CPU
    the matmul ops (aten::mm, addmm, bmm, ...).
-5. `other compute`: every other kernel we recognise: Triton (fused elementwise, norms, loss), PyTorch's
-   own kernels (at::native, cub, ...), or names with elementwise/reduce/norm/softmax/loss words.
-6. `other`: anything else. The report lists these by name, so nothing is hidden.
+6. `other compute`: every other kernel we recognise: Triton (fused elementwise, norms, loss), PyTorch's
+   own kernels (at::native, cub, ...), cuDNN's batch norm (`bn_fw_tr_1C11_...`, `bn_bw_...`), or names with
+   elementwise/reduce/norm/softmax/loss words.
+7. `other`: anything else. The report lists these by name, so nothing is hidden.
 """
 import functools
 import re
 
-CATEGORIES = ("GEMM", "attention", "other compute", "optimizer", "memory", "communication", "other")
+CATEGORIES = ("GEMM", "convolution", "attention", "other compute", "optimizer", "memory", "communication", "other")
 
 _OPTIMIZER = re.compile(r"adam|muon|optimizer|(?<![a-z])(lamb|lion|sgd)(?![a-z])", re.IGNORECASE)
 # dot_do_o and convert_dq: the helper kernels of cuDNN's SDPA backward (compute_dot_do_o_specialized, ...)
 _ATTENTION = re.compile(r"attention|attn|flash|fmha|sdpa|_mha|mha_|dot_do_o|convert_dq", re.IGNORECASE)
+# cuDNN (scudnn/hcudnn/s1688cudnn families, xmma/cutlass fprop/dgrad/wgrad implicit GEMMs, the engines of older
+# versions, winograd and FFT kernels, cask helpers, depthwise kernels), MIOpen (igemm_*_gtc, naive_conv, composable
+# kernel's grouped_conv, its transposes), im2col/col2im of ATen's slow convolution; "conv" not followed by "ert"
+# (convert_*). Inductor's pointwise kernels may carry "convolution" in their fused ops' names
+# (triton_poi_fused_..._convolution_backward_...): they are elementwise, checked before this.
+_CONV = re.compile(r"conv(?!ert)|[shd]cudnn|\d{3,4}cudnn|cudnn_(?:ampere|volta|turing|hopper|maxwell|pascal|sm\d+)_|"
+                   r"fprop|dgrad|wgrad|winograd|cask_cudnn|fft2d_|fft3d_|gcgemm|igemm_(?:fwd|bwd|wrw)|miopen|"
+                   r"im2col|col2im|vol2col|col2vol|scalePackedTensor|xdlops_bwd_(?:weight|data)", re.IGNORECASE)
+# layout transposes run for a convolution whose tensors are not in its kernel's layout (cuDNN: NCHW <-> NHWC;
+# MIOpen: batched_transpose_*, transpose_NCHW2CNHW)
+LAYOUT_TRANSPOSE = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw|batched_transpose|transpose_(?:NCHW|CNHW|"
+                              r"NHWC)", re.IGNORECASE)
+_BATCH_NORM = re.compile(r"(?:^|::)bn_(?:fw|bw)|batch_?norm", re.IGNORECASE)
 _GEMM = re.compile(r"gemm|gemv|nvjet|cutlass|cublas|xmma|wgmma|hmma|splitkreduce|matmul|"
                    r"^(ampere|volta|turing|hopper|sm\d+)_|^Cijk_", re.IGNORECASE)
 _TRITON_MM = {"mm", "addmm", "bmm", "baddbmm", "scaled"}
 _OTHER_COMPUTE = re.compile(r"^triton_|at::|c10::|cub::|thrust::|at_cuda_detail|elementwise|reduce|norm|"
                             r"softmax|loss|cross_entropy|embedding|index|gather|scatter|copy|fill|cat_|sort", re.IGNORECASE)
-_CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|_scaled_mm|mkldnn_|convolution|"
-                       r"_convolution|conv\w*|linear)", re.IGNORECASE)
+_CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|_scaled_mm|mkldnn_(?!conv)\w*|linear)",
+                       re.IGNORECASE)
+_CPU_CONV = re.compile(r"^aten::(\w*conv\w*|_?convolution\w*|\w*_convolution\w*)$", re.IGNORECASE)
 # NCCL's and RCCL's kernels; NVLink SHARP (NVLS) and multimem collectives; torch's symmetric-memory kernels
 # (one_shot_all_reduce_kernel, two_shot_all_reduce_kernel, multimem_all_reduce_kernel, symm_mem ops); custom
 # all-reduce kernels of inference engines (vLLM's cross_device_reduce_1stage)
@@ -57,9 +80,11 @@ def classify_kernel(raw, device_cat="kernel", in_optimizer=False):
         return "memory"
     if _ATTENTION.search(raw):
         return "attention"
+    if is_convolution(raw):
+        return "convolution"
     if _GEMM.search(raw) or _is_triton_mm(raw):
         return "GEMM"
-    if _OTHER_COMPUTE.search(raw):
+    if _OTHER_COMPUTE.search(raw) or _BATCH_NORM.search(raw):
         return "other compute"
     return "other"
 
@@ -75,9 +100,18 @@ def classify_cpu_op(name, in_optimizer=False):
         return "memory"
     if _ATTENTION.search(name):
         return "attention"
+    if _CPU_CONV.match(name):
+        return "convolution"
     if _CPU_GEMM.match(name):
         return "GEMM"
     return "other compute"
+
+
+def is_convolution(raw):
+    """True for a convolution kernel or the layout transpose around one, by name (module docstring, rule 4)."""
+    if raw.startswith("triton_") and not raw.startswith("triton_tem_"):
+        return False  # Inductor's fused elementwise kernels (their names list the ops they fuse)
+    return bool(_CONV.search(raw) or LAYOUT_TRANSPOSE.search(raw)) and not _BATCH_NORM.search(raw)
 
 
 def is_communication(name, device=False):

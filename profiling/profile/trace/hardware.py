@@ -109,3 +109,36 @@ def gemm_format(types):
     """The number format a GEMM's recorded input dtypes run in ("bf16", "fp8", ...), or None if unrecorded."""
     formats = [DTYPE_FORMAT[t] for t in types[:2] if t in DTYPE_FORMAT]
     return formats[0] if formats else None
+
+
+# kernel-name words of a float32 GEMM or convolution: on tensor cores as TF32 (`tf32`, cuDNN's `xmma_..._tf32f32`),
+# or without them (`sgemm`, `scudnn`, `f32f32` with no tf32); checked in this order
+_TF32_WORDS = ("tf32",)
+_FP32_WORDS = ("sgemm", "scudnn", "f32f32", "convolve_sgemm", "<float")  # <float: cuDNN's templates
+
+
+def compute_format(types, kernel="", tf32=None):
+    """The number format whose peak a GEMM, convolution or attention call runs against: its recorded input dtypes
+    (bf16, fp16, fp8, fp4; float32 as "tf32" on tensor cores or "fp32" without), else its kernel's name; None
+    where neither tells. tf32: whether the process allows TF32 for this call (the settings record), None where
+    unknown (then the kernel's name decides, and a float32 call named neither way counts as fp32)."""
+    fmt = gemm_format(types)
+    low = kernel.lower()
+    if fmt is None and not any(w in low for w in _TF32_WORDS + _FP32_WORDS):
+        return None
+    if fmt not in (None, "fp32"):
+        return fmt
+    if any(w in low for w in _TF32_WORDS):
+        return "tf32"
+    if any(w in low for w in _FP32_WORDS):
+        return "fp32"
+    return "tf32" if tf32 else "fp32"
+
+
+def peak_for(device_name, fmt):
+    """Peak FLOP/s of a device in a number format, tf32 falling back to fp32 where the device has no TF32 (before
+    Ampere); None where unknown. The ceiling every rate quoted for a call of that format is held under."""
+    if fmt is None:
+        return None
+    value = peak_flops(device_name, fmt)
+    return value if value or fmt != "tf32" else peak_flops(device_name, "fp32")
