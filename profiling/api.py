@@ -77,6 +77,10 @@ from typing import NamedTuple
 from profiling.profile.trace import whose
 
 PROFILER_WARMUP = 1   # torch.profiler's own start-up step, not recorded
+# Timed steps whose time still rises are warm-up (a DataLoader with workers fills its prefetch queue at start
+# and drains it in the first steps: an H100 ResNet-18 with 2 workers timed 28, 29, 92, 101, 93 ms, its steady
+# state ~100 ms): the timing starts again after them, at most this many times.
+SETTLE_ROUNDS = 3
 
 _guards = set()       # weakref.finalize of each open window's Profiler: what interpreter exit must close
 _exiting = []         # non-empty once the interpreter exits (a window then closes as "the program exited")
@@ -145,6 +149,7 @@ class Profiler:
         self.memory = self.memory_asked and self.cuda
         self.model = model
         self.steps, self.done, self.result, self._window, self._guard = 0, False, None, None, None
+        self._settling = 0  # timing rounds restarted because the step time was still rising
         self._pace, self._watchdog, self._watch_frames = watchdog.Pace(), None, True
         if warmup_steps == 0 and timed_steps:  # the timed steps begin with the next step
             self._start_timing()
@@ -194,8 +199,11 @@ class Profiler:
         elif start < self.steps <= start + self.timed:
             self._marks.append(self._mark())
         if self.steps == start + self.timed:
-            if self.timed:
-                self._stop_timing()
+            if self.timed and self._stop_timing() and self._settling < SETTLE_ROUNDS:
+                self._settling += 1  # still rising: these were warm-up steps; time as many more
+                self.warmup += self.timed
+                self._start_timing()
+                return
             self._open()
         elif self._window is not None:
             trace = self._window.step()
@@ -303,7 +311,9 @@ class Profiler:
         self._marks = [self._mark()]
 
     def _stop_timing(self):
-        """The unprofiled step time from the timed steps, outliers left out (profiling/profile/trace/irregular.py)."""
+        """The unprofiled step time from the timed steps, outliers left out (profiling/profile/trace/irregular.py);
+        True when the step time was still rising through them (a DataLoader's prefetched batches running out,
+        DESIGN.md pitfall 17): not yet the steady state."""
         from profiling.profile.trace import irregular
         self._sync()
         marks = self._marks
@@ -312,9 +322,14 @@ class Profiler:
         else:
             each = [1e3 * (b - a) for a, b in zip(marks, marks[1:])]
         self.unprofiled_ms, self.timed_outliers = irregular.timed(each)
-        self.metadata.setdefault("timed_step_ms_each", [round(x, 4) for x in each])
+        self.metadata["timed_step_ms_each"] = [round(x, 4) for x in each]
+        self.metadata.pop("timed_outliers", None)
         if self.timed_outliers:
-            self.metadata.setdefault("timed_outliers", self.timed_outliers)
+            self.metadata["timed_outliers"] = self.timed_outliers
+        rising = irregular.rising(each)
+        if rising:
+            self.metadata.setdefault("settling", []).append([round(x, 2) for x in each])
+        return rising
 
     def _sync(self):
         if self.cuda:
@@ -324,7 +339,7 @@ class Profiler:
     def _open_window(self):
         from profiling.profile.capture import window
         return window.Window(self.profiler_warmup, self.active, self._metadata(), self.memory_asked,
-                              _tensors(self.model) if self.memory else ())
+                             _tensors(self.model) if self.memory else (), steady_ms=self.unprofiled_ms)
 
     def _metadata(self):
         import torch

@@ -69,6 +69,6 @@ def test_a_reference_rate_says_where_it_comes_from():
 def test_the_bound_rate_says_where_it_comes_from():
     s = summarize(load_trace(os.path.join(DATA, "h100-plant33-cublas_no_workspace.trace.json.gz")))
     over = next(f for f in s["findings"] if f["kind"] == "over_bound")
-    assert "bounds: FLOPs at 718 TFLOP/s, the rate of this trace's fastest large GEMMs" in over["evidence"]
-    rate, source = bound.gemm_ceiling(type("T", (), {"per_step": [], "labels": []})(), [], 989.5e12)
+    assert "bounds: FLOPs at 718 TFLOP/s, the rate of this trace's fastest large bf16 GEMMs" in over["evidence"]
+    rate, source = bound.gemm_ceiling(type("T", (), {"per_step": [], "labels": [], "meta": {}})(), [], 989.5e12)
     assert rate == pytest.approx(0.8 * 989.5e12) and "datasheet peak (no large GEMM in this trace" in source

@@ -16,7 +16,7 @@ import time
 import warnings
 
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from profiling.errors import UserError
 from profiling.profile.capture import eager_record, nvml, provenance, settings, shapes
@@ -25,6 +25,13 @@ from profiling.profile.capture.memory import MemoryStep, record_missing
 from profiling.profile.capture.sampler import StackSampler
 from profiling.profile.trace import settings as recorded
 
+# The window's warm-up grows while its steps run under SETTLE_SHARE of the unprofiled step: the pause that opens
+# it (settings, the profiler's start) lets a DataLoader's workers refill their queue, and an H100 ResNet-18 with 2
+# workers then profiled 42 ms steps against ~95 steady (benchmarks/host_side_results.md); at most SETTLE_STEPS
+# more steps and SETTLE_S seconds from the window's opening.
+SETTLE_SHARE = 0.7
+SETTLE_STEPS = 20
+SETTLE_S = 30.0
 # torch.profiler warns, whenever a schedule is given, that it keeps only the last cycle's events: with
 # repeat=1 there is one cycle, so the warning says nothing here.
 CYCLE_WARNING = "Warning: Profiler clears events at the end of each cycle"
@@ -69,11 +76,12 @@ class Window:
     metadata["settings"] holds a record already, and adds what the profiler itself changes.
     """
 
-    def __init__(self, warmup, active, metadata, memory=False, parameters=()):
+    def __init__(self, warmup, active, metadata, memory=False, parameters=(), steady_ms=None):
         if active < 1 or warmup < 0:
             raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
                             "use at least 1 active step and 0 or more warm-up steps")
         self.warmup, self.active, self.metadata = warmup, active, metadata
+        self.steady_ms, self.settled, self.t_step, self.t_open = steady_ms, 0, None, time.perf_counter()
         self.cuda = cuda = torch.cuda.is_available()
         self.before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -89,7 +97,8 @@ class Window:
         self.path = os.path.join(self.tmp, "trace.json")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self.prof = profile(activities=activities, record_shapes=False,  # shapes: DetailStep, untimed
-                            schedule=schedule(wait=0, warmup=warmup, active=active, repeat=1),
+                            schedule=self._action,  # schedule(wait=0, warmup, active, repeat=1), but warmup
+                            # may grow while the steps settle (_settle)
                             on_trace_ready=lambda p: p.export_chrome_trace(self.path))
         gc.collect()  # the garbage of what ran before (a collection inside the window would be its cost)
         self.sync()
@@ -100,8 +109,28 @@ class Window:
         self.launches.enter_context(without_launch_records())  # the profiler runs: a failed start changes nothing)
         self._before_step()
 
+    def _action(self, step):
+        """torch.profiler's action for `step` (its schedule): warm-up, then `active` recorded, then nothing."""
+        if step < self.warmup:
+            return ProfilerAction.WARMUP
+        if step < self.warmup + self.active - 1:
+            return ProfilerAction.RECORD
+        return ProfilerAction.RECORD_AND_SAVE if step == self.warmup + self.active - 1 else ProfilerAction.NONE
+
+    def _settle(self):
+        """At the end of the last warm-up step: one more warm-up step while the steps run under SETTLE_SHARE of
+        the unprofiled step (the pause that opened the window let a DataLoader's workers prefetch batches, which
+        the first steps then use up), at most SETTLE_STEPS more and SETTLE_S seconds."""
+        ms = 1e3 * (time.perf_counter() - self.t_step) if self.t_step is not None else None
+        if (ms is not None and self.steady_ms and ms < SETTLE_SHARE * self.steady_ms and self.settled < SETTLE_STEPS
+                and time.perf_counter() - self.t_open < SETTLE_S):
+            self.warmup += 1
+            self.settled += 1
+            self.metadata["window_settle_steps"] = self.settled
+
     def _before_step(self):
         """What starts with step i (self.i): the recording of the active steps."""
+        self.t_step = time.perf_counter()
         i = self.i
         if i == self.warmup:
             self.state = {"start": nvml.read(_uuid())} if self.cuda else None
@@ -118,6 +147,8 @@ class Window:
             else:
                 self.trace["autoresearch"][self.key] = record
             return self._next_after()
+        if self.i == self.warmup - 1:
+            self._settle()
         last = self.i == self.warmup + self.active - 1
         if last:
             self.sampler.stop()

@@ -102,7 +102,8 @@ def diagnose_cpu(ix, placed, summary, meta):
         return {"findings": [], "unknown": [], "skipped": [], "ledger": [], "not_run": CPU_NOT_RUN}
     found, skipped = run(cpu.CPU_RULES, tl, ctx)
     loader = input_pipeline.cpu_input_bound(ix, summary["step_ms"])  # the training thread in the DataLoader
-    found = ([loader] if loader else []) + found
+    if loader:  # it prices the thread's time in the loader's spans: no kernel or GPU gap another rule prices
+        found = [dict(loader, _kernels={}, _gaps={})] + found
     overhead = [f for f in found if f["kind"] == "profiler_overhead"]
     found, notes = ledger.admit([f for f in found if f["kind"] != "profiler_overhead"], ctx)
     return {"findings": [ledger.public(f) for f in found + overhead], "unknown": ctx["unknown"], "skipped": skipped,

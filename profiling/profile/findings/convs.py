@@ -115,11 +115,13 @@ def slow_convolution(tl, ctx, found):
                 + f"; gain: their time over {CONV_HEALTHY_RATIO:g}x their bound; cudnn.benchmark: "
                 + {True: "on", False: "off (cuDNN takes its heuristic's algorithm, no search)"}.get(
                     benchmark, "not recorded in this trace"))
-    fix = ("let cuDNN search its algorithms for these shapes: torch.backends.cudnn.benchmark = True before the "
+    # in the order they recovered on the H100 ConvNeXt-T in float32 (benchmarks/host_side_results.md): bf16 with
+    # channels_last 63.2 of 100.8 ms, bf16 alone 54.8, cudnn.benchmark 3.3, channels_last alone 0.6
+    fix = ("run these convolutions in bf16 under torch.autocast with the model and its inputs in channels_last "
+           "(model.to(memory_format=torch.channels_last), inputs too), where cuDNN's depthwise kernels are fast; "
+           "then let cuDNN search its algorithms for these shapes: torch.backends.cudnn.benchmark = True before the "
            "loop (" + ("off in this run" if benchmark is False else "check it is on") + "; fixed input shapes keep "
-           "the search to the first step); keep the model and its inputs in channels_last "
-           "(model.to(memory_format=torch.channels_last), inputs too), where cuDNN's depthwise kernels are fast, and "
-           "run them in bf16 under torch.autocast; all three keep the model's math (bf16: its precision)")
+           "the search to the first step); all keep the model's math (bf16: its precision)")
     return finding("slow_convolution", ms, ctx, evidence, fix)
 
 

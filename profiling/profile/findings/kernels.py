@@ -552,6 +552,12 @@ def math_attention(tl, ctx, found):
         fix = ("use F.scaled_dot_product_attention(q, k, v, is_causal=True)" + (
             " (or train.py's window attention)" if trainer_is_train_py(tl.meta) else "")
             + " with the fused backends on, not matmul + softmax")
+    elif _bias_in(tl):  # a per-head float mask: a bias the model adds (pitfall 19), so no "no mask" option
+        fix = ("use F.scaled_dot_product_attention(q, k, v, attn_mask=bias) with the fused backends on, not matmul "
+               "+ softmax: the per-head float mask is a bias the model adds to the scores (T5's relative position "
+               "bias, ALiBi), part of what it computes: keep it, as a contiguous attn_mask of q's dtype (SDPA's "
+               "memory-efficient backend adds it, forward and backward), or in FlexAttention's score_mod; never "
+               "is_causal=True or no mask in its place")
     elif kind.kind == BIDIRECTIONAL:
         fix = ("use F.scaled_dot_product_attention(q, k, v) with the fused backends on, not matmul + softmax; "
                + BOTH_WAYS)
@@ -559,7 +565,7 @@ def math_attention(tl, ctx, found):
         fix = ("use F.scaled_dot_product_attention with the fused backends on, not matmul + softmax, computing what "
                "the model computes (the trace does not say whether it is causal): is_causal=True only if the "
                "scores of future keys are masked now; otherwise the padding mask as [B, 1, 1, T], or none")
-    if kind.kind != CAUSAL:  # pitfall 19: a bias added to the scores is the model's (T5, ALiBi)
+    if kind.kind != CAUSAL and not _bias_in(tl):  # pitfall 19: a bias added to the scores is the model's
         fix += ("; a bias the model adds to the scores (T5's relative position bias, ALiBi) stays: pass it as SDPA's "
                 "float attn_mask (its memory-efficient backend adds it), never drop it")
     if kind.builder:  # a library builds the mask: its frame and its own remedy first, in the model's terms after
@@ -569,6 +575,11 @@ def math_attention(tl, ctx, found):
             "documentation for an attention implementation that takes no dense mask") + f" (in the model's terms: "
             f"{fix})")
     return attribute(tl, finding("math_attention", max(0.0, ms - target), ctx, evidence, fix), "math_attention")
+
+
+def _bias_in(tl):
+    """Whether an attention call of the trace passes a per-head float mask: a bias the model adds (bias_masks)."""
+    return any(bias_masks(op.get("args"))[0] for op in tl.ix.cpu_ops if ATTENTION_OP.search(str(op.get("name", ""))))
 
 
 def _backend(ops, kernels):

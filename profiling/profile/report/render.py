@@ -17,7 +17,7 @@ import json
 
 from tabulate import tabulate
 
-from profiling.profile.report.summary import diff
+from profiling.profile.report.summary import diff, noise_ms
 from profiling.profile.tables.gpu_memory import NO_CACHING
 from profiling.profile.trace import device_state, settings
 
@@ -97,7 +97,6 @@ def to_markdown(summary, previous=None, top=10):
     lines += _budget(view) + _regions(view) + _lines(view) + _cuda_calls(view) + [""] + _kernels(view, top) + [""] \
         + _checks(summary)
     if previous is not None:
-        from profiling.profile.report.regression import noise_ms  # regression imports this module
         lines += [""] + _changes(diff(previous, summary), noise_ms(previous, summary))
     return "\n".join(lines)
 
@@ -574,7 +573,7 @@ def memory_line(change):
 
 
 def _changes(d, noise=None):
-    """Section 4. `noise`: the CPU's noise floor in ms/step (regression.noise_ms): a change within it is called
+    """Section 4. `noise`: the CPU's noise floor in ms/step (summary.noise_ms): a change within it is called
     noise, and rows that moved less are left out."""
     step = d["step_ms"]
     title = f"## 4. Changes since the previous profile ({d['previous_commit'] or '?'} -> " \

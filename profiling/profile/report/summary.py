@@ -684,6 +684,21 @@ def memory_change(previous, current):
             "categories": sorted(cats, key=lambda c: -abs(c["change_mb"]))}
 
 
+def noise_ms(previous, current):
+    """The noise floor of a change between two CPU profiles, ms/step: half the widest range among each profile's
+    profiled steps and its timed (unprofiled) steps (the step-time check's `timed_ms`); a CPU step drifts with the
+    machine's load (one loop's timed steps 41-576 ms on a shared 2-core host), a GPU's does not. None unless
+    both are CPU profiles."""
+    if previous.get("kind") != "cpu" or current.get("kind") != "cpu":
+        return None
+    ranges = []
+    for s in (previous, current):
+        each = [x for x in s.get("step_ms_each") or () if isinstance(x, (int, float))]
+        ranges += [(min(each), max(each))] if len(each) > 1 else []
+        ranges += [tuple(c["timed_ms"]) for c in s.get("checks") or () if c.get("timed_ms")]
+    return max(((high - low) / 2 for low, high in ranges), default=0.0)
+
+
 def diff(previous, current, top=5):
     """What changed between two summaries: step time, and the categories, regions and kernels that moved most.
 

@@ -37,9 +37,31 @@ def outliers(each):
     return out, median
 
 
+RISE_RATIO = 1.25   # the later timed steps' median over the earlier ones': still warming (timing noise: ~10%)
+RISE_MIN_MS = 1.0   # and this much apart, so sub-ms CPU steps' jitter is no trend
+
+
+def rising(each):
+    """Whether step times still rise through `each` (ms): the median of its last half over RISE_RATIO x that of
+    its first half (a DataLoader's prefetched batches running out; the queue drained, the steady state is
+    slower)."""
+    if len(each) < 4:
+        return False
+    half = len(each) // 2
+    first, last = sorted(each[:half])[(half - 1) // 2], sorted(each[-half:])[(half - 1) // 2]
+    return last > RISE_RATIO * first and last - first > RISE_MIN_MS
+
+
+PERIODIC_SHARE = 1 / 3   # slow steps this common are the loop's own pattern, not one-offs: a DataLoader's 2
+                         # workers on an H100 ResNet-18 gave steps of 211, 44, 214, 32, 208, 30, ... ms
+
+
 def timed(each):
-    """(the mean ms of the timed steps the outliers left out, [{"step": 1-based, "ms", "median_ms"}])."""
+    """(the mean ms of the timed steps the outliers left out, [{"step": 1-based, "ms", "median_ms"}]); slow steps
+    PERIODIC_SHARE of the timed ones or more are the loop's pattern and stay in the mean."""
     out, median = outliers(each)
+    if len(out) >= 2 and len(out) >= PERIODIC_SHARE * len(each):
+        out = []
     kept = [ms for i, ms in enumerate(each) if i not in out]
     rows = [{"step": i + 1, "ms": round(each[i], 3), "median_ms": round(median, 3)} for i in out]
     return sum(kept) / len(kept), rows
@@ -54,6 +76,18 @@ def notes(meta):
         out.append(f"timed step {r.get('step')} of {len(each) or '?'} took {r.get('ms'):.1f} ms against a median "
                    f"of {r.get('median_ms'):.1f} ms (a checkpoint save, an eval, a logging burst?): left out of "
                    "the unprofiled step time")
+    settling = [r for r in meta.get("settling") or () if isinstance(r, list) and r]
+    if settling:
+        out.append(f"the step time still rose through the first {len(settling)} round(s) of timed steps ("
+                   + "; ".join(", ".join(f"{x:.1f}" for x in r) + " ms" for r in settling)
+                   + "): taken as warm-up (a DataLoader's prefetched batches running out, a cache warming), the "
+                   "unprofiled step timed after them")
+    extra = meta.get("window_settle_steps")
+    if isinstance(extra, int) and extra > 0:
+        out.append(f"the profiled steps began {extra} step(s) late: the steps after the pause that opened the window "
+                   "ran under 70% of the unprofiled step (batches the DataLoader's workers prefetched meanwhile), so "
+                   "they were left unrecorded until the step time came back")
+    out += [n for n in meta.get("notes_loader_waits") or () if isinstance(n, str)]
     ended = meta.get("ended_early")
     if isinstance(ended, dict):
         missing = ", ".join(ended.get("missing") or ()) or "nothing else"
@@ -168,6 +202,7 @@ def split(ix, meta):
     ix.one_off = _outside_rows(ix, spans)
     host = [(b - a) / 1e3 for a, b, _ in ix.steps]
     why = {} if ix.whole or len(ix.steps) < 2 else one_offs(each, work, inside, ix.iterations and host)
+    _keep_loader_waits(ix, why, each, windows or [st[:2] for st in ix.steps], meta)
     if not why:
         return per_step, windows, attributed, meta
     keep = [k for k in range(len(ix.steps)) if k not in why]
@@ -181,6 +216,33 @@ def split(ix, meta):
         attributed["one_off"] = sum(len(per_step[k]) for k in why)
         per_step, windows = [per_step[k] for k in keep], [windows[k] for k in keep]
     return per_step, windows, attributed, _renumbered(meta, keep)
+
+
+LOADER_SHARE = 0.5   # of a slow step's extra time spent waiting on the DataLoader: the input pipeline's, not once
+
+
+def _keep_loader_waits(ix, why, each, windows, meta):
+    """Keep, as the step's own cost, an outlier step whose extra time is mostly its wait for the DataLoader's next
+    batch: with workers the batches arrive unevenly (an H100 ResNet-18 with 2 workers: one step in two waits
+    ~180 ms), and that wait is what the input pipeline costs every step on average; said in the metadata's notes.
+    windows: each step's window on the measure that found it (the GPU timeline's: the wait that delays step k's
+    next kernels is in the host's next step)."""
+    outs = [k for k, reason in why.items() if reason == "outlier"]
+    if not outs:
+        return
+    loader = [m for m in ix.other_marks + ix.cpu_ops if str(m.get("name", "")).startswith(traceio.DATALOADER_NEXT)]
+    like = [each[k] for k in range(len(each)) if k not in why]
+    median = statistics.median(like) if like else 0.0
+    for k in outs:
+        a, b = windows[k]
+        wait = sum(min(b, m["ts"] + m.get("dur", 0)) - max(a, m["ts"]) for m in loader
+                   if m["ts"] < b and m["ts"] + m.get("dur", 0) > a) / 1e3
+        if wait >= LOADER_SHARE * (each[k] - median):
+            del why[k]
+            meta.setdefault("notes_loader_waits", []).append(
+                f"profiled step {k + 1} took {each[k]:.1f} ms against a median of {median:.1f} ms, {wait:.1f} ms of "
+                "it waiting for the DataLoader's next batch: kept as the step's own cost (the input pipeline's "
+                "batches arrive unevenly), not left out as a one-off")
 
 
 def _overlap(spans, window):
