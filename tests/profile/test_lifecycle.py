@@ -114,7 +114,7 @@ def test_a_window_left_open_closes_itself(tmp_path, after):
     function; after its function returned; a backward whose Python the close may land in; eval forwards with
     a forward hook): the watchdog closes the window on the main thread (never inside the backward), so that
     nothing the profiler started runs on, and the trace keeps only the 2 profiled steps."""
-    seen, err, _, size = left_open(tmp_path, after)
+    seen, err, exit_s, size = left_open(tmp_path, after)
     assert not seen["profiler"] and not seen["sampler"] and not seen["watchdog"] and seen["done"], seen
     assert not seen["provenance"] and seen["launch_records"], seen  # the settings put back
     assert set(seen["closed_on"]) == {"MainThread"}, seen  # torch.profiler stopped on its own thread
@@ -123,20 +123,11 @@ def test_a_window_left_open_closes_itself(tmp_path, after):
     assert ("its function loop" in said[0]) == (after == "return"), said  # the quick rule once it returned
     assert "the 2 profiled steps recorded are in" in said[0] and "Warning" not in err, err[-2000:]
     assert size < 50_000  # the two steps only (about 10 KB): nothing recorded after the loop stopped
+    # the process ends promptly: no profiler left to stop and no long trace to write at exit (2.2 s here against
+    # 7.2 s without the watchdog: benchmarks/lifecycle_results.md; the bound leaves a loaded CI host room)
+    assert exit_s < 6.0, exit_s
     if after == "backward":
         assert seen["grad_ok"]  # the backward's result is its own
-
-
-@pytest.mark.slow
-def test_the_window_left_open_costs_the_run_little(tmp_path):
-    """Trace size and exit time of the window left open, against the same run without the watchdog (as
-    before issue #49: profiled until the Profiler is dropped or the process exits, which writes the trace)."""
-    _, err, exit_s, size = left_open(tmp_path / "watched", "evals")
-    _, before_err, before_exit_s, before_size = left_open(tmp_path / "unwatched", "evals-unwatched")
-    assert "before the profile was done" in before_err  # closed on the way out (the Profiler dropped)
-    assert "before the profile was done" not in err  # nothing left for the way out
-    assert size * 20 < before_size, (size, before_size)
-    assert exit_s < before_exit_s, (exit_s, before_exit_s)
 
 
 def test_a_loop_that_steps_is_left_alone(out):
