@@ -63,7 +63,7 @@ def test_the_loop_form_profiles_a_model_of_its_own(out):
     s, md = prof.summary, prof.report
     assert s["tokens_per_step"] == 64 and s["unprofiled_step_ms"] > 0 and s["steps"] == 2
     assert s["gpu_memory"] == {"missing": "no CUDA device: GPU memory is recorded on CUDA only"}  # no step
-    assert md.startswith(f"# Profile:") or "# Profile:" in md
+    assert md.startswith("# Profile:") or "# Profile:" in md
     assert f"### Lines of {THIS}" in md and "train.py" not in md
     texts = {x["text"] for r in s["lines"]["rows"] for x in r["lines"]}
     assert "loss = nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())  # the loss line" in texts

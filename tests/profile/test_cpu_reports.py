@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from profiling.profile.findings import cpu
 from profiling.profile.report import render
 from profiling.profile.report.summary import _check_counts, summarize
 from profiling.profile.tables import regions

@@ -10,7 +10,6 @@ import types
 
 import pytest
 import torch
-import torch.nn as nn
 
 import profiling
 from profiling.profile.capture import provenance

@@ -115,7 +115,7 @@ def attribute(tl, found, mechanism):
     hits = causes(tl, mechanism)
     if hits is None:
         names = sorted({name.removeprefix("env.") for name, *_ in CAUSES[mechanism]})
-        return dict(found, evidence=found["evidence"] + f"; a process setting would also explain it ("
+        return dict(found, evidence=found["evidence"] + "; a process setting would also explain it ("
                     + ", ".join(names) + "): this trace has no settings record to tell (a live --profile "
                     "records them)")
     if not hits:

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections import Counter
 
 import orjson
 
