@@ -85,8 +85,9 @@ def notes(meta):
     extra = meta.get("window_settle_steps")
     if isinstance(extra, int) and extra > 0:
         out.append(f"the profiled steps began {extra} step(s) late: the steps after the pause that opened the window "
-                   "ran under 70% of the unprofiled step (batches the DataLoader's workers prefetched meanwhile), so "
-                   "they were left unrecorded until the step time came back")
+                   "ran under 70% of the unprofiled step (batches a DataLoader's workers prefetched meanwhile, or a "
+                   "host running ahead of the emptied GPU queue), so they were left unrecorded until the step time "
+                   "came back")
     out += [n for n in meta.get("notes_loader_waits") or () if isinstance(n, str)]
     ended = meta.get("ended_early")
     if isinstance(ended, dict):
