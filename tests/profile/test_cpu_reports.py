@@ -117,6 +117,15 @@ def test_the_step_time_is_judged_against_the_timed_steps_own_spread(traces, summ
     tight["autoresearch"]["unprofiled_step_ms"] = 20.1
     c = _check(summarize(tight), "profiled vs unprofiled step time")
     assert not c["ok"] and "outside what the unprofiled ones vary by" in c["detail"]
+    step = summarize(copy.deepcopy(traces["lightning-sequential"]))["step_ms"]
+    for timed, explained in (([0.5 * step, 0.51 * step], False), ([1.5 * step, 1.6 * step], True)):
+        drift = copy.deepcopy(traces["lightning-sequential"])  # timed steps all slower, or all faster
+        drift["autoresearch"]["timed_step_ms_each"], drift["autoresearch"]["unprofiled_step_ms"] = timed, timed[0]
+        s = summarize(drift)
+        c = _check(s, "profiled vs unprofiled step time")
+        assert not c["ok"] and bool(c.get("explained")) == explained
+        top = render.to_markdown(s).splitlines()  # faster than every timed step: a note, not CHECK FAILED
+        assert any(x.startswith("CHECK FAILED: profiled vs unprofiled") for x in top) != explained
 
 
 def test_a_change_within_the_machines_noise_is_called_noise(summaries):
