@@ -68,6 +68,46 @@ def test_operator_counts_that_really_differ_still_fail():
     assert not _check_counts([100, 110, 110, 100, 110], "device events")["ok"]  # the GPU's check: exact
 
 
+def test_a_save_added_to_a_step_is_work_added_not_a_failure():
+    """The Hugging Face Trainer's checkpoint save at step 10 (save_steps=5), profiled on the CPU
+    (benchmarks/new_user_cpu.py): 86 operators more than the others, each of theirs among them."""
+    from collections import Counter
+    usual = Counter({"aten::mm": 600, "aten::addmm": 400, "aten::add_": 920})
+    saved = usual + Counter({"aten::detach": 29, "detach": 29, "aten::view": 4, "aten::select": 4,
+                             "aten::as_strided": 5, "aten::mean": 2, "aten::div_": 2, "aten::item": 2, "x": 9})
+    c = _check_counts([1920, 2006, 1920, 1920, 1920], "CPU ops", [usual, saved, usual, usual, usual])
+    assert c["ok"] and "step 2: 2006 (+86: `aten::detach` x29" in c["detail"] and "work added" in c["detail"]
+    lacking = saved - Counter({"aten::mm": 1})  # one of the usual operators missing: a step unlike the others
+    assert not _check_counts([1920, 2005, 1920, 1920, 1920], "CPU ops", [usual, lacking, usual, usual, usual])["ok"]
+
+
+def test_an_lbfgs_loop_whose_work_grows_each_step_passes_its_operator_check(tmp_path):
+    """L-BFGS's two-loop recursion runs over its history, one pair longer each inner iteration: every step runs
+    more of the same operators (5,101 to 6,701 in benchmarks/new_user_cpu.py's loop). Profiled for real."""
+    import torch
+
+    import profiling
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = x.sum(1, keepdim=True).sin()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=3, tolerance_grad=0, tolerance_change=0)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    prof = profiling.Profiler(model, warmup_steps=1, timed_steps=2, active_steps=3, out_dir=tmp_path)
+    while not prof.done:
+        opt.step(closure)
+        prof.step()
+    c = _check(prof.summary, "CPU ops per step")
+    assert c["ok"] and c["detail"].startswith("grew step by step"), c
+    assert "CHECK FAILED: CPU ops per step" not in prof.report
+
+
 def test_the_step_time_is_judged_against_the_timed_steps_own_spread(traces, summaries):
     c = _check(summaries["lightning-sequential"], "profiled vs unprofiled step time")
     assert c["ok"] and "the 5 timed steps themselves took" in c["detail"]
@@ -77,6 +117,15 @@ def test_the_step_time_is_judged_against_the_timed_steps_own_spread(traces, summ
     tight["autoresearch"]["unprofiled_step_ms"] = 20.1
     c = _check(summarize(tight), "profiled vs unprofiled step time")
     assert not c["ok"] and "outside what the unprofiled ones vary by" in c["detail"]
+    step = summarize(copy.deepcopy(traces["lightning-sequential"]))["step_ms"]
+    for timed, explained in (([0.5 * step, 0.51 * step], False), ([1.5 * step, 1.6 * step], True)):
+        drift = copy.deepcopy(traces["lightning-sequential"])  # timed steps all slower, or all faster
+        drift["autoresearch"]["timed_step_ms_each"], drift["autoresearch"]["unprofiled_step_ms"] = timed, timed[0]
+        s = summarize(drift)
+        c = _check(s, "profiled vs unprofiled step time")
+        assert not c["ok"] and bool(c.get("explained")) == explained
+        top = render.to_markdown(s).splitlines()  # faster than every timed step: a note, not CHECK FAILED
+        assert any(x.startswith("CHECK FAILED: profiled vs unprofiled") for x in top) != explained
 
 
 def test_a_change_within_the_machines_noise_is_called_noise(summaries):
