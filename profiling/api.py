@@ -150,6 +150,9 @@ class Profiler:
         self.model = model
         self.steps, self.done, self.result, self._window, self._guard = 0, False, None, None, None
         self._settling = 0  # timing rounds restarted because the step time was still rising
+        # wait for the steady state (SETTLE_ROUNDS, the window's _settle) on CUDA only: a CPU step's time swings
+        # by 1.5x on a loaded 2-core host, which read as still rising would outrun a loop of fixed length
+        self.settle = self.cuda
         self._pace, self._watchdog, self._watch_frames = watchdog.Pace(), None, True
         if warmup_steps == 0 and timed_steps:  # the timed steps begin with the next step
             self._start_timing()
@@ -199,7 +202,7 @@ class Profiler:
         elif start < self.steps <= start + self.timed:
             self._marks.append(self._mark())
         if self.steps == start + self.timed:
-            if self.timed and self._stop_timing() and self._settling < SETTLE_ROUNDS:
+            if self.timed and self._stop_timing() and self.settle and self._settling < SETTLE_ROUNDS:
                 self._settling += 1  # still rising: these were warm-up steps; time as many more
                 self.warmup += self.timed
                 self._start_timing()
@@ -339,7 +342,8 @@ class Profiler:
     def _open_window(self):
         from profiling.profile.capture import window
         return window.Window(self.profiler_warmup, self.active, self._metadata(), self.memory_asked,
-                             _tensors(self.model) if self.memory else (), steady_ms=self.unprofiled_ms)
+                             _tensors(self.model) if self.memory else (),
+                             steady_ms=self.unprofiled_ms if self.settle else None)
 
     def _metadata(self):
         import torch
