@@ -20,10 +20,10 @@ Cost: one sample walks the main thread's frames under the GIL (each code object'
 once). Where the host is the bottleneck it still shows: on the H100, a compiled ResNet-50 (863 launches in a 25 ms
 step) ran +29% profiled with it against +16% without (benchmarks/profiler_cost_results.md, call 3). So the
 sampler times each of its own samples and stretches its period until they take at most OWN_SHARE of the time
-(issue #50): a deep stack is sampled less often, a shallow one every INTERVAL_S.
+(issue #50): a deep stack is sampled less often, a shallow one every INTERVAL_S. Its own time is its thread's
+CPU time (a thread the OS set aside costs the main thread nothing) plus the GIL's two hand-offs.
 """
 import linecache
-import statistics
 import sys
 import threading
 import time
@@ -35,9 +35,10 @@ INTERVAL_S = 0.002   # 500 samples a second: a 1 ms wait is seen about every oth
 MAX_FRAMES = 12      # frames kept per sample
 INNERMOST = 3        # innermost frames kept whatever their file; further out, only own ones (whose.py)
 MAX_TEXT = 100       # characters of a source line kept
-OWN_SHARE = 0.01     # the sampler's own time at most 1% of the main thread's
+OWN_SHARE = 0.02     # the sampler's own time at most 2% of the main thread's
 SWITCH_S = 25e-6     # two GIL hand-offs a sample (the main thread's cost, not seen by the sampler's own clock)
-RECENT = 16          # the period follows the median cost of the last RECENT samples (the first walks fill caches)
+RECENT = 16          # the period follows the least cost of the last RECENT samples: a walk that met new frames
+                     # paid once for their labels (0.9 ms against 0.02 on a Lightning stack), not at every sample
 
 
 def frame_label(code_file, line, function, root):
@@ -75,7 +76,7 @@ class StackSampler:
 
     def _run(self):
         while not self._stop.wait(self.interval):
-            at = time.perf_counter()
+            at, own = time.perf_counter(), time.thread_time()  # own: this thread's CPU time, not the wall's
             current = self.current
             frame = sys._current_frames().get(self.thread_id)
             if frame is None:
@@ -85,14 +86,14 @@ class StackSampler:
             else:
                 self.samples.append([current[0], round((at - current[1]) * 1e6), self._stack_id(frame)])
             del frame
-            self._paced(time.perf_counter() - at + SWITCH_S, current is not None)
+            if current is not None:  # the warm-up's walks fill the label caches: not what a sample costs
+                self._paced(time.thread_time() - own + SWITCH_S)
 
-    def _paced(self, cost, counted):
-        """The next period from this sample's own cost: the recent median cost over OWN_SHARE, at least `base`."""
+    def _paced(self, cost):
+        """The next period from this sample's own cost: the recent least cost over OWN_SHARE, at least `base`."""
         self._costs.append(cost)
-        if counted:
-            self.own_s, self.taken = self.own_s + cost, self.taken + 1
-        self.interval = max(self.base, statistics.median(self._costs) / OWN_SHARE)
+        self.own_s, self.taken = self.own_s + cost, self.taken + 1
+        self.interval = max(self.base, min(self._costs) / OWN_SHARE)
 
     def _stack_id(self, frame):
         """The id of this stack (its labels: `_labels_of`)."""

@@ -144,10 +144,12 @@ def _frames_by_step(samples, n):
 # ---------------------------------------------------------------------------------------------------------
 
 COMPILE, COLD, EVAL, SAVE, LOG, UNNAMED = "compile", "cold first pass", "eval", "checkpoint save", "log flush", "unnamed"
-# words in what ran only in a one-off step (frames, operators, annotations; lower case) that name its kind; the
-# checkpoint first (a save evaluates nothing), then the eval (Lightning's and HF's loops: validation_step,
+# words in what ran only in a one-off step (frames, operators, annotations; lower case) that name its kind: the
+# compiler's own frames (a device-only capture records no compile annotation: its host samples show them), the
+# checkpoint next (a save evaluates nothing), then the eval (Lightning's and HF's loops: validation_step,
 # evaluation_loop, prediction_step; a loop's own evaluate()), then a logging burst
-KIND_WORDS = ((SAVE, ("serialization.py", "save_checkpoint", "checkpoint_connector", "modelcheckpoint",
+KIND_WORDS = ((COMPILE, ("torch/_dynamo/", "torch/_inductor/", "fake_tensor.py", "compile_fx", "async_compile")),
+              (SAVE, ("serialization.py", "save_checkpoint", "checkpoint_connector", "modelcheckpoint",
                       "safetensors", "save_pretrained", "save_model", "save_state")),
               (EVAL, ("evaluat", "validat", "prediction_step", "predict_step", "test_step", "eval_step", "eval_loop")),
               (LOG, ("log_metrics", "log_dict", "on_log", "logging/__init__", "add_scalar", "summarywriter",
@@ -171,6 +173,10 @@ def one_offs(each, work, compile_ms, host=None):
             break
         why.update({judged[i]: "outlier" for i in out})
         judged = [k for k in judged if k not in why]
+    if len(judged) >= MIN_STEPS:  # a step that launched nothing and outlasts the others: a stall of its own (a
+        median = statistics.median(each[k] for k in judged)  # compile whose frames a device-only capture did
+        why.update({k: "outlier" for k in range(len(each)) if not work[k] and k not in why  # not record)
+                    and each[k] > OUTLIER_RATIO * median and each[k] - median >= OUTLIER_MIN_MS})
     if host and judged[:1] == [0] and len(judged) > 1:
         for ms in (each, host):
             median = statistics.median(ms[k] for k in judged[1:])
