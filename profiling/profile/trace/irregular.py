@@ -4,7 +4,10 @@ A checkpoint save, an eval or a logging burst in one of the timed (unprofiled) s
 report checks against from 65 to 119 ms in one run; inside the profiled steps one moved the profiled mean from
 90 to 135 ms (issue #41). The rule for an outlier: a step over OUTLIER_RATIO times the median of its steps and
 at least OUTLIER_MIN_MS over it, judged among MIN_STEPS steps or more (the median of five steps stays put when
-one or two are outliers). Timed outliers are left out of `unprofiled_step_ms` (the Profiler, profiling/api.py,
+one or two are outliers). Among the profiled steps, a step over NAMED_RATIO (1.3x) the others' median goes too
+when what ran only in it names a save, an eval or a log and that work took WORK_SHARE of its extra time
+(trace/only_in_step.py; HF's log-and-save step ran 1.45-1.77x on a loaded CPU); a step merely noisy names
+nothing, or its named work explains little of it, and stays. Timed outliers are left out of `unprofiled_step_ms` (the Profiler, profiling/api.py,
 times them).
 
 Among the profiled steps (`split`, where the summary makes its steps, so every table and finding sees the same
