@@ -159,8 +159,8 @@ def _rate_text(x):
     return f"{x:,.0f}" if x >= 1e3 else f"{x:.3g}" if x < 1 else f"{x:,.1f}"
 
 
-RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host stacks sampled (every 2 ms or more: 2% of the time at most)"),
-            ("shapes", "shapes"), ("memory", "memory"), ("modules", "modules"), ("flops", "FLOPs"))
+RECORDED = (("stacks", "Python stacks (with_stack)"),
+            ("host_samples", "host stacks sampled (every 2 ms or more: 2% of the time at most)"), ("shapes", "shapes"), ("memory", "memory"), ("modules", "modules"), ("flops", "FLOPs"))
 
 
 def _recorded(s):
