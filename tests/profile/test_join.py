@@ -135,3 +135,19 @@ def test_a_live_trace_says_how_its_steps_were_recorded():
     assert "timed steps: device only, operators joined from one untimed step (100.0% of device time)" in text
     meta.update(operators={"missing": "the loop ended before its step (an exception (KeyError))"})
     assert "no operators joined (the loop ended" in render.to_markdown(summarize(trace))
+
+
+def test_threads_named_by_pthread_id_take_the_operator_steps_ids():
+    """A process's first CUDA-only session names threads by pthread id (970979008 where the operator step wrote
+    519, H100): the join still pairs them, and the timed thread takes the operator step's id."""
+    trace, donor = pair("eager")
+    events = trace["traceEvents"]
+    renamed = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            e["tid"] = renamed.setdefault(e["tid"], 970979008 + 7 * len(renamed))
+    assert join.add_steps(events, marks(events), 1) == 2
+    record = join.join(events, donor)
+    assert record["unjoined_us"] == 0.0 and record["launches"] >= 0.99 * record["of"]
+    threads = {e["tid"] for e in donor if e.get("cat") == "cpu_op"}
+    assert {e["tid"] for e in events if e.get("cat") == "cuda_runtime"} <= threads

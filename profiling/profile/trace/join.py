@@ -17,7 +17,7 @@ with a CUDA event record and notes its host time; `add_steps` finds those runtim
 """
 import bisect
 import difflib
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from profiling.profile.trace.traceio import DEVICE_CATS, LAUNCH_CATS, STEP_PREFIX, corr, num
 
@@ -82,6 +82,7 @@ def join(events, donor):
         if e.get("cat") in DEVICE_CATS and corr(e) is not None:
             device[corr(e)].append(e)
     lent = _Donor(donor)
+    _same_threads(events, lent)
     ids = _IdSpace(events, donor)
     out = {"steps": len(steps), "launches": 0, "of": 0, "device_us": 0.0, "unjoined_us": 0.0}
     missed = defaultdict(float)
@@ -163,6 +164,33 @@ class _Donor:
             copy["args"] = args
             out.append(copy)
         return out
+
+
+def _same_threads(events, lent):
+    """Give the timed steps' threads the untimed step's thread ids (`events` changed in place). CUPTI names a
+    thread by its pthread id until a CPU operator has been recorded on it, so a process's first CUDA-only session
+    wrote 970979008 where the operator step wrote 519 (H100, torch 2.11); each timed thread takes the untimed
+    thread whose runtime calls it shares most (by name and kernel), one for one."""
+    device = defaultdict(list)
+    for e in events:
+        if e.get("cat") in DEVICE_CATS and corr(e) is not None:
+            device[corr(e)].append(e)
+    mine = defaultdict(Counter)
+    for e in events:
+        if e.get("cat") in LAUNCH_CATS:
+            mine[e.get("tid")][_key(e, device)] += 1
+    ours = {tid: Counter(keys) for tid, keys in lent.keys.items()}
+    shared = sorted(((sum((a & b).values()), t, d) for t, a in mine.items() for d, b in ours.items()),
+                    key=lambda x: -x[0])
+    renamed, taken = {}, set()
+    for n, t, d in shared:
+        if n and t not in renamed and d not in taken:
+            renamed[t] = d
+            taken.add(d)
+    renamed = {t: d for t, d in renamed.items() if t != d}
+    for e in events:
+        if e.get("tid") in renamed and e.get("cat") not in DEVICE_CATS:
+            e["tid"] = renamed[e["tid"]]
 
 
 def _key(call, device):
