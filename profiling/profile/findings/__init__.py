@@ -98,8 +98,14 @@ def diagnose_cpu(ix, placed, summary, meta):
     unprofiled = meta.get("unprofiled_step_ms")
     ctx = {"step": summary["step_ms"], "n": tl.n, "unprofiled": unprofiled if isinstance(unprofiled, (int, float))
            and unprofiled > 0 else None, "unknown": [], "claimed": set()}
-    if summary["step_ms"] <= 0:
-        return {"findings": [], "unknown": [], "skipped": [], "ledger": [], "not_run": CPU_NOT_RUN}
+    unrecorded = meta.get("device_unrecorded")
+    if unrecorded:  # the operators are a device's dispatch and waits, not CPU compute: no CPU rule applies
+        return {"findings": [], "skipped": [], "ledger": [], "not_run": None, "no_findings": cpu.UNRECORDED.format(
+            unrecorded), "unknown": [{"rule": "device", "missing": ["device events"], "ms_per_step": round(
+                summary["step_ms"], 2), "what": cpu.UNRECORDED.format(unrecorded)}]}
+    if summary["step_ms"] < cpu.MIN_STEP_MS:
+        return {"findings": [], "unknown": [], "skipped": [], "ledger": [], "not_run": CPU_NOT_RUN,
+                "no_findings": cpu.SHORT_STEP.format(summary["step_ms"])}
     found, skipped = run(cpu.CPU_RULES, tl, ctx)
     loader = input_pipeline.cpu_input_bound(ix, summary["step_ms"])  # the training thread in the DataLoader
     if loader:  # it prices the thread's time in the loader's spans: no kernel or GPU gap another rule prices

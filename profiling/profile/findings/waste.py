@@ -22,7 +22,9 @@ from profiling.profile.findings.contract import claim, finding, rule, top, train
 from profiling.profile.findings.kernels import fused_causal
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables.regions import PAD_ALIGNMENTS
+from profiling.profile.tables.bound import eager_bytes
 from profiling.profile.tables.roofline import DTYPE_BYTES, elements
+from profiling.profile.trace import hardware
 from profiling.profile.trace.classify import short_name
 from profiling.profile.trace.timeline import COMPILED
 
@@ -38,6 +40,18 @@ OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
 OVER_RATIO_OTHER = 5.0
 OVER_MIN_KERNEL_US = 10.0  # a kernel this short is its fixed cost (launch on the device, one wave, its tail;
                            # the shortest kernels of the H100 fixtures take 1.06 us): its bound says nothing
+OVER_MIN_BOUND_US = 2.0  # a kernel whose work needs less than this at the device's peak is all fixed cost (an H100
+                         # kernel takes 1-2 us however small its work; a 513-element int64->int32 copy took 22 us a
+                         # call on an MI300X, 12,835x its bound, tests/data/foreign/tracelens-mi300x-sglang-deepseek-*):
+                         # its ratio to the bound is no slow form to find
+OVER_SMALL_GRID_US = 20.0  # a grid of half the SMs or more, but not all, is one partial wave of a small shape when
+                          # its work needs under this at peak (ViT-B at batch 4 on the H100: GEMMs of 4.7 us in 98
+                          # blocks on 132 SMs, flash attention of 1 us in 96): the shape keeps it from the peak, not
+                          # a slow form; a grid far under the SMs for its work is the kernel's choice (cuBLAS without
+                          # its workspace: an [8, 262144] x [262144, 32] GEMM, 21 MB to read, in 1 block: no split-K)
+# HIP's hipExtModuleLaunchKernel records its grid in threads (Tensile's GEMMs: grid [76800] of blocks of [256]), every
+# other launch in blocks
+GRID_IN_THREADS = ("hipExtModuleLaunchKernel",)
 OVER_MIN_SHARE = 0.02    # of the step, summed over the flagged kernels: a clean Llama (examples/llama_train.py,
                          # batch 32, H100) has 1.3% in narrow GEMMs (its 4 k/v heads' projections at 1.7-2.1x
                          # their bound) that no edit of the user's code recovers
@@ -101,13 +115,15 @@ def eager_code(tl, ctx, found):
     if any(f["kind"] == "graph_break" for f in found):
         return None  # graph_break counts the eager kernels between the compiled fragments
     us, gain, kernels, chains, longest, ops, parts = 0.0, 0.0, 0, 0, 0, {}, {}
-    events = []
+    events, limited, lost, hidden = [], tl.device_limited, 0.0, 0.0
     for evs, cats in zip(tl.per_step, tl.labels):
         run = []
         for (e, launch), cat in sorted(zip(evs, cats), key=lambda x: x[0][0]["ts"]) + [((None, None), None)]:
             chain = tl.chain(tl.op_of(launch)) if cat in EAGER_CATEGORIES else []
             if e is not None and _eager(tl, chain, cat):
                 run.append(e["dur"])
+                alone, ahead = limited[id(e)]
+                lost, hidden = lost + alone * ahead, hidden + e["dur"] - alone
                 events.append(e)
                 aten = [c for c in chain if c.startswith("aten::")]
                 name = aten[-1] if aten else chain[0]
@@ -117,7 +133,8 @@ def eager_code(tl, ctx, found):
             elif run:
                 us, gain, kernels, chains = us + sum(run), gain + sum(run) - max(run), kernels + len(run), chains + 1
                 longest, run = max(longest, len(run)), []
-    ms = gain / ctx["n"] / 1e3
+    share = limited_share(lost, hidden, us, ctx)
+    ms = gain * share / ctx["n"] / 1e3
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     claim(ctx, events)
@@ -130,9 +147,32 @@ def eager_code(tl, ctx, found):
                 "operators: " + ", ".join(f"{op} {t / ctx['n'] / 1e3:.1f} ms" for op, t in top(ops))
                 + ("; the model is compiled (its graphs are in the trace)" if compiled else
                    "; no compiled graph in the trace") + "; gain: each chain fused into one pass as long as its "
-                "longest kernel")
+                "longest kernel" + _limited_note(share))
     f = finding("eager_code", ms, ctx, evidence, _eager_fix(tl, shown, compiled))
     return f if compiled else attribute(tl, f, "eager_code")
+
+
+LIMITED_NOTE_BELOW = 0.95  # a share of device time the step would lose worth saying: under 95% of it
+
+
+def limited_share(lost, hidden, us, ctx):
+    """The share of `us` of device time the step would lose were it gone (Timeline.device_limited): `lost`, the part
+    no other stream's work hid (`hidden`) after which the device was the step's limit; the rest of the unhidden part
+    was followed by the GPU waiting for the host's launches, so it is lost only as far as that idle is the profiler's:
+    where the unprofiled step shows the profiler made most of the idle (ctx's scale), the host keeps up without it
+    (Lightning's compiled GPT-2 on the H100: 38% idle profiled, 5% unprofiled; its eager loss compiled saved 6.5 ms
+    of the 5.2 claimed)."""
+    waited = us - hidden - lost
+    return (lost + waited * (1.0 - ctx.get("scale", 1.0))) / us if us else 0.0
+
+
+def _limited_note(share):
+    """The evidence's words on the share of the kernels' time the step would lose (Timeline.device_limited)."""
+    if share >= LIMITED_NOTE_BELOW:
+        return ""
+    return (f", counted for the {100 * share:.0f}% of their time the step would lose (the rest ran beside other "
+            "streams' work, or the GPU next waited for the host's launches: shorter kernels would only lengthen that "
+            "wait)")
 
 
 def _eager_fix(tl, parts, compiled):
@@ -367,6 +407,37 @@ def _math_path_trained(tl):
     return any(MATH_PATH in n for n in names) and any(b in n for n in names for b in SOFTMAX_BACKWARD)
 
 
+def _blocks(e, launch):
+    """The thread blocks (AMD: workgroups) a kernel ran, from its recorded grid; None where not recorded."""
+    args = e.get("args") or {}
+    grid, block = args.get("grid"), args.get("block")
+    if not isinstance(grid, list) or not grid or not all(isinstance(g, int) and g > 0 for g in grid):
+        return None
+    blocks = 1
+    for g in grid:
+        blocks *= g
+    if str((launch or {}).get("name", "")) in GRID_IN_THREADS and isinstance(block, list) and block:
+        threads = 1
+        for b in block:
+            threads *= b if isinstance(b, int) and b > 0 else 1
+        blocks = -(-blocks // threads)
+    return blocks
+
+
+def _judged(tl, e, launch, bound):
+    """Whether a kernel's bound is one it could reach: its work (the bound, or its operator's tensors at the
+    device's bandwidth, for a GEMM's bound counts only FLOPs) needs OVER_MIN_BOUND_US or more, and its grid is not
+    one partial wave of a small shape (OVER_SMALL_GRID_US): such a kernel leaves SMs idle and never nears the
+    peak, with nothing slow to find."""
+    nbytes, bandwidth = eager_bytes(tl.op_of(launch)), hardware.peak_bandwidth(tl.meta.get("device"))
+    work = max(bound, nbytes / bandwidth * 1e6 if nbytes and bandwidth else 0.0)
+    if work < OVER_MIN_BOUND_US:
+        return False
+    sms, blocks = tl.meta.get("sms"), _blocks(e, launch)
+    partial = isinstance(sms, int) and blocks is not None and sms / 2 <= blocks < sms
+    return not (partial and work < OVER_SMALL_GRID_US)
+
+
 @rule("over_bound", needs=("device", "bounds"))
 def over_bound(tl, ctx, found):
     """When no rule named a cause: the kernels furthest over their bound, beyond what their category shows in
@@ -377,7 +448,8 @@ def over_bound(tl, ctx, found):
     rows = {}
     for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
         for (e, launch), cat, b in zip(evs, cats, bs):
-            if b and e["dur"] >= OVER_MIN_KERNEL_US and not (cat == "attention" and fused_causal(tl, launch)):
+            if b and e["dur"] >= OVER_MIN_KERNEL_US and _judged(tl, e, launch, b) \
+                    and not (cat == "attention" and fused_causal(tl, launch)):
                 acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0, []])
                 acc[0], acc[1] = acc[0] + e["dur"], acc[1] + b
                 acc[2].append(e)
@@ -393,7 +465,9 @@ def over_bound(tl, ctx, found):
     evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
                 f"(beyond what their category reaches in a clean run): {shown}; bounds: FLOPs at "
                 f"{getattr(tl, 'bound_basis', None) or 'the best GEMM rate'}, bytes at the device's datasheet "
-                f"bandwidth; kernels under {OVER_MIN_KERNEL_US:g} us not judged (their fixed cost dominates); see the "
+                f"bandwidth; kernels under {OVER_MIN_KERNEL_US:g} us, whose work needs under {OVER_MIN_BOUND_US:g} us, or "
+                f"under {OVER_SMALL_GRID_US:g} us in one partial wave of blocks not judged (their fixed cost or the "
+                "small shape dominates); see the "
                 "lines and the regions below for where they come from")
     f = finding("over_bound", ms, ctx, evidence,
                 "find the work done in a slow form at those kernels' lines: shapes not multiples of 64 "

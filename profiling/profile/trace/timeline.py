@@ -146,6 +146,24 @@ class Timeline:
                     out.append((e, chain[i - 1]))
         return out
 
+    @functools.cached_property
+    def device_limited(self):
+        """{id(device event): (us, limited)}: each event's time while no other device event ran (a kernel beside
+        another stream's work is hidden by it), and whether the step would lose that time if the event ran faster:
+        whether the device was the step's limit after it. A kernel made shorter moves the GPU's next idle earlier; where that idle is the
+        GPU waiting for the host's next launch (launched after the GPU went idle, the host not blocked in a sync),
+        the idle only grows and the step keeps its length; where it is the host blocked in a sync (the sync
+        returns sooner), or where the GPU does not idle again in the step, the step is shorter by it."""
+        out = {}
+        for k, evs in enumerate(self.per_step):
+            host = sorted((g.start, self.sync_at(g) is not None) for g in self.gaps
+                          if g.step == k and g.launch["ts"] > g.start)
+            starts, alone = [t for t, _ in host], _alone([e for e, _ in evs])
+            for e, _ in evs:
+                i = bisect.bisect_left(starts, e["ts"] + e["dur"])
+                out[id(e)] = (alone(e), i == len(host) or host[i][1])
+        return out
+
     # -- syncs -----------------------------------------------------------------------------------------
 
     def _syncs(self):
@@ -215,6 +233,26 @@ class Timeline:
         if t0 is None:
             return []
         return [sid for step, us, sid in host.get("samples", ()) if step == k and start <= t0 + us <= end]
+
+
+def _alone(events):
+    """A function: an event's us while no other of `events` ran (one sweep over their starts and ends)."""
+    edges = sorted([(e["ts"], 1) for e in events] + [(e["ts"] + e["dur"], -1) for e in events])
+    times, solo, depths = [], [], []  # at each edge: its time, the us run by one event alone up to it, the events after
+    depth, acc = 0, 0.0
+    for t, d in edges:
+        if times and depth == 1:
+            acc += t - times[-1]
+        depth += d
+        times.append(t)
+        solo.append(acc)
+        depths.append(depth)
+
+    def upto(t):
+        i = bisect.bisect_right(times, t) - 1
+        return 0.0 if i < 0 else solo[i] + (t - times[i] if depths[i] == 1 else 0.0)
+
+    return lambda e: max(0.0, upto(e["ts"] + e["dur"]) - upto(e["ts"]))
 
 
 def input_types(op):
