@@ -118,14 +118,15 @@ def cuda_sync(tl, ctx, found):
     syncs, copies = [] if synced else cuda_calls.sync_calls(tl), cuda_calls.pageable_copies(tl)
     gaps = _open(cuda_calls.drained(tl, syncs + copies) if own else cuda_calls.drained(tl, syncs, to_step_end=False))
     slow = _pageable_excess(tl, copies) / ctx["n"] / 1e3
-    idle, caveat = sync_price(tl, ctx, [c["call"] for c in syncs], gaps) if syncs or own else (0.0, "")
+    waits = [c["call"] for c in (syncs + copies if own else syncs)]  # a pageable copy's call waits as a sync does
+    idle, caveat = sync_price(tl, ctx, waits, gaps) if syncs or own else (0.0, "")
     ms = idle + slow
     if not gaps and not slow or ms < FIRE_SHARE * ctx["step"]:
         return None
     _claim(gaps, "cuda_sync")
     parts = [_calls_text(tl, calls, ctx) for calls in (syncs, copies) if calls]
     evidence = ("; ".join(parts) + (f"; GPU idle after them to the end of their step {idle_ms(gaps, ctx):.1f} "
-                                    f"ms/step{scaled(ctx)} (the queue drained)" if own else
+                                    f"ms/step{scaled(ctx)} (the queue drained)" + caveat if own else
                                     (f"; GPU idle in the syncs' own gaps {idle_ms(gaps, ctx):.1f} ms/step" + caveat
                                      if syncs else ""))
                 + (f"; the pageable copies take {slow:.1f} ms/step more than pinned memory would" if slow else "")

@@ -2,6 +2,7 @@
 host's other work (what its stack samples show it doing). Stdlib only. Rules: profiling/profile/findings/
 contract.py's shape; the GPU idle is split among them once (profiling/profile/findings/__init__.py).
 """
+import bisect
 import math
 import re
 import statistics
@@ -96,8 +97,8 @@ def host_sync(tl, ctx, found):
                 + f"; GPU idle after them {idle_ms(claimed, ctx):.1f} ms/step{scaled(ctx)}"
                 + (f"; at {where}" if where else "") + _exposed(tl, exposed, ctx))
     ms, caveat = sync_price(tl, ctx, [e for e, _ in syncs], claimed + exposed)
-    if caveat and ms < FIRE_SHARE * ctx["step"]:  # recorded, but too small to report: its gaps stay unexplained
-        for g in claimed:
+    if caveat and ms < FIRE_SHARE * ctx["step"]:  # too small to report: its gaps go to the rules after it
+        for g in claimed + exposed:
             g.cause = None
         return None
     evidence += caveat
@@ -155,23 +156,27 @@ def _exposed_gaps(tl, syncs):
 
 
 def sync_price(tl, ctx, calls, gaps):
-    """(ms/step, evidence note) of syncs that leave these gaps. With the script's own idle: the idle. In a trace
-    recorded with Python stacks and no unprofiled step the host's time after each sync is inflated, but its wait
-    in the sync while the GPU runs is GPU time the stacks do not slow: without the syncs the host's work would
-    run beside that GPU work, so the gain is at most the smaller of the two (4,096 `.cpu()` round trips price so,
-    not as unknown). A wait with the GPU idle (a copy waiting on another process or stream) proves nothing."""
+    """(ms/step, evidence note) of syncs that leave these gaps: at most the host's wait in them while the GPU ran
+    the work they wait for. Without the syncs the host's later work would run beside that GPU work (the queue the
+    sync drained), so the gain is the lesser of the idle and that wait: a host slower than its GPU after the sync
+    (a tiny model's autograd dispatch) keeps its pace without it. A wait with the GPU idle (a copy waiting on
+    another process or stream: 139 ms inside one 704-byte copy of an A100 DLRM) proves nothing. In a trace
+    recorded with Python stacks and no unprofiled step the idle is inflated too, but the wait is GPU time the
+    stacks do not slow (4,096 `.cpu()` round trips price so, not as unknown)."""
     idle = idle_ms(gaps, ctx)
-    if own_idle(tl, ctx):
-        return idle, ""
     f = cuda_calls.facts(tl)
     wait = sum(e["dur"] - f.idle_in(e["ts"], e["ts"] + e["dur"]) for e in calls) / ctx["n"] / 1e3
     each = wait * ctx["n"] / max(1, len(calls))  # ms a call
+    waited = (f"; the host waited in them {wait:.1f} ms/step while the GPU ran the work they wait for ("
+              + (f"{each:.1f} ms" if each >= 1 else f"{1e3 * each:.0f} us") + " a call)")
+    if own_idle(tl, ctx):
+        return min(idle, wait), "" if wait >= idle else (
+            waited + f": without them the host's later work would overlap only that much GPU work, so the gain is "
+            f"at most that wait, {wait:.1f} ms/step (the rest of the idle is the host's own pace)")
     return min(idle, wait), (
-        f"; the host waited in them {wait:.1f} ms/step while the GPU ran the work they wait for ("
-        + (f"{each:.1f} ms" if each >= 1 else f"{1e3 * each:.0f} us") + " a call); recorded with Python stacks "
-        "(with_stack=True), which slow the host's Python, so the idle after each sync may be inflated: priced at "
-        f"the lesser of that idle and that wait, {min(idle, wait):.1f} ms/step (give --unprofiled-ms to price the "
-        "idle)")
+        waited + "; recorded with Python stacks (with_stack=True), which slow the host's Python, so the idle after "
+        f"each sync may be inflated: priced at the lesser of that idle and that wait, {min(idle, wait):.1f} ms/step "
+        "(give --unprofiled-ms to price the idle)")
 
 
 def _per_kernel(tl, syncs, ctx):
@@ -336,7 +341,9 @@ def launch_bound(tl, ctx, found):
     heavy, events = _launch_heavy(tl, ctx)
     if not heavy or not events:  # no device event counted (none with a launch): nothing launched too slowly
         return None
-    gaps = [g for g in _open_gaps(tl) if g.us < LONG_GAP_US or not _train_line(tl, _host_line(tl, g))]
+    gaps = [g for g in _open_gaps(tl) if g.us < LONG_GAP_US or _launching(tl, g)]
+    if not gaps:
+        return None
     for g in gaps:
         g.cause = "launch_bound"
     durs = [e["dur"] for evs in tl.per_step for e, _ in evs]
@@ -351,6 +358,30 @@ def launch_bound(tl, ctx, found):
     return finding("launch_bound", idle_ms(gaps, ctx), ctx, evidence,
                     f"fewer, larger kernels: {bigger}, keep the model compiled (torch.compile fuses the small "
                     "ones)" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
+
+
+def _launching(tl, g):
+    """Whether the host spent a long gap launching, not in one long call (a 6.5 ms hipLaunchKernel on an MI250: a
+    first launch's code load, one call, not many launches): with the live run's host samples, none inside it
+    shows the project's own code (a 2 ms sampler misses most gaps under a few ms: those are taken as launch work);
+    in a trace without them, the host's recorded operators and CUDA calls start and end all through it (no stretch
+    of LONG_GAP_US without one). A host silent for most of the gap (58.6 ms after one kernel in an HTA trace) was
+    doing something else, unrecorded: gpu_waits_on_host's."""
+    if _in_one_call(g):
+        return False
+    if (tl.meta.get("host_samples") or {}).get("stacks"):
+        return not _train_line(tl, _host_line(tl, g))
+    points = _host_points(tl)
+    i, j = bisect.bisect_left(points, g.start), bisect.bisect_right(points, g.end)
+    inside = [g.start] + points[i:j] + [g.end]
+    return max(b - a for a, b in zip(inside, inside[1:])) < LONG_GAP_US
+
+
+def _host_points(tl):
+    """The sorted starts and ends of the host's recorded operators and CUDA calls: when the host is seen at work."""
+    if not hasattr(tl, "_host_points"):
+        tl._host_points = sorted(t for e in tl.ix.cpu_ops + tl.ix.runtime for t in (e["ts"], e["ts"] + e["dur"]))
+    return tl._host_points
 
 
 def _train_line(tl, label):
