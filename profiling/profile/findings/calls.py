@@ -133,13 +133,21 @@ def cuda_sync(tl, ctx, found):
                 + ("; recorded with Python stacks (with_stack=True) and no unprofiled step: the copies' device time is "
                    "priced, not the idle after them (it may be the profiler's own)" if copies and not own else ""))
     fixes = []
-    if copies:
+    if copies and _pinning_matters(copies, slow, ctx):
         fixes.append("copy from pinned host memory (pin_memory=True on the host tensor or the DataLoader, then "
                      ".to(device, non_blocking=True)): a pageable copy blocks the host and runs slower")
-    if syncs:
+    if syncs or not fixes:
         fixes.append("take the synchronizing call out of the step (torch.cuda.synchronize(), .item(), .cpu(), a "
                      "blocking copy), or make it once per step after the next step is launched")
     return finding("cuda_sync", ms, ctx, evidence, "; ".join(fixes))
+
+
+def _pinning_matters(copies, slow, ctx):
+    """Whether pinned memory would change these pageable copies: they take FIRE_SHARE of the step more than pinned
+    copies would, or move MIN_RATE_BYTES or more a copy (a link's rate, not its latency). Copies of a few bytes
+    (`.item()`'s DtoH, a 704-byte index) wait for the queue ahead as any sync does: pinning saves nothing there."""
+    sizes = [c["bytes"] for c in copies if isinstance(c.get("bytes"), (int, float))]
+    return slow >= FIRE_SHARE * ctx["step"] or bool(sizes) and sum(sizes) / len(sizes) >= MIN_RATE_BYTES
 
 
 RULES = (blocking_launch, alloc_churn, cuda_sync)

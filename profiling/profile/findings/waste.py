@@ -18,7 +18,15 @@ Each rule takes (timeline, context, findings so far) and returns a finding or No
 """
 import re
 
-from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
+from profiling.profile.findings.contract import (
+    claim,
+    device_share,
+    finding,
+    limited_note,
+    rule,
+    top,
+    trainer_is_train_py,
+)
 from profiling.profile.findings.kernels import fused_causal
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables.regions import PAD_ALIGNMENTS
@@ -115,15 +123,13 @@ def eager_code(tl, ctx, found):
     if any(f["kind"] == "graph_break" for f in found):
         return None  # graph_break counts the eager kernels between the compiled fragments
     us, gain, kernels, chains, longest, ops, parts = 0.0, 0.0, 0, 0, 0, {}, {}
-    events, limited, lost, hidden = [], tl.device_limited, 0.0, 0.0
+    events = []
     for evs, cats in zip(tl.per_step, tl.labels):
         run = []
         for (e, launch), cat in sorted(zip(evs, cats), key=lambda x: x[0][0]["ts"]) + [((None, None), None)]:
             chain = tl.chain(tl.op_of(launch)) if cat in EAGER_CATEGORIES else []
             if e is not None and _eager(tl, chain, cat):
                 run.append(e["dur"])
-                alone, ahead = limited[id(e)]
-                lost, hidden = lost + alone * ahead, hidden + e["dur"] - alone
                 events.append(e)
                 aten = [c for c in chain if c.startswith("aten::")]
                 name = aten[-1] if aten else chain[0]
@@ -133,7 +139,7 @@ def eager_code(tl, ctx, found):
             elif run:
                 us, gain, kernels, chains = us + sum(run), gain + sum(run) - max(run), kernels + len(run), chains + 1
                 longest, run = max(longest, len(run)), []
-    share = limited_share(lost, hidden, us, ctx)
+    share = device_share(tl, events, ctx)
     ms = gain * share / ctx["n"] / 1e3
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
@@ -147,32 +153,9 @@ def eager_code(tl, ctx, found):
                 "operators: " + ", ".join(f"{op} {t / ctx['n'] / 1e3:.1f} ms" for op, t in top(ops))
                 + ("; the model is compiled (its graphs are in the trace)" if compiled else
                    "; no compiled graph in the trace") + "; gain: each chain fused into one pass as long as its "
-                "longest kernel" + _limited_note(share))
+                "longest kernel" + limited_note(share))
     f = finding("eager_code", ms, ctx, evidence, _eager_fix(tl, shown, compiled))
     return f if compiled else attribute(tl, f, "eager_code")
-
-
-LIMITED_NOTE_BELOW = 0.95  # a share of device time the step would lose worth saying: under 95% of it
-
-
-def limited_share(lost, hidden, us, ctx):
-    """The share of `us` of device time the step would lose were it gone (Timeline.device_limited): `lost`, the part
-    no other stream's work hid (`hidden`) after which the device was the step's limit; the rest of the unhidden part
-    was followed by the GPU waiting for the host's launches, so it is lost only as far as that idle is the profiler's:
-    where the unprofiled step shows the profiler made most of the idle (ctx's scale), the host keeps up without it
-    (Lightning's compiled GPT-2 on the H100: 38% idle profiled, 5% unprofiled; its eager loss compiled saved 6.5 ms
-    of the 5.2 claimed)."""
-    waited = us - hidden - lost
-    return (lost + waited * (1.0 - ctx.get("scale", 1.0))) / us if us else 0.0
-
-
-def _limited_note(share):
-    """The evidence's words on the share of the kernels' time the step would lose (Timeline.device_limited)."""
-    if share >= LIMITED_NOTE_BELOW:
-        return ""
-    return (f", counted for the {100 * share:.0f}% of their time the step would lose (the rest ran beside other "
-            "streams' work, or the GPU next waited for the host's launches: shorter kernels would only lengthen that "
-            "wait)")
 
 
 def _eager_fix(tl, parts, compiled):
@@ -465,7 +448,8 @@ def over_bound(tl, ctx, found):
     evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
                 f"(beyond what their category reaches in a clean run): {shown}; bounds: FLOPs at "
                 f"{getattr(tl, 'bound_basis', None) or 'the best GEMM rate'}, bytes at the device's datasheet "
-                f"bandwidth; kernels under {OVER_MIN_KERNEL_US:g} us, whose work needs under {OVER_MIN_BOUND_US:g} us, or "
+                f"bandwidth; kernels under {OVER_MIN_KERNEL_US:g} us, whose work needs under {OVER_MIN_BOUND_US:g} "
+                "us, or "
                 f"under {OVER_SMALL_GRID_US:g} us in one partial wave of blocks not judged (their fixed cost or the "
                 "small shape dominates); see the "
                 "lines and the regions below for where they come from")

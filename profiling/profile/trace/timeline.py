@@ -148,21 +148,39 @@ class Timeline:
 
     @functools.cached_property
     def device_limited(self):
-        """{id(device event): (us, limited)}: each event's time while no other device event ran (a kernel beside
-        another stream's work is hidden by it), and whether the step would lose that time if the event ran faster:
-        whether the device was the step's limit after it. A kernel made shorter moves the GPU's next idle earlier; where that idle is the
-        GPU waiting for the host's next launch (launched after the GPU went idle, the host not blocked in a sync),
-        the idle only grows and the step keeps its length; where it is the host blocked in a sync (the sync
-        returns sooner), or where the GPU does not idle again in the step, the step is shorter by it."""
-        out = {}
+        """{id(device event): (alone us, lost us)}: each event's time while no other device event ran (a kernel
+        beside another stream's work is hidden by it), and the part of that the step would lose were the event
+        faster. A kernel made shorter moves the GPU's next idle earlier. Where that idle is the GPU waiting for the
+        host's next launch (launched after the GPU went idle, the host not in a sync), the idle only grows: none is
+        lost. Where it is the host blocked in a sync, the sync returns sooner, but by no more than the host waited
+        in it while the GPU ran: the kernels before it share that wait. Where the GPU does not idle again before
+        the next step's work, all of it is lost; after the last step's work the trace does not tell, so the tails
+        of the steps before it decide (the last of one step: all lost)."""
+        out, tails = {}, []
         for k, evs in enumerate(self.per_step):
-            host = sorted((g.start, self.sync_at(g) is not None) for g in self.gaps
-                          if g.step == k and g.launch["ts"] > g.start)
+            host = sorted((g.start, g) for g in self.gaps if g.step == k and g.launch["ts"] > g.start)
             starts, alone = [t for t, _ in host], _alone([e for e, _ in evs])
-            for e, _ in evs:
+            groups = {}  # the first host gap after each event (None: none) -> [(event, alone us)]
+            for e, _ in sorted(evs, key=lambda p: p[0]["ts"] + p[0]["dur"]):
                 i = bisect.bisect_left(starts, e["ts"] + e["dur"])
-                out[id(e)] = (alone(e), i == len(host) or host[i][1])
+                groups.setdefault(host[i][1] if i < len(host) else None, []).append((e, alone(e)))
+            last = list(groups)[-1] if groups else None
+            for g, members in groups.items():
+                share = self._lost_share(g, sum(us for _, us in members))
+                if g is last and k < self.n - 1:
+                    tails.append(share)
+                if g is None and k == self.n - 1 and tails:  # the last step's tail: as the steps' before it
+                    share = sum(tails) / len(tails)
+                out.update((id(e), (us, us * share)) for e, us in members)
         return out
+
+    def _lost_share(self, gap, total):
+        """The share of `total` us of kernels before `gap` (None: no gap) that the step would lose (device_limited)."""
+        if gap is None:
+            return 1.0
+        sync = self.sync_at(gap)
+        waited = max(0.0, min(sync[0]["ts"] + sync[0]["dur"], gap.start) - sync[0]["ts"]) if sync else 0.0
+        return min(1.0, waited / total) if total else 0.0
 
     # -- syncs -----------------------------------------------------------------------------------------
 
