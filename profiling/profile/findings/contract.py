@@ -19,6 +19,8 @@ Rules run in the explicit order of profiling/profile/findings/__init__.py (root 
 expose), and the findings come out costliest first.
 """
 
+import math
+
 from profiling.profile.trace.timeline import COMPILED
 from profiling.profile.trace.traceio import has_shapes
 
@@ -190,12 +192,16 @@ def top(counts, k=3):
     return sorted(counts.items(), key=lambda kv: -kv[1])[:k]
 
 
-def device_share(tl, events, ctx):
-    """The share of these device events' time the step would lose were they faster (limited_share)."""
-    limited, us, lost, hidden = tl.device_limited, 0.0, 0.0, 0.0
+def device_share(tl, events, ctx, fraction=1.0):
+    """The share of a gain on these device events the step would keep (limited_share), the gain `fraction` of their
+    time: before a sync, at most what the host waited in it (Timeline.device_limited)."""
+    (limited, limits), us, hidden, alone_by = tl.device_limited, 0.0, 0.0, {}
     for e in events:
-        alone, gone = limited.get(id(e), (e["dur"], e["dur"]))
-        us, lost, hidden = us + e["dur"], lost + gone, hidden + e["dur"] - alone
+        alone, group = limited.get(id(e), (e["dur"], None))
+        us, hidden = us + e["dur"], hidden + e["dur"] - alone
+        alone_by[group] = alone_by.get(group, 0.0) + alone
+    fraction = max(fraction, 1e-9)
+    lost = sum(min(a, limits.get(g, math.inf) / fraction) for g, a in alone_by.items())
     return limited_share(lost, hidden, us, ctx)
 
 

@@ -146,8 +146,9 @@ def fp32_matmul(tl, ctx, found):
         fix += ("; keep the model and its inputs in channels_last (model.to(memory_format=torch.channels_last)), "
                 "the layout half-precision convolutions run fastest in")
     events = [e for g in fp32 + fp32_convs for e in g[4]]
-    share = device_share(tl, events, ctx)  # a host-bound step keeps its length however fast these run
-    gain = (max(0.0, ms - estimate) + max(0.0, c_ms - c_estimate)) * share
+    gain = max(0.0, ms - estimate) + max(0.0, c_ms - c_estimate)
+    share = device_share(tl, events, ctx, gain / (ms + c_ms) if ms + c_ms else 1.0)  # a host-bound step keeps its
+    gain *= share                                                                     # length however fast they run
     if share < 1 and gain < HOST_BOUND_MIN_SHARE * ctx["step"]:
         return None  # the host's pace leaves nothing worth a finding: the kernels stay for later rules
     claim(ctx, events)

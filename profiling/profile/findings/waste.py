@@ -139,7 +139,7 @@ def eager_code(tl, ctx, found):
             elif run:
                 us, gain, kernels, chains = us + sum(run), gain + sum(run) - max(run), kernels + len(run), chains + 1
                 longest, run = max(longest, len(run)), []
-    share = device_share(tl, events, ctx)
+    share = device_share(tl, events, ctx, gain / us if us else 1.0)
     ms = gain * share / ctx["n"] / 1e3
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None

@@ -14,6 +14,7 @@
 """
 import bisect
 import functools
+import math
 import re
 
 from profiling.profile.trace.traceio import DATALOADER_NEXT, by_thread, find, merge, outer_names, parents
@@ -148,39 +149,37 @@ class Timeline:
 
     @functools.cached_property
     def device_limited(self):
-        """{id(device event): (alone us, lost us)}: each event's time while no other device event ran (a kernel
-        beside another stream's work is hidden by it), and the part of that the step would lose were the event
-        faster. A kernel made shorter moves the GPU's next idle earlier. Where that idle is the GPU waiting for the
-        host's next launch (launched after the GPU went idle, the host not in a sync), the idle only grows: none is
-        lost. Where it is the host blocked in a sync, the sync returns sooner, but by no more than the host waited
-        in it while the GPU ran: the kernels before it share that wait. Where the GPU does not idle again before
-        the next step's work, all of it is lost; after the last step's work the trace does not tell, so the tails
-        of the steps before it decide (the last of one step: all lost)."""
-        out, tails = {}, []
+        """({id(device event): (alone us, group)}, {group: us}): each event's time while no other device event ran
+        (a kernel beside another stream's work is hidden by it), and the most the step would lose were the events
+        of its group faster. A kernel made shorter moves the GPU's next idle earlier; a group is the events before
+        one such idle. Where it is the GPU waiting for the host's next launch (launched after the GPU went idle,
+        the host not in a sync), the idle only grows: 0. Where it is the host blocked in a sync, the sync returns
+        sooner, by no more than the host waited in it while the GPU ran: that wait. Where the GPU does not idle
+        again before the next step's work: no limit (inf); after the last step's work the trace does not tell,
+        so it is as the step before it."""
+        out, limits, tail = {}, {}, math.inf
         for k, evs in enumerate(self.per_step):
             host = sorted((g.start, g) for g in self.gaps if g.step == k and g.launch["ts"] > g.start)
             starts, alone = [t for t, _ in host], _alone([e for e, _ in evs])
-            groups = {}  # the first host gap after each event (None: none) -> [(event, alone us)]
+            last = None
             for e, _ in sorted(evs, key=lambda p: p[0]["ts"] + p[0]["dur"]):
                 i = bisect.bisect_left(starts, e["ts"] + e["dur"])
-                groups.setdefault(host[i][1] if i < len(host) else None, []).append((e, alone(e)))
-            last = list(groups)[-1] if groups else None
-            for g, members in groups.items():
-                share = self._lost_share(g, sum(us for _, us in members))
-                if g is last and k < self.n - 1:
-                    tails.append(share)
-                if g is None and k == self.n - 1 and tails:  # the last step's tail: as the steps' before it
-                    share = sum(tails) / len(tails)
-                out.update((id(e), (us, us * share)) for e, us in members)
-        return out
+                g = host[i][1] if i < len(host) else None
+                key = id(g) if g is not None else ("tail", k)
+                if key not in limits:
+                    limits[key] = math.inf if g is None else self._waited(g)
+                out[id(e)], last = (alone(e), key), key
+            if last is not None and k < self.n - 1:
+                tail = limits[last]
+            elif last == ("tail", k):
+                limits[last] = tail
+        return out, limits
 
-    def _lost_share(self, gap, total):
-        """The share of `total` us of kernels before `gap` (None: no gap) that the step would lose (device_limited)."""
-        if gap is None:
-            return 1.0
+    def _waited(self, gap):
+        """us the host waited in the sync it was blocked in as the GPU went idle at `gap`, while the GPU ran; 0 where
+        it was in none (the GPU waited for its launch)."""
         sync = self.sync_at(gap)
-        waited = max(0.0, min(sync[0]["ts"] + sync[0]["dur"], gap.start) - sync[0]["ts"]) if sync else 0.0
-        return min(1.0, waited / total) if total else 0.0
+        return max(0.0, min(sync[0]["ts"] + sync[0]["dur"], gap.start) - sync[0]["ts"]) if sync else 0.0
 
     # -- syncs -----------------------------------------------------------------------------------------
 
