@@ -462,13 +462,18 @@ def _cause_unknown(tl, ctx, gaps):
     (before, after, op), _ = places.most_common(1)[0]
     inside = ("; the host was inside CUDA calls for " + ", ".join(
         f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2)) + " of it" if calls else "")
+    late = sum(g.us for g in gaps if g.launch["ts"] > g.start)  # the next work launched only after the GPU went idle
+    waiting = ("the GPU waiting for the host to launch" if 2 * late >= sum(g.us for g in gaps) else
+               "most of it with the next work already launched (the GPU waiting on a dependency: another stream, an "
+               "event, a copy the host is inside)")
     evidence = (f"cause unknown: {len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU "
-                f"idle {ms:.1f} ms/step ({100 * ms / ctx['step']:.0f}% of the step){scaled(ctx)}, the GPU "
-                f"waiting for the host to launch; mostly after `{before}`, before `{after}` (launched by "
-                f"{op}){inside}; what the host did meanwhile is not in this trace (no host samples)")
+                f"idle {ms:.1f} ms/step ({100 * ms / ctx['step']:.0f}% of the step){scaled(ctx)}, {waiting}; mostly "
+                f"after `{before}`, before `{after}` (launched by {op}){inside}; what the host did meanwhile is not "
+                "in this trace (no host samples)")
+    run = "train.py --profile" if trainer_is_train_py(tl.meta) else "`research profile` of its trace"
     return finding("gpu_waits_on_host", ms, ctx, evidence,
                    "find what the host does between those kernels: profile again with this profiler "
-                   "(profiling.Profiler around the loop, or train.py --profile: it samples the host's Python "
+                   f"(profiling.Profiler around the loop, then {run}: it samples the host's Python "
                    "stacks every 2 ms and names the line the GPU waits on), or with torch.profiler's "
                    "with_stack=True (it slows the host: give --unprofiled-ms); a data loader, a .item(), "
                    "logging or checkpointing inside the step are the usual causes")
