@@ -48,7 +48,7 @@ OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
 OVER_RATIO_OTHER = 5.0
 OVER_MIN_KERNEL_US = 10.0  # a kernel this short is its fixed cost (launch on the device, one wave, its tail;
                            # the shortest kernels of the H100 fixtures take 1.06 us): its bound says nothing
-OVER_MIN_BOUND_US = 2.0  # a kernel whose work needs less than this at the device's peak is all fixed cost (an H100
+OVER_MIN_BOUND_US = 1.0  # a kernel whose work needs less than this at the device's peak is all fixed cost (an H100
                          # kernel takes 1-2 us however small its work; a 513-element int64->int32 copy took 22 us a
                          # call on an MI300X, 12,835x its bound, tests/data/foreign/tracelens-mi300x-sglang-deepseek-*):
                          # its ratio to the bound is no slow form to find
