@@ -121,6 +121,20 @@ def lightning_loop(work, profiled=True):
     return callbacks[0].folder if callbacks else None
 
 
+def run_steps(prof, train_step):
+    """The loop of the plain and LBFGS runs: train_step(step) for steps 1..STEPS, then `prof.step()` when
+    profiled, as profiling.Profiler's documentation shows; the profile's folder after `prof.close()` (None
+    unprofiled)."""
+    for step in range(1, STEPS + 1):
+        train_step(step)
+        if prof:
+            prof.step()
+    if prof:
+        prof.close()
+        return prof.folder
+    return None
+
+
 def evaluate(model, batches):
     """The held-out batches' forwards, no gradient: what a user's eval does."""
     import torch
@@ -142,19 +156,15 @@ def plain_loop(work, profiled=True):
     held_out = [torch.randint(size.vocab, (size.batch, size.seq_len)) for _ in range(EVAL_BATCHES)]
     prof = profiling.Profiler(model, tokens_per_step=size.batch * size.seq_len,
                               out_dir=os.path.join(work, "profiles")) if profiled else None
-    for step in range(1, STEPS + 1):
+
+    def train_step(step):
         loss = example.lm_loss(model, tokens[step - 1, :, :-1], tokens[step - 1, :, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad()
         if step == EVAL_AFTER:
             evaluate(model, held_out)
-        if prof:
-            prof.step()
-    if prof:
-        prof.close()
-        return prof.folder
-    return None
+    return run_steps(prof, train_step)
 
 
 def lbfgs_loop(work, profiled=True):
@@ -176,14 +186,7 @@ def lbfgs_loop(work, profiled=True):
 
     prof = profiling.Profiler(model, samples_per_step=len(x), out_dir=os.path.join(work, "profiles")) \
         if profiled else None
-    for _ in range(STEPS):
-        opt.step(closure)
-        if prof:
-            prof.step()
-    if prof:
-        prof.close()
-        return prof.folder
-    return None
+    return run_steps(prof, lambda step: opt.step(closure))
 
 
 RUN = {"hf": hf_loop, "lightning": lightning_loop, "plain": plain_loop, "lbfgs": lbfgs_loop}

@@ -75,6 +75,7 @@ import weakref
 from typing import NamedTuple
 
 from profiling.profile.trace import whose
+from profiling.profile.trace.join import OPS
 
 PROFILER_WARMUP = 1   # torch.profiler's own start-up step, not recorded
 # Timed steps whose time still rises are warm-up (a DataLoader with workers fills its prefetch queue at start
@@ -110,6 +111,9 @@ class Profiler:
     micro_batch: sequences per forward/backward (for what fits), or None.
     memory: the GPU-memory step after the window (None: on with CUDA; never without it).
     code_roots: folders of your own code besides the script's folder (profiling/profile/trace/whose.py), or None.
+    ops: what the timed steps record on CUDA: "device" (default: kernels, copies and their launches; operators,
+        shapes and annotations joined from the untimed step after them, at a fraction of torch.profiler's host
+        cost) or "full" (every operator recorded inside the timed steps, as torch.profiler records them).
     top: rows of the kernel table. ranks: an object with rank, world_size, first, barrier(), from_first(obj)
         for a several-process run (default: torch.distributed's world when it is initialized).
     """
@@ -117,15 +121,15 @@ class Profiler:
     def __init__(self, model=None, *, tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
                  profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None, out_dir=None,
                  reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None,
-                 samples_per_step=None, code_roots=None):
+                 samples_per_step=None, code_roots=None, ops="device"):
         self.parameters = _parameters(model)
         check_arguments(tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
                         warmup_steps=warmup_steps, timed_steps=timed_steps,
                         profiler_warmup_steps=profiler_warmup_steps, active_steps=active_steps,
                         unprofiled_step_ms=unprofiled_step_ms, out_dir=out_dir, reference=reference,
                         metadata=metadata, top=top, micro_batch=micro_batch, memory=memory,
-                        samples_per_step=samples_per_step, code_roots=code_roots)
-        self.samples_per_step = samples_per_step
+                        samples_per_step=samples_per_step, code_roots=code_roots, ops=ops)
+        self.samples_per_step, self.ops = samples_per_step, ops
 
         from profiling.profile.report import folder
         if out_dir is None:
@@ -343,7 +347,7 @@ class Profiler:
         from profiling.profile.capture import window
         return window.Window(self.profiler_warmup, self.active, self._metadata(), self.memory_asked,
                              _tensors(self.model) if self.memory else (),
-                             steady_ms=self.unprofiled_ms if self.settle else None)
+                             steady_ms=self.unprofiled_ms if self.settle else None, ops=self.ops)
 
     def _metadata(self):
         import torch
@@ -501,7 +505,7 @@ def _cpu_threads(torch):
 def check_arguments(tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
                     profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None,
                     out_dir=None, reference=None, metadata=None, top=10, micro_batch=None, memory=None,
-                    samples_per_step=None, code_roots=None, ranks=None):
+                    samples_per_step=None, code_roots=None, ranks=None, ops="device"):
     """A one-line ValueError naming the first bad argument of Profiler (all but the model) and what it takes;
     the callbacks (profiling/callbacks.py) check their options so when they are made, before any training.
     An out_dir given is checked for writing; code_roots are set (profiling/profile/trace/whose.py)."""
@@ -516,6 +520,9 @@ def check_arguments(tokens_per_step=None, flops_per_token=None, warmup_steps=3, 
                                  ("active_steps", active_steps, 1), ("top", top, 1)):
         _check_count(name, value, minimum)
     _check_number("unprofiled_step_ms", unprofiled_step_ms)
+    if ops not in OPS:
+        raise ValueError(f"ops must be \"device\" (operators joined from an untimed step) or \"full\" "
+                         f"(operators recorded in the timed steps), not {ops!r}")
     if timed_steps == 0 and unprofiled_step_ms is None:
         raise ValueError("timed_steps=0 needs unprofiled_step_ms (the step time measured without the "
                          "profiler); give it, or time at least one step")

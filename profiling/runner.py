@@ -84,6 +84,9 @@ def parse_args(argv):
                    help="profiler warm-up steps (default 2)")
     p.add_argument("--active-steps", type=positive_int, default=5, metavar="A",
                    help="profiled steps (default 5)")
+    p.add_argument("--profile-ops", choices=("device", "full"), default="device",
+                   help="what the profiled steps record: the device only, operators joined from one untimed "
+                        "step after them (default, cheapest), or every operator inside them (full)")
     p.add_argument("--no-profile", action="store_true", help="skip the profile of a normal training run")
     p.add_argument("--no-gate", action="store_true",
                    help="never abort early (default: abort a run clearly worse than the best kept one)")
@@ -544,7 +547,7 @@ class Run:
             unprofiled_step_ms=1000 * sum(step_times) / len(step_times), profiler_warmup_steps=a.warmup_steps,
             active_steps=a.active_steps, metadata=meta, reference=self.profile_reference() if self.ranks.first
             else None, ranks=self.ranks if n > 1 else None, out_dir=None,
-            micro_batch=self.record["hyperparameters"].get("DEVICE_BATCH_SIZE"))
+            micro_batch=self.record["hyperparameters"].get("DEVICE_BATCH_SIZE"), ops=a.profile_ops)
         self.record["profile"] = result.folder
         print(f"\n{result.report}\n(profile files: {result.folder}; the line-record step, export, summary and "
               f"report took {result.seconds_after:.1f} s)")

@@ -6,7 +6,11 @@ user's first run on a laptop makes them (issue #49).
 
 - hf-gpt2-logging: GPT-2 (transformers' GPT2LMHeadModel from a tiny GPT2Config, nothing downloaded) under
   `Trainer`, logging every 5 steps: a logging step falls among the timed steps and one among the profiled steps.
-- hf-gpt2-ended: the same, max_steps ending the run after 2 of the 5 profiled steps (before the shape and
+- hf-gpt2-save: the same as benchmarks/new_user_cpu.py's HF loop, logging every 10 steps and saving a checkpoint
+  every 5: the log and the save of step 10 run in the second profiled step (HF runs them after on_step_end),
+  ~1.5x the others on a loaded 2-core CPU; its first 4 profiled steps kept (tests/data/trim_trace.py) to stay
+  small.
+- hf-gpt2-ended: the same as hf-gpt2-logging, max_steps ending the run after 2 of the 5 profiled steps (before the shape and
   line steps).
 - lightning-sequential: a classifier whose MLP is one `nn.Sequential` (parameters `net.0.weight`, ...), a
   CSVLogger writing every 5 steps.
@@ -18,6 +22,8 @@ Each keeps the callback's defaults (3 warm-up, 5 timed, 1 profiler warm-up, 5 pr
 and line-record steps). Deterministic in shape, not in timings.
 """
 import glob
+import gzip
+import json
 import os
 import shutil
 import sys
@@ -32,13 +38,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root: `profiling`
 
 import profiling  # noqa: E402
+import trim_trace  # noqa: E402  (tests/data/trim_trace.py, beside this file)
 
 STEPS = 20            # the profile takes 16 (3 + 5 + 1 + 5 + 1 + 1)
 ENDED_STEPS = 11      # 3 warm-up + 5 timed + 1 profiler warm-up + 2 of the 5 profiled steps
 RAISE_AT = 11         # optimizer steps done when training_step raises: in the 2nd profiled step
 
 
-def hf(out, max_steps=STEPS):
+def hf(out, max_steps=STEPS, logging_steps=5, save_steps=None):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, default_data_collator
 
     class Tokens(torch.utils.data.Dataset):
@@ -54,8 +61,9 @@ def hf(out, max_steps=STEPS):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=64))
     args = TrainingArguments(output_dir=out, max_steps=max_steps, per_device_train_batch_size=4,
-                             learning_rate=3e-4, use_cpu=True, report_to="none", save_strategy="no",
-                             logging_strategy="steps", logging_steps=5, disable_tqdm=True,
+                             learning_rate=3e-4, use_cpu=True, report_to="none",
+                             save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+                             logging_strategy="steps", logging_steps=logging_steps, disable_tqdm=True,
                              dataloader_num_workers=0, seed=0)
     callback = profiling.HFCallback(out_dir=out)
     Trainer(model=model, args=args, train_dataset=Tokens(max_steps * 4), data_collator=default_data_collator,
@@ -121,11 +129,14 @@ def lightning(out, which, raise_at=None):
 
 MAKERS = {
     "hf-gpt2-logging": lambda out: hf(out),
+    "hf-gpt2-save": lambda out: hf(out, logging_steps=10, save_steps=5),
     "hf-gpt2-ended": lambda out: hf(out, ENDED_STEPS),
     "lightning-sequential": lambda out: lightning(out, "sequential"),
     "lightning-gpt-width": lambda out: lightning(out, "gpt"),
     "lightning-raises": lambda out: lightning(out, "sequential", RAISE_AT),
 }
+
+KEEP_STEPS = {"hf-gpt2-save": 4}   # profiled steps kept: the save's and 3 like ones (irregular.MIN_STEPS)
 
 
 def main(names):
@@ -136,7 +147,13 @@ def main(names):
             MAKERS[name](out)
             traces = sorted(glob.glob(os.path.join(out, "**", "trace.json.gz"), recursive=True))
             dest = os.path.join(HERE, f"cpu-{name}.trace.json.gz")
-            shutil.copy(traces[-1], dest)
+            if name in KEEP_STEPS:
+                with gzip.open(traces[-1], "rt") as f:
+                    trace = trim_trace.trim(json.load(f), KEEP_STEPS[name])
+                with open(dest, "wb") as f:
+                    f.write(gzip.compress(json.dumps(trace, separators=(",", ":")).encode(), compresslevel=9, mtime=0))
+            else:
+                shutil.copy(traces[-1], dest)
             print(f"{dest}: {os.path.getsize(dest) / 1e3:.0f} KB")
         finally:
             shutil.rmtree(out, ignore_errors=True)

@@ -22,11 +22,13 @@ class DetailStep:
     to the profiled steps' operators by profiling/profile/capture/shapes.py) and the Python lines of host syncs (CUDA's
     sync debug mode, SyncRecorder). begin() before the step, end() after it: {"shapes": signatures}."""
 
-    def __init__(self, syncs, sync):
+    def __init__(self, syncs, sync, operators=False):
         self.syncs, self.sync, self.watch, self.prof = syncs, sync, None, None
+        self.operators = operators  # device-only timed steps: all of this step's events, for the join
 
     def begin(self):
-        self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.operators else [])
+        self.prof = profile(activities=activities, record_shapes=True)
         self.prof.__enter__()
         self.watch = contextlib.ExitStack()
         self.watch.enter_context(self.syncs.watch(True))
@@ -35,7 +37,8 @@ class DetailStep:
         self.watch.close()
         self.sync()
         self.prof.__exit__(None, None, None)
-        return {"shapes": shapes.signatures(exported_events(self.prof))}
+        events = exported_events(self.prof)
+        return {"events": events} if self.operators else {"shapes": shapes.signatures(events)}
 
     def abandon(self):
         if self.watch is not None:

@@ -18,12 +18,16 @@ any machine, later.
 
 Cost: one sample walks the main thread's frames under the GIL (each code object's kind and label worked out
 once). Where the host is the bottleneck it still shows: on the H100, a compiled ResNet-50 (863 launches in a 25 ms
-step) ran +29% profiled with it against +16% without (benchmarks/profiler_cost_results.md, call 3).
+step) ran +29% profiled with it against +16% without (benchmarks/profiler_cost_results.md, call 3). So the
+sampler times each of its own samples and stretches its period until they take at most OWN_SHARE of the time
+(issue #50): a deep stack is sampled less often, a shallow one every INTERVAL_S. Its own time is its thread's
+CPU time (a thread the OS set aside costs the main thread nothing) plus the GIL's two hand-offs.
 """
 import linecache
 import sys
 import threading
 import time
+from collections import deque
 
 from profiling.profile.trace import whose
 
@@ -31,6 +35,10 @@ INTERVAL_S = 0.002   # 500 samples a second: a 1 ms wait is seen about every oth
 MAX_FRAMES = 12      # frames kept per sample
 INNERMOST = 3        # innermost frames kept whatever their file; further out, only own ones (whose.py)
 MAX_TEXT = 100       # characters of a source line kept
+OWN_SHARE = 0.02     # the sampler's own time at most 2% of the main thread's
+SWITCH_S = 25e-6     # two GIL hand-offs a sample (the main thread's cost, not seen by the sampler's own clock)
+RECENT = 16          # the period follows the least cost of the last RECENT samples: a walk that met new frames
+                     # paid once for their labels (0.9 ms against 0.02 on a Lightning stack), not at every sample
 
 
 def frame_label(code_file, line, function, root):
@@ -51,6 +59,7 @@ class StackSampler:
         self._stop = threading.Event()
         self._thread = None
         self._kinds, self._labels = {}, {}   # code -> own?, (code, line) -> label
+        self.base, self._costs, self.own_s, self.taken = interval, deque(maxlen=RECENT), 0.0, 0
 
     def step(self, index):
         """Mark the start of profiled step `index` (0 = the first one recorded)."""
@@ -67,6 +76,7 @@ class StackSampler:
 
     def _run(self):
         while not self._stop.wait(self.interval):
+            at, own = time.perf_counter(), time.thread_time()  # own: this thread's CPU time, not the wall's
             current = self.current
             frame = sys._current_frames().get(self.thread_id)
             if frame is None:
@@ -74,9 +84,16 @@ class StackSampler:
             if current is None:  # started before the first recorded step: only the labels' caches warm
                 self._labels_of(frame)
             else:
-                at = time.perf_counter()
                 self.samples.append([current[0], round((at - current[1]) * 1e6), self._stack_id(frame)])
             del frame
+            if current is not None:  # the warm-up's walks fill the label caches: not what a sample costs
+                self._paced(time.thread_time() - own + SWITCH_S)
+
+    def _paced(self, cost):
+        """The next period from this sample's own cost: the recent least cost over OWN_SHARE, at least `base`."""
+        self._costs.append(cost)
+        self.own_s, self.taken = self.own_s + cost, self.taken + 1
+        self.interval = max(self.base, min(self._costs) / OWN_SHARE)
 
     def _stack_id(self, frame):
         """The id of this stack (its labels: `_labels_of`)."""
@@ -116,10 +133,12 @@ class StackSampler:
         return label
 
     def result(self):
-        """{"interval_ms", "stacks": [[frame label, innermost first]], "samples": [[step, us, stack id]],
+        """{"interval_ms": the last period, "own_ms": the samples' own time (with the GIL's hand-offs), "stacks":
+        [[frame label, innermost first]], "samples": [[step, us, stack id]],
         "lines": {frame label: its source line}, "own": [labels of the user's code and of installed model
         code (profiling/profile/trace/whose.py)]}: plain data for the trace metadata."""
         used = {label for stack in self.stacks for label in stack}
-        return {"interval_ms": self.interval * 1e3, "stacks": self.stacks, "samples": self.samples,
+        return {"interval_ms": self.interval * 1e3, "own_ms": round(self.own_s * 1e3, 3), "stacks": self.stacks,
+                "samples": self.samples,
                 "lines": {label: text for label, text in self.texts.items() if label in used and text},
                 "own": sorted(self.own & used)}

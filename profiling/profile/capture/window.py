@@ -23,6 +23,7 @@ from profiling.profile.capture import eager_record, nvml, provenance, settings, 
 from profiling.profile.capture.detail import DetailStep, SyncRecorder, without_launch_records
 from profiling.profile.capture.memory import MemoryStep, record_missing
 from profiling.profile.capture.sampler import StackSampler
+from profiling.profile.trace import join
 from profiling.profile.trace import settings as recorded
 
 # The window's warm-up grows while its steps run under SETTLE_SHARE of the unprofiled step: the pause that opens
@@ -76,18 +77,24 @@ class Window:
     metadata["settings"] holds a record already, and adds what the profiler itself changes.
     """
 
-    def __init__(self, warmup, active, metadata, memory=False, parameters=(), steady_ms=None):
+    def __init__(self, warmup, active, metadata, memory=False, parameters=(), steady_ms=None, ops="device"):
         if active < 1 or warmup < 0:
             raise UserError(f"cannot profile {active} active steps after {warmup} warm-up steps; "
                             "use at least 1 active step and 0 or more warm-up steps")
+        if ops not in join.OPS:
+            raise UserError(f"ops={ops!r} is not a capture mode; use one of {', '.join(map(repr, join.OPS))}")
         self.warmup, self.active, self.metadata = warmup, active, metadata
         self.steady_ms, self.settled, self.t_step, self.t_open = steady_ms, 0, None, time.perf_counter()
         self.cuda = cuda = torch.cuda.is_available()
+        self.device_only = cuda and ops == "device"
+        self.marks, self.mark = [], torch.cuda.Event() if self.device_only else None  # step edges (join.add_steps)
+        if self.mark is not None:
+            self.mark.record()  # created now, outside the window: each step's record is then one runtime call
         self.before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)
         self.sampler, self.syncs, self.state = StackSampler(), SyncRecorder(cuda), None
         self.i, self.t_end, self.trace, self.recorder = 0, None, None, None
-        self.after = [("details", lambda: DetailStep(self.syncs, self.sync))]
+        self.after = [("details", lambda: DetailStep(self.syncs, self.sync, operators=self.device_only))]
         if eager_record.enabled():
             self.after.append(("eager_lines", lambda: eager_record.Recorder(self.sync)))
         if memory and cuda:
@@ -95,7 +102,7 @@ class Window:
         self.missing = {"gpu_memory": record_missing()} if memory and not cuda else {}
         self.tmp = tempfile.mkdtemp(prefix="autoresearch-trace-")
         self.path = os.path.join(self.tmp, "trace.json")
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        activities = ([] if self.device_only else [ProfilerActivity.CPU]) + ([ProfilerActivity.CUDA] if cuda else [])
         self.prof = profile(activities=activities, record_shapes=False,  # shapes: DetailStep, untimed
                             schedule=self._action,  # schedule(wait=0, warmup, active, repeat=1), but warmup
                             # may grow while the steps settle (_settle)
@@ -140,6 +147,13 @@ class Window:
             self.state = {"start": nvml.read(_uuid())} if self.cuda else None
         if i >= self.warmup:
             self.sampler.step(i - self.warmup)
+            self._mark()
+
+    def _mark(self):
+        """A step's edge in a device-only trace: the host's clock, then a CUDA event record (join.add_steps)."""
+        if self.mark is not None:
+            self.marks.append(time.perf_counter() * 1e6)
+            self.mark.record()
 
     def step(self):
         """After each step: the trace once the window is done (then nothing more to call), else None."""
@@ -154,6 +168,7 @@ class Window:
             self._settle()
         last = self.i == self.warmup + self.active - 1
         if last:
+            self._mark()  # the last step's end
             self.sampler.stop()
             self.sync()  # the last step's kernels finish before the profiler stops recording
             self.t_end = time.perf_counter()
@@ -189,9 +204,15 @@ class Window:
         meta = self.trace["autoresearch"]
         if "missing" in record:
             meta["shapes"] = record
+            if self.device_only:
+                meta["operators"] = {"missing": record["missing"]}
             return
-        meta["shapes"] = shapes.transplant(self.trace["traceEvents"], record["shapes"])
-        if meta["shapes"]["matched"]:
+        if "events" in record:  # device-only timed steps: the detail step's operators, shapes and all
+            meta["operators"] = join.join(self.trace["traceEvents"], record["events"])
+            meta["shapes"] = {"joined": True}
+        else:
+            meta["shapes"] = shapes.transplant(self.trace["traceEvents"], record["shapes"])
+        if meta["shapes"].get("matched") or meta["shapes"].get("joined"):
             self.trace["record_shapes"] = 1
         meta.update(syncs=self.syncs.result(self.sampler.root), syncs_steps=1)
 
@@ -226,16 +247,22 @@ class Window:
         if trace is None:
             return None
         samples = self.sampler.result()
+        if self.device_only:  # no ProfilerStep annotations in a CUDA-only trace: the steps from their marks
+            join.add_steps(trace.setdefault("traceEvents", []), self.marks[:steps + 1], self.warmup)
         if steps < self.active:  # the step the loop was in when it ended is no step: its marker goes
             trace["traceEvents"] = [e for e in trace.get("traceEvents") or []
                                     if e.get("name") != f"ProfilerStep#{self.warmup + steps}"]
             samples["samples"] = [s for s in samples["samples"] if s[0] < steps]
-        trace["autoresearch"] = dict(self.metadata, host_samples=samples,
+        trace["autoresearch"] = dict(self.metadata, host_samples=samples, capture_ops=self.ops_mode(),
                                      syncs=None, dynamo=dynamo_record(),
                                      provenance=provenance.result(), device_state=self.state,
                                      settings=dict(self.before, profiler=own_settings(self.before, self.cuda)),
                                      **self.missing, **(missing or {}))
         return trace
+
+    def ops_mode(self):
+        """What the timed steps recorded: "device" (operators joined from the detail step) or "full"."""
+        return "device" if self.device_only else "full"
 
     def _quiet(self, fn):
         """fn(), with kineto's no-GPU error line dropped on a machine without CUDA (see NO_GPU_LINE)."""

@@ -20,6 +20,7 @@ from tabulate import tabulate
 from profiling.profile.report.summary import diff, noise_ms
 from profiling.profile.tables.gpu_memory import NO_CACHING
 from profiling.profile.trace import device_state, settings
+from profiling.profile.trace.traceio import num
 
 PART_LABELS = {
     "GEMM": "GEMM",
@@ -158,8 +159,8 @@ def _rate_text(x):
     return f"{x:,.0f}" if x >= 1e3 else f"{x:.3g}" if x < 1 else f"{x:,.1f}"
 
 
-RECORDED = (("stacks", "Python stacks (with_stack)"), ("host_samples", "host stacks sampled every 2 ms"),
-            ("shapes", "shapes"), ("memory", "memory"), ("modules", "modules"), ("flops", "FLOPs"))
+RECORDED = (("stacks", "Python stacks (with_stack)"),
+            ("host_samples", "host stacks sampled (every 2 ms or more: 2% of the time at most)"), ("shapes", "shapes"), ("memory", "memory"), ("modules", "modules"), ("flops", "FLOPs"))
 
 
 def _recorded(s):
@@ -178,7 +179,24 @@ def _recorded(s):
                 how.get("unprofiled"), "none, so the profiled step could not be checked (give it: --unprofiled-ms)"))
     if how.get("stacks") and not how.get("unprofiled") and s.get("kind") != "cpu":
         line += "; Python stacks slow the host, so GPU idle is not priced"
-    return line
+    return line + _ops_text(how.get("ops"), s)
+
+
+def _ops_text(ops, s):
+    """What the timed steps recorded (issue #50) and what the window cost against the unprofiled step."""
+    if not ops:
+        return ""
+    if "missing" in ops:
+        text = f"; timed steps: device only, no operators joined ({ops['missing']})"
+    else:
+        text = f"; timed steps: device only, operators joined from one untimed step ({100 * ops['joined']:.1f}% " \
+               "of device time"
+        text += (f"; unjoined: {', '.join(f'`{k[:60]}`' for k in ops['unjoined_kernels'])})"
+                 if ops["joined"] < 0.995 and ops["unjoined_kernels"] else ")")
+    u = s.get("unprofiled_step_ms")
+    if num(u) and u > 0:
+        text += f"; the window's cost: {100 * (s['step_ms'] / u - 1):+.1f}% over the unprofiled step"
+    return text
 
 
 def _findings(s, shown=MAX_FINDINGS):

@@ -295,7 +295,22 @@ def recorded(trace, ix, unprofiled_given=False):
         "modules": bool(trace.get("with_modules")) or modules,
         "flops": bool(trace.get("with_flops")) or any("flops" in (op.get("args") or {}) for op in ix.cpu_ops[:2000]),
         "unprofiled": "given" if unprofiled_given else ("trace" if num(unprofiled) and unprofiled > 0 else None),
+        "ops": _ops_joined(meta) if live else None,
     }
+
+
+def _ops_joined(meta):
+    """How a live capture's timed steps got their operators (issue #50): None when recorded in them ("full",
+    or a capture before the choice existed), else {"joined": share of device time whose launch found its
+    operator in the untimed step} or {"missing": why there are none}."""
+    if meta.get("capture_ops") != "device":
+        return None
+    record = meta.get("operators") or {"missing": "the untimed operator step did not run"}
+    if "missing" in record:
+        return {"missing": record["missing"]}
+    device = record.get("device_us") or 0.0
+    return {"joined": 1.0 - record.get("unjoined_us", 0.0) / device if device else 1.0,
+            "unjoined_kernels": record.get("unjoined_kernels") or []}
 
 
 def _summarize_device(ix, meta, how, per_step, windows, out):

@@ -4,7 +4,10 @@ A checkpoint save, an eval or a logging burst in one of the timed (unprofiled) s
 report checks against from 65 to 119 ms in one run; inside the profiled steps one moved the profiled mean from
 90 to 135 ms (issue #41). The rule for an outlier: a step over OUTLIER_RATIO times the median of its steps and
 at least OUTLIER_MIN_MS over it, judged among MIN_STEPS steps or more (the median of five steps stays put when
-one or two are outliers). Timed outliers are left out of `unprofiled_step_ms` (the Profiler, profiling/api.py,
+one or two are outliers). Among the profiled steps, a step over NAMED_RATIO (1.3x) the others' median goes too
+when what ran only in it names a save, an eval or a log and that work took WORK_SHARE of its extra time
+(trace/only_in_step.py; HF's log-and-save step ran 1.45-1.77x on a loaded CPU); a step merely noisy names
+nothing, or its named work explains little of it, and stays. Timed outliers are left out of `unprofiled_step_ms` (the Profiler, profiling/api.py,
 times them).
 
 Among the profiled steps (`split`, where the summary makes its steps, so every table and finding sees the same
@@ -18,7 +21,7 @@ host_sync of 1,436 ms/step. Stdlib only.
 """
 import statistics
 
-from profiling.profile.trace import iterations, traceio
+from profiling.profile.trace import iterations, only_in_step, traceio
 
 OUTLIER_RATIO = 2.0   # over the median: the saves of issue #41 were 3.5x and 5x; a loaded 2-core host
                       # jitters single CPU steps by 1.5x, so 2x is clearly another kind of step
@@ -88,7 +91,8 @@ def notes(meta):
                    "ran under 70% of the unprofiled step (batches a DataLoader's workers prefetched meanwhile, or a "
                    "host running ahead of the emptied GPU queue), so they were left unrecorded until the step time "
                    "came back")
-    out += [n for n in meta.get("notes_loader_waits") or () if isinstance(n, str)]
+    out += [n for n in (meta.get("notes_loader_waits") or []) + (meta.get("notes_named_kept") or [])
+            if isinstance(n, str)]
     ended = meta.get("ended_early")
     if isinstance(ended, dict):
         missing = ", ".join(ended.get("missing") or ()) or "nothing else"
@@ -112,46 +116,12 @@ def profiled_check(each, ix):
             f"{len(each)} steps"}
 
 
-def _by_step(steps, events):
-    """[{name: us}] per step window (start, end, name) of the events (operators, annotations, frames) in it."""
-    per, starts = [{} for _ in steps], [w[0] for w in steps]
-    for e in events:
-        ts = e.get("ts")
-        k = traceio.find(steps, starts, ts) if traceio.num(ts) else None
-        if k is not None:
-            name = str(e.get("name", ""))
-            per[k][name] = per[k].get(name, 0.0) + float(e.get("dur") or 0.0)
-    return per
-
-
-def _frames_by_step(samples, n):
-    """[{frame label: samples}] per profiled step, from the sampler's record (profiling/profile/capture/sampler.py)."""
-    per = [{} for _ in range(n)]
-    if not isinstance(samples, dict):
-        return per
-    stacks = samples.get("stacks") or []
-    for row in samples.get("samples") or ():
-        step, _, stack = row
-        if 0 <= step < n and 0 <= stack < len(stacks):
-            for depth, label in enumerate(stacks[stack]):  # innermost first: ties go to the innermost frame
-                count, inner = per[step].get(label, (0, depth))
-                per[step][label] = (count + 1, min(inner, depth))
-    return [{label: count - inner / 1e3 for label, (count, inner) in p.items()} for p in per]
-
-
 # ---------------------------------------------------------------------------------------------------------
 # One-off steps and spans: left out of every per-step figure, reported once (issue #48 item 2, #49 item 1)
 # ---------------------------------------------------------------------------------------------------------
 
-COMPILE, COLD, EVAL, SAVE, LOG, UNNAMED = "compile", "cold first pass", "eval", "checkpoint save", "log flush", "unnamed"
-# words in what ran only in a one-off step (frames, operators, annotations; lower case) that name its kind; the
-# checkpoint first (a save evaluates nothing), then the eval (Lightning's and HF's loops: validation_step,
-# evaluation_loop, prediction_step; a loop's own evaluate()), then a logging burst
-KIND_WORDS = ((SAVE, ("serialization.py", "save_checkpoint", "checkpoint_connector", "modelcheckpoint",
-                      "safetensors", "save_pretrained", "save_model", "save_state")),
-              (EVAL, ("evaluat", "validat", "prediction_step", "predict_step", "test_step", "eval_step", "eval_loop")),
-              (LOG, ("log_metrics", "log_dict", "on_log", "logging/__init__", "add_scalar", "summarywriter",
-                     "tensorboard", "wandb", "flush")))
+COLD, UNNAMED = "cold first pass", "unnamed"  # with only_in_step's COMPILE, SAVE, EVAL, LOG
+COMPILE = only_in_step.COMPILE
 WIDEN = ("profile more steps: profiling.Profiler(active_steps=N) or torch.profiler.schedule(active=N), N of 5 or "
          "more, or a window that starts after the run's first steps")
 
@@ -171,6 +141,10 @@ def one_offs(each, work, compile_ms, host=None):
             break
         why.update({judged[i]: "outlier" for i in out})
         judged = [k for k in judged if k not in why]
+    if len(judged) >= MIN_STEPS:  # a step that launched nothing and outlasts the others: a stall of its own (a
+        median = statistics.median(each[k] for k in judged)  # compile whose frames a device-only capture did
+        why.update({k: "outlier" for k in range(len(each)) if not work[k] and k not in why  # not record)
+                    and each[k] > OUTLIER_RATIO * median and each[k] - median >= OUTLIER_MIN_MS})
     if host and judged[:1] == [0] and len(judged) > 1:
         for ms in (each, host):
             median = statistics.median(ms[k] for k in judged[1:])
@@ -192,7 +166,7 @@ def split(ix, meta):
         each, work = [(b - a) / 1e3 for a, b in windows], [bool(evs) for evs in per_step]
     else:
         each = [(b - a) / 1e3 for a, b, _ in ix.steps]
-        work = [bool(ops) for ops in _by_step(ix.steps, ix.cpu_ops)]
+        work = [bool(ops) for ops in only_in_step.by_step(ix.steps, ix.cpu_ops)]
     spans = iterations.compile_spans(ix.compiles)
     # a compile stalls the host in its step's CPU window, and the GPU, once the work queued before it has run,
     # until the first kernel after it: in the GPU window that holds the compile's end (a step's GPU window runs to
@@ -204,12 +178,15 @@ def split(ix, meta):
     host = [(b - a) / 1e3 for a, b, _ in ix.steps]
     why = {} if ix.whole or len(ix.steps) < 2 else one_offs(each, work, inside, ix.iterations and host)
     _keep_loader_waits(ix, why, each, windows or [st[:2] for st in ix.steps], meta)
+    labels = [] if ix.whole else _named(ix, meta, each, work, why)  # what ran only in each step, when it was read
     if not why:
         return per_step, windows, attributed, meta
+    labels = labels or only_in_step.per_step(ix, meta)
     keep = [k for k in range(len(ix.steps)) if k not in why]
     for k, reason in sorted(why.items()):
         ms = host if reason == "first on the host" else each  # the measure that found it, for it and the median
-        ix.one_off.append(_row(ix, meta, k, reason, ms, statistics.median(ms[i] for i in keep), inside[k], len(keep)))
+        ix.one_off.append(_row(ix, labels, k, reason, ms, statistics.median(ms[i] for i in keep), inside[k],
+                               len(keep)))
     gone = [ix.steps[k][:2] for k in why]
     ix.steps = [ix.steps[k] for k in keep]
     _drop_events(ix, gone, per_step, why)
@@ -217,6 +194,40 @@ def split(ix, meta):
         attributed["one_off"] = sum(len(per_step[k]) for k in why)
         per_step, windows = [per_step[k] for k in keep], [windows[k] for k in keep]
     return per_step, windows, attributed, _renumbered(meta, keep)
+
+
+NAMED_RATIO = 1.3   # over the others' median: a step whose own work names a save, an eval or a log goes from here,
+                    # under OUTLIER_RATIO: HF's log-and-save step ran 1.45-1.77x on a loaded 2-core CPU and stayed in
+                    # the mean, lifting it 10-12% (benchmarks/new_user_cpu_results.md)
+WORK_SHARE = 0.5    # of its time over that median, the named work took at least this much (HF's save: 0.7-1.4 of
+                    # it): a noisy step's one chance sample of a logging frame is no log-and-save step
+
+
+def _named(ix, meta, each, work, why):
+    """Adds to `why` ("named") each step over NAMED_RATIO x the median of the other like steps whose own work
+    (only_in_step: what ran only in it) names a save, an eval or a log and took WORK_SHARE of its extra time;
+    the slowest first, MIN_STEPS like steps always left: a step kept for that is said in the metadata's notes.
+    Returns what ran in each step ([] when no step was slow enough to read it)."""
+    per = []
+    for k in sorted((k for k in range(len(each)) if work[k] and k not in why), key=lambda k: -each[k]):
+        rest = [each[i] for i in range(len(each)) if work[i] and i not in why and i != k]
+        median = statistics.median(rest) if rest else None
+        if median is None or each[k] <= NAMED_RATIO * median or each[k] - median < OUTLIER_MIN_MS:
+            continue
+        per = per or only_in_step.per_step(ix, meta)
+        only = only_in_step.only_labels(per, k)
+        kind = only_in_step.kind_of(only)
+        named = only_in_step.named_ms(ix, meta, per, k, only_in_step.telling(only, kind)) if kind else 0.0
+        if named < WORK_SHARE * (each[k] - median):
+            continue
+        if len(each) - len(why) - 1 < MIN_STEPS:
+            meta.setdefault("notes_named_kept", []).append(
+                f"profiled step {k + 1} ran {_kind_words(kind)} ({_ms(each[k])} against a median of {_ms(median)}; "
+                f"only it ran {', '.join(f'`{x}`' for x in _shown(only, kind))}) but stays in the per-step "
+                f"figures: leaving it out would leave {len(each) - len(why) - 1} like steps, too few; {WIDEN}")
+            continue
+        why[k] = "named"
+    return per
 
 
 LOADER_SHARE = 0.5   # of a slow step's extra time spent waiting on the DataLoader: the input pipeline's, not once
@@ -267,12 +278,11 @@ def _ms(x):
     return f"{x:,.1f} ms" if x >= 10 else f"{x:.3g} ms"
 
 
-def _row(ix, meta, k, reason, each, median, compile_ms, like):
-    """A one-off step's row: its kind, time against the like steps' median, what ran only in it."""
-    only = _only_labels(ix, meta, k)
-    kind = COMPILE if compile_ms > 0 else next(
-        (name for name, words in KIND_WORDS if any(w in label.lower() for label in only for w in words)),
-        COLD if k == 0 else UNNAMED)
+def _row(ix, per, k, reason, each, median, compile_ms, like):
+    """A one-off step's row: its kind, time against the like steps' median, what ran only in it (per:
+    only_in_step.per_step's)."""
+    only = only_in_step.only_labels(per, k)
+    kind = COMPILE if compile_ms > 0 else only_in_step.kind_of(only) or (COLD if k == 0 else UNNAMED)
     what = "iteration" if ix.iterations else "profiled step"
     ran = f"; only it ran {', '.join(f'`{x}`' for x in _shown(only, kind))}" if only else ""
     spent = f", {_ms(compile_ms)} of it compiling" if compile_ms > 0 else ""
@@ -288,27 +298,12 @@ def _row(ix, meta, k, reason, each, median, compile_ms, like):
 def _kind_words(kind):
     return {UNNAMED: "unnamed (nothing that ran only in it says what it was)",
             COLD: "a cold first pass (first calls: allocations, lazy loads, autotuning)",
-            EVAL: "an eval"}.get(kind, f"a {kind}")
+            only_in_step.EVAL: "an eval"}.get(kind, f"a {kind}")
 
 
 def _shown(only, kind):
     """The labels named in the line: those that gave the kind first, then the heaviest."""
-    words = dict(KIND_WORDS).get(kind, ())
-    telling = [x for x in only if any(w in x.lower() for w in words)]
-    return list(dict.fromkeys(telling + only))[:SHOWN]
-
-
-def _only_labels(ix, meta, k):
-    """What ran only in step k, heaviest first: host-sample frames, Python frames (with_stack), operators and
-    annotations."""
-    windows = ix.steps
-    per = [_frames_by_step(meta.get("host_samples"), len(windows)),
-           _by_step(windows, ix.python), _by_step(windows, ix.cpu_ops + ix.annotations)]
-    out = []
-    for p in per:
-        others = set().union(*(q for i, q in enumerate(p) if i != k))
-        out += sorted((key for key in p[k] if key not in others and " at 0x" not in key), key=lambda key: -p[k][key])
-    return out  # (a with_stack name holding an address is one object's, never the same in two steps)
+    return list(dict.fromkeys(only_in_step.telling(only, kind) + only))[:SHOWN]
 
 
 def _drop_events(ix, gone, per_step, why):

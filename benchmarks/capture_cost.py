@@ -1,0 +1,163 @@
+"""What a profiled step costs (issue #50): this profiler's window, device-only and full, against torch.profiler's
+own CUDA-only and CPU+CUDA sessions and the unprofiled step, in one process, alternating.
+
+    python benchmarks/capture_cost.py OUT --workloads gpt2 hf_gpt2 transformer12 t5_small resnet18_w8 resnet50
+    python benchmarks/capture_cost.py OUT --size tiny --device cpu --reps 1 --steps 2   # a smoke run
+
+Workloads (bf16 autocast on CUDA):
+    gpt2           GPT-2 124M as nanoGPT's train.py trains it (benchmarks/profiler_cost.py: compiled, 4 micro-batches
+                   of 12 x 1024, fused AdamW, clipping, the loss read with .item() every step)
+    hf_gpt2        transformers' GPT2LMHeadModel (124M), eager, batch 8 x 512, AdamW (a plain loop, not the Trainer)
+    transformer12  a 12-layer GPT (width 512, 8 heads, vocab 8192) eager, batch 16 x 256, AdamW (a plain loop, not
+                   Lightning)
+    t5_small       transformers' T5 at t5-small's sizes, eager, batch 32, 512 -> 128 tokens
+                   (benchmarks/host_side_cases.py)
+    resnet18_w8    torchvision's ResNet-18, channels_last, a Dataset decoding JPEGs in Python, 8 loader workers
+                   (benchmarks/host_side_cases.py)
+    resnet50       torchvision's ResNet-50, compiled, channels_last, batch 128 (benchmarks/profiler_cost.py)
+
+Each repetition times --steps steps, in turn: unprofiled; under torch.profiler with CUDA activity alone
+(`torch_cuda`) and with CPU and CUDA activity (`torch_cpu_cuda`; no shapes, no stacks), each session's first
+step left out; this profiler's window with ops="device" (`device`, the default) and ops="full" (`full`), after
+its one warm-up step. Every timing runs between two device syncs. Writes OUT/<workload>-<process>.json.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
+
+import host_side_cases  # noqa: E402
+import profiler_cost  # noqa: E402
+
+VARIANTS = ("unprofiled", "torch_cuda", "torch_cpu_cuda", "device", "full")
+
+
+def hf_gpt2(size, device):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config() if size == "gpu" else GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=128)
+    model = GPT2LMHeadModel(config).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch, seq = (8, 512) if size == "gpu" else (2, 16)
+    ids = torch.randint(config.vocab_size, (batch, seq), device=device)
+
+    def step():
+        with profiler_cost.autocast(device):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, step
+
+
+def transformer12(size, device):
+    vocab, d, layers, heads, batch, seq = (8192, 512, 12, 8, 16, 256) if size == "gpu" else (128, 32, 2, 2, 2, 16)
+    model = host_side_cases.SmallGPT(vocab, d, layers, heads).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    idx = torch.randint(vocab, (batch, seq + 1), device=device)
+
+    def step():
+        with profiler_cost.autocast(device):
+            loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, step
+
+
+def from_cases(case, variant):
+    def make(size, device):
+        args = argparse.Namespace(batch=None, side=None, images=None)
+        w = case(variant, size, device, args)
+        return w.model, w.step
+    return make
+
+
+WORKLOADS = {"gpt2": lambda s, d: profiler_cost.gpt2(s, d)[:2], "hf_gpt2": hf_gpt2, "transformer12": transformer12,
+             "t5_small": from_cases(host_side_cases.t5_small, "default"),
+             "resnet18_w8": from_cases(host_side_cases.resnet18_pydecode, "workers_8"),
+             "resnet50": lambda s, d: profiler_cost.resnet50(s, d)[:2]}
+
+
+def under_torch(step, n, device, activities):
+    """ms/step of n steps inside a torch.profiler session (its first step left out), and the session's end."""
+    from torch.profiler import profile
+    with profile(activities=activities):
+        step()
+        ms = profiler_cost.timed(step, n, device)
+    return ms
+
+
+def under_window(step, n, device, ops):
+    """ms/step of this profiler's n recorded steps (after its warm-up step), and the join's record."""
+    from profiling.profile.capture import window
+    w = window.Window(1, n, {"settings": {"recorded": False}}, memory=False, ops=ops)
+    step()
+    w.step()  # the profiler's warm-up step: not recorded, not timed
+    profiler_cost.sync(device)
+    t0 = time.perf_counter()
+    trace = None
+    while trace is None:
+        step()
+        trace = w.step()
+    meta = trace["autoresearch"]
+    return 1e3 * (w.t_end - t0) / n, {"operators": meta.get("operators"), "sampler_ms": meta["host_samples"].get(
+        "own_ms") if meta.get("host_samples") else None, "sample_interval_ms": (meta.get("host_samples") or {}).get(
+        "interval_ms")}
+
+
+def run(name, args):
+    from torch.profiler import ProfilerActivity
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    _, step = WORKLOADS[name](args.size, device)
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        step()
+    profiler_cost.sync(device)
+    acts = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    both = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    out = {"workload": name, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "warm_s": round(time.perf_counter() - t0, 1), "steps": args.steps,
+           **{v: [] for v in VARIANTS}, "join": []}
+    for _ in range(args.reps):
+        out["unprofiled"].append(profiler_cost.timed(step, args.steps, device))
+        out["torch_cuda"].append(under_torch(step, args.steps, device, acts))
+        out["torch_cpu_cuda"].append(under_torch(step, args.steps, device, both))
+        ms, record = under_window(step, args.steps, device, "device")
+        out["device"].append(ms)
+        out["join"].append(record)
+        out["full"].append(under_window(step, args.steps, device, "full")[0])
+    base = statistics.median(out["unprofiled"])
+    out["median_ms"] = {v: round(statistics.median(out[v]), 3) for v in VARIANTS}
+    out["over_unprofiled_percent"] = {v: round(100 * (out["median_ms"][v] / base - 1), 1) for v in VARIANTS[1:]}
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--process", default="0", help="a label for this process's files (the fresh-process index)")
+    p.add_argument("--size", default="gpu", choices=("gpu", "tiny"))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.workloads:
+        out = run(name, args)
+        with open(os.path.join(args.out, f"{name}-{args.process}.json"), "w") as f:
+            json.dump(out, f, indent=1)
+        print(name, args.process, out["median_ms"], out["over_unprofiled_percent"], flush=True)
+
+
+if __name__ == "__main__":
+    main()

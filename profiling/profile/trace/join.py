@@ -1,0 +1,259 @@
+"""Operators for device-only timed steps, joined from one untimed step (issue #50). Pure.
+
+Recording every operator on the CPU is what torch.profiler costs a host-bound loop: on the H100 a 12-layer eager
+transformer ran +60% with CPU and CUDA activity and +18% with CUDA activity alone (a compiled one: +45% and +25%;
+benchmarks/profiler_cost_results.md). So the timed steps record the device only (kernels, copies, memsets and the
+runtime calls that launch them), and one untimed step after them records everything (operators, annotations,
+shapes). A training step launches the same kernels in the same order every time; here each timed step gets a copy
+of the untimed step's host events, placed by its launches: every runtime call of the untimed step is paired with
+the timed step's call of the same name and kernel, in launch order, thread by thread, and an operator's start and
+end move with the launches around them (linearly between two paired launches). A paired launch and its kernels
+take the copied operator's External id, so every table reads the joined trace as it reads a fully recorded one.
+Where the sequences differ (data-dependent control flow, a step unlike the others) the unpaired launches keep no
+operator, and `join` says what share of the device time that leaves unjoined.
+
+A CUDA-only trace has no ProfilerStep annotations (they are CPU events): the capture marks each step's start
+with a CUDA event record and notes its host time; `add_steps` finds those runtime calls by their spacing.
+"""
+import bisect
+import difflib
+from collections import Counter, defaultdict
+
+from profiling.profile.trace.traceio import DEVICE_CATS, LAUNCH_CATS, STEP_PREFIX, corr, num
+
+# What the timed steps record on CUDA (the Profiler's `ops`): "device", the device only (kernels, copies, memsets
+# and the runtime calls that launch them; operators, annotations and shapes joined from the untimed detail step),
+# or "full", every operator too (torch.profiler's CPU and CUDA activity). Without CUDA the CPU is the device: its
+# operators are recorded in the timed steps either way.
+OPS = ("device", "full")
+MARKS = ("cudaEventRecord", "cudaEventRecordWithFlags")  # what torch.cuda.Event.record() calls
+# A mark's runtime call starts a few microseconds after the host time the capture noted just before it; a 1 ms
+# tolerance still tells one step's mark from the next at any step of over 2 ms, and the offset is fitted on all.
+MARK_TOLERANCE_US = 1000.0
+HOST_CATS = ("cpu_op", "user_annotation", "python_function")  # what the untimed step lends
+RENUMBERED = ("External id", "Sequence number")  # one event's ids: unique per copy, as they are per step
+
+
+def add_steps(events, host_us, first):
+    """Add a `ProfilerStep#<first + k>` annotation for each step between the marks of a CUDA-only trace
+    (`events`, changed in place): `host_us` are the host's clock readings (µs, any origin) just before each
+    mark, one per step start and one at the last step's end. Returns the number of steps added (0 when no
+    offset puts every reading on a mark: then the trace keeps no steps)."""
+    marks = _marks(events, host_us)
+    if marks is None:
+        return 0
+    for k, (a, b) in enumerate(zip(marks, marks[1:])):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"{STEP_PREFIX}{first + k}",
+                       "pid": a.get("pid"), "tid": a.get("tid"), "ts": a["ts"], "dur": b["ts"] - a["ts"],
+                       "args": {}})
+    return len(marks) - 1
+
+
+def _marks(events, host_us):
+    """The runtime calls of the marks, one per host reading, or None: the candidates (event records) fitted
+    to the readings' spacing with the offset of each candidate in turn as the first."""
+    found = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and e.get("name") in MARKS
+                    and num(e.get("ts"))), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in found]
+    for first in found:
+        offset = first["ts"] - host_us[0]
+        picked = [_nearest(found, starts, t + offset) for t in host_us]
+        if all(p is not None for p in picked) and len({id(p) for p in picked}) == len(picked):
+            return picked
+    return None
+
+
+def _nearest(found, starts, t):
+    i = bisect.bisect_left(starts, t)
+    near = [found[j] for j in (i - 1, i) if 0 <= j < len(found)]
+    best = min(near, key=lambda e: abs(e["ts"] - t), default=None)
+    return best if best is not None and abs(best["ts"] - t) <= MARK_TOLERANCE_US else None
+
+
+def join(events, donor):
+    """Give every step of `events` (a device-only trace with ProfilerStep annotations; changed in place) a
+    copy of the host events of `donor` (the events of one fully recorded step), placed by launch order.
+    Returns {"steps", "launches": paired runtime calls, "of": the steps' runtime calls, "device_us",
+    "unjoined_us": device time whose launch found no pair, "unjoined_kernels": the commonest of those}."""
+    steps = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") == "user_annotation"
+                   and str(e.get("name", "")).startswith(STEP_PREFIX) and num(e.get("ts")))
+    device = defaultdict(list)  # correlation -> device events
+    for e in events:
+        if e.get("cat") in DEVICE_CATS and corr(e) is not None:
+            device[corr(e)].append(e)
+    lent = _Donor(donor)
+    _same_threads(events, lent)
+    ids = _IdSpace(events, donor)
+    out = {"steps": len(steps), "launches": 0, "of": 0, "device_us": 0.0, "unjoined_us": 0.0}
+    missed = defaultdict(float)
+    added = []
+    for k, (start, end) in enumerate(steps):
+        calls = [e for e in events if e.get("cat") in LAUNCH_CATS and num(e.get("ts")) and start <= e["ts"] < end]
+        pairs = lent.pair(calls, device)
+        shift = ids.shift(k)
+        for d, t in pairs:
+            for e in [t] + device.get(corr(t), []):
+                ext = (d.get("args") or {}).get("External id")
+                if ext is not None:
+                    e.setdefault("args", {})["External id"] = ext + shift["External id"]
+        paired = {id(t) for _, t in pairs}
+        for t in calls:
+            us = sum(x.get("dur", 0) for x in device.get(corr(t), []))
+            out["device_us"] += us
+            if id(t) not in paired and us:
+                out["unjoined_us"] += us
+                missed[device[corr(t)][0].get("name", "?")] += us
+        out["launches"] += len(pairs)
+        out["of"] += len(calls)
+        added += lent.placed(pairs, (start, end), shift)
+    events.extend(added)
+    out["unjoined_kernels"] = [name for name, _ in sorted(missed.items(), key=lambda kv: -kv[1])[:3]]
+    out["device_us"], out["unjoined_us"] = round(out["device_us"], 1), round(out["unjoined_us"], 1)
+    return out
+
+
+class _Donor:
+    """The untimed step: its runtime calls by thread in launch order (with their keys), its host events."""
+
+    def __init__(self, donor):
+        device = defaultdict(list)
+        for e in donor:
+            if e.get("cat") in DEVICE_CATS and corr(e) is not None:
+                device[corr(e)].append(e)
+        calls = sorted((e for e in donor if e.get("cat") in LAUNCH_CATS and num(e.get("ts"))),
+                       key=lambda e: e["ts"])
+        self.by_thread = defaultdict(list)
+        for e in calls:
+            self.by_thread[e.get("tid")].append(e)
+        self.keys = {tid: [_key(e, device) for e in es] for tid, es in self.by_thread.items()}
+        self.host = [e for e in donor if e.get("ph") == "X" and e.get("cat") in HOST_CATS and num(e.get("ts"))
+                     and not str(e.get("name", "")).startswith(STEP_PREFIX)]
+        ends = [e["ts"] + e.get("dur", 0) for e in self.host + calls]
+        self.span = (min(e["ts"] for e in self.host + calls), max(ends)) if ends else None
+
+    def pair(self, calls, device):
+        """[(untimed call, timed call)] of one timed step's runtime calls, aligned thread by thread."""
+        mine = defaultdict(list)
+        for e in sorted(calls, key=lambda e: e["ts"]):
+            mine[e.get("tid")].append(e)
+        pairs = []
+        for tid, theirs in mine.items():
+            ours = self.by_thread.get(tid, [])
+            a, b = self.keys.get(tid, []), [_key(e, device) for e in theirs]
+            if a == b:
+                pairs += zip(ours, theirs)
+                continue
+            matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+            for block in matcher.get_matching_blocks():
+                pairs += zip(ours[block.a:block.a + block.size], theirs[block.b:block.b + block.size])
+        return pairs
+
+    def placed(self, pairs, step, shift):
+        """Copies of the host events, each moved into `step` by the paired launches around it."""
+        if self.span is None:
+            return []
+        place = _Placement(pairs, self.span, step)
+        out = []
+        for e in self.host:
+            start, end = place(e["ts"]), place(e["ts"] + e.get("dur", 0))
+            copy = dict(e, ts=start, dur=max(0.0, end - start))
+            args = dict(e.get("args") or {})
+            for key in RENUMBERED:
+                if num(args.get(key)):
+                    args[key] += shift[key]
+            copy["args"] = args
+            out.append(copy)
+        return out
+
+
+def _same_threads(events, lent):
+    """Give the timed steps' threads the untimed step's thread ids (`events` changed in place). CUPTI names a
+    thread by its pthread id until a CPU operator has been recorded on it, so a process's first CUDA-only session
+    wrote 970979008 where the operator step wrote 519 (H100, torch 2.11); each timed thread takes the untimed
+    thread whose runtime calls it shares most (by name and kernel), one for one."""
+    device = defaultdict(list)
+    for e in events:
+        if e.get("cat") in DEVICE_CATS and corr(e) is not None:
+            device[corr(e)].append(e)
+    mine = defaultdict(Counter)
+    for e in events:
+        if e.get("cat") in LAUNCH_CATS:
+            mine[e.get("tid")][_key(e, device)] += 1
+    ours = {tid: Counter(keys) for tid, keys in lent.keys.items()}
+    shared = sorted(((sum((a & b).values()), t, d) for t, a in mine.items() for d, b in ours.items()),
+                    key=lambda x: -x[0])
+    renamed, taken = {}, set()
+    for n, t, d in shared:
+        if n and t not in renamed and d not in taken:
+            renamed[t] = d
+            taken.add(d)
+    renamed = {t: d for t, d in renamed.items() if t != d}
+    for e in events:
+        if e.get("tid") in renamed and e.get("cat") not in DEVICE_CATS:
+            e["tid"] = renamed[e["tid"]]
+
+
+def _key(call, device):
+    """What a runtime call must share with its pair: its name and its device events' names."""
+    return (call.get("name"),) + tuple(e.get("name") for e in device.get(corr(call), ()))
+
+
+class _Placement:
+    """A monotone map of the untimed step's clock onto a timed step's: linear between paired launches (their
+    starts and ends), the steps' edges pinned to each other."""
+
+    def __init__(self, pairs, span, step):
+        anchors = [(span[0], step[0])]
+        for d, t in sorted(pairs, key=lambda p: p[0]["ts"]):
+            anchors += [(d["ts"], t["ts"]), (d["ts"] + d.get("dur", 0), t["ts"] + t.get("dur", 0))]
+        anchors.append((span[1], step[1]))
+        kept = _increasing(sorted(anchors))  # a thread that runs apart from the step (a loader's pinning
+        self.src, self.dst = [], []          # thread) pairs out of order: its anchors are skipped
+        for s, t in kept:
+            if not self.src or s > self.src[-1]:
+                self.src.append(s)
+                self.dst.append(t)
+
+    def __call__(self, t):
+        i = bisect.bisect_right(self.src, t) - 1
+        if i < 0:
+            return self.dst[0] - (self.src[0] - t)
+        if i >= len(self.src) - 1:
+            return self.dst[-1] + (t - self.src[-1])
+        s0, s1, d0, d1 = self.src[i], self.src[i + 1], self.dst[i], self.dst[i + 1]
+        return d0 + (d1 - d0) * (t - s0) / (s1 - s0)
+
+
+def _increasing(anchors):
+    """The longest run of `anchors` (sorted by their first value) whose second values never decrease
+    (patience sorting, n log n)."""
+    tails, tail_at, back = [], [], [None] * len(anchors)
+    for i, (_, t) in enumerate(anchors):
+        k = bisect.bisect_right(tails, t)
+        back[i] = tail_at[k - 1] if k else None
+        if k == len(tails):
+            tails.append(t)
+            tail_at.append(i)
+        else:
+            tails[k], tail_at[k] = t, i
+    out, i = [], tail_at[-1] if tail_at else None
+    while i is not None:
+        out.append(anchors[i])
+        i = back[i]
+    return out[::-1]
+
+
+class _IdSpace:
+    """Per-step offsets for the copied events' ids, past every id the trace and the donor hold."""
+
+    def __init__(self, events, donor):
+        top = {key: 0 for key in RENUMBERED}
+        for e in list(events) + list(donor):
+            args = e.get("args") or {}
+            for key in RENUMBERED:
+                if num(args.get(key)):
+                    top[key] = max(top[key], args[key])
+        self.top = {key: v + 1 for key, v in top.items()}
+
+    def shift(self, k):
+        return {key: (k + 1) * v for key, v in self.top.items()}

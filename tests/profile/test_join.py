@@ -1,0 +1,153 @@
+"""Device-only timed steps with operators joined from one untimed step (issue #50; profiling/profile/trace/join.py).
+
+The real pairs in tests/data/h100-join/ were recorded on an H100 (torch 2.11): a 12-layer transformer (width 256,
+batch 8x128, bf16 autocast, AdamW), eager and compiled, first under torch.profiler with CUDA activity alone (a
+CUDA event recorded at each step's start, as the capture marks its steps), then one step with CPU and CUDA
+activity and shapes, as the capture's untimed detail step records it.
+"""
+import copy
+import gzip
+import json
+import os
+
+import pytest
+
+from benchmarks import join_fixtures
+from profiling.profile.report import render
+from profiling.profile.report.summary import load_trace, summarize
+from profiling.profile.trace import join
+from profiling.profile.trace.traceio import STEP_PREFIX
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "data")
+PAIRS = os.path.join(DATA, "h100-join")
+
+
+def pair(name):
+    with gzip.open(os.path.join(PAIRS, f"{name}-device-only.trace.json.gz"), "rt") as f:
+        trace = json.load(f)
+    with gzip.open(os.path.join(PAIRS, f"{name}-untimed-step.trace.json.gz"), "rt") as f:
+        donor = json.load(f)["traceEvents"]
+    return trace, donor
+
+
+def marks(events):
+    return sorted(e["ts"] for e in events if e.get("name") in join.MARKS)
+
+
+def steps(events):
+    return [e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)]
+
+
+def joined(name, offset_us=-7.25e6):
+    """The device-only trace with its steps found from host readings on another clock, and joined."""
+    trace, donor = pair(name)
+    events = trace["traceEvents"]
+    assert join.add_steps(events, [t + offset_us - 4 for t in marks(events)], 1) == 2
+    return trace, join.join(events, donor)
+
+
+@pytest.mark.parametrize("name", ["eager", "compiled"])
+def test_real_h100_steps_get_every_launch_joined(name):
+    trace, record = joined(name)
+    assert record["steps"] == 2
+    assert record["launches"] >= 0.99 * record["of"]  # all but the marks and the like
+    assert record["unjoined_us"] == 0.0 and record["device_us"] > 0
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
+    assert ops and all(e["dur"] >= 0 for e in ops)
+    for start, end in [(s["ts"], s["ts"] + s["dur"]) for s in steps(trace["traceEvents"])]:
+        inside = [e for e in ops if start <= e["ts"] < end]  # each step has a copy of the untimed step's ops
+        assert len(inside) > len(ops) / 3
+
+
+def test_a_joined_eager_step_names_its_operators():
+    trace, _ = joined("eager")
+    bare = summarize(copy.deepcopy(pair("eager")[0]))  # the same trace without operators
+    s = summarize(trace)
+    eager = next(f for f in s["findings"] if f["kind"] == "eager_code")
+    assert "top operators: aten::" in eager["evidence"]
+    assert "top operators: aten::" not in json.dumps(bare["findings"])
+    assert s["recorded"]["shapes"]
+
+
+def test_launches_take_their_operators_ids():
+    trace, _ = joined("compiled")
+    events = trace["traceEvents"]
+    ids = {(e.get("args") or {}).get("External id") for e in events if e.get("cat") == "cpu_op"}
+    launched = [e for e in events if e.get("cat") == "kernel"]
+    assert sum((e.get("args") or {}).get("External id") in ids for e in launched) > 0.95 * len(launched)
+    per_step = {}  # the copies' ids differ from step to step, as a recorded trace's do
+    for s in steps(events):
+        per_step[s["name"]] = {(e.get("args") or {}).get("External id") for e in events if e.get("cat") == "cpu_op"
+                               and s["ts"] <= e["ts"] < s["ts"] + s["dur"]}
+    a, b = per_step.values()
+    assert not a & b
+
+
+def test_a_different_kernel_sequence_is_said_not_guessed():
+    trace, donor = pair("eager")
+    kernels = sorted((e for e in donor if e.get("cat") == "kernel"), key=lambda e: -e["dur"])[:20]
+    gone = {e["args"]["correlation"] for e in kernels}  # the untimed step without its 20 longest kernels
+    donor = [e for e in donor if (e.get("args") or {}).get("correlation") not in gone]
+    events = trace["traceEvents"]
+    join.add_steps(events, marks(events), 1)
+    record = join.join(events, donor)
+    assert record["unjoined_us"] > 0 and record["unjoined_kernels"]
+    how = {"by": "live capture", "ops": {"joined": 1 - record["unjoined_us"] / record["device_us"],
+                                         "unjoined_kernels": record["unjoined_kernels"]}}
+    text = render._ops_text(how["ops"], {"step_ms": 50.0, "unprofiled_step_ms": 40.0})
+    assert "unjoined: `" in text and "+25.0% over the unprofiled step" in text
+
+
+def test_marks_are_found_among_other_event_records():
+    trace, _ = pair("compiled")
+    events = trace["traceEvents"]
+    t = marks(events)
+    user = [dict(ph="X", cat="cuda_runtime", name="cudaEventRecord", ts=x + 300.0, dur=2.0, pid=1, tid=1,
+                 args={"correlation": -i}) for i, x in enumerate(t)]  # the user's own event, 0.3 ms after each
+    events.extend(user)
+    assert join.add_steps(events, [x - 1e9 for x in t], 1) == 2
+    assert [s["ts"] for s in steps(events)] == t[:2]
+
+
+def test_no_steps_when_no_offset_fits_the_readings():
+    trace, _ = pair("compiled")
+    events = trace["traceEvents"]
+    t = marks(events)
+    assert join.add_steps(events, [t[0], t[1], t[1] + 5e5], 1) == 0  # a reading 0.5 s past any mark
+    assert not steps(events)
+
+
+@pytest.mark.parametrize("fixture", ["h100-plant26-eager_model", "h100-host-resnet18-workers0",
+                                     "h100-fresh-checkpoint_mlp", "h100-plant-dense_mask"])
+def test_recorded_fixtures_read_the_same_through_the_join(fixture):
+    """A fully recorded trace replayed as a device-only capture (benchmarks/join_fixtures.py): the same
+    findings, step budget, regions and lines."""
+    name, share, top_before, top_after, moved, differ = join_fixtures.compare(
+        os.path.join(DATA, f"{fixture}.trace.json.gz"))
+    assert share == 1.0 and top_before == top_after and not moved and not differ
+
+
+def test_a_live_trace_says_how_its_steps_were_recorded():
+    trace = load_trace(os.path.join(DATA, "h100-plant-baseline.trace.json.gz"))
+    meta = trace.setdefault("autoresearch", {})
+    meta.update(capture_ops="device", operators={"device_us": 1000.0, "unjoined_us": 0.0, "unjoined_kernels": []})
+    text = render.to_markdown(summarize(trace))
+    assert "timed steps: device only, operators joined from one untimed step (100.0% of device time)" in text
+    meta.update(operators={"missing": "the loop ended before its step (an exception (KeyError))"})
+    assert "no operators joined (the loop ended" in render.to_markdown(summarize(trace))
+
+
+def test_threads_named_by_pthread_id_take_the_operator_steps_ids():
+    """A process's first CUDA-only session names threads by pthread id (970979008 where the operator step wrote
+    519, H100): the join still pairs them, and the timed thread takes the operator step's id."""
+    trace, donor = pair("eager")
+    events = trace["traceEvents"]
+    renamed = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            e["tid"] = renamed.setdefault(e["tid"], 970979008 + 7 * len(renamed))
+    assert join.add_steps(events, marks(events), 1) == 2
+    record = join.join(events, donor)
+    assert record["unjoined_us"] == 0.0 and record["launches"] >= 0.99 * record["of"]
+    threads = {e["tid"] for e in donor if e.get("cat") == "cpu_op"}
+    assert {e["tid"] for e in events if e.get("cat") == "cuda_runtime"} <= threads
