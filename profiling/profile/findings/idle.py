@@ -380,14 +380,16 @@ def _launching(tl, g, many):
     """Whether the host spent a long gap launching, not in one long call (a 6.5 ms hipLaunchKernel on an MI250: a
     first launch's code load, one call, not many launches): with the live run's host samples, none inside it
     shows the project's own code (a 2 ms sampler misses most gaps under a few ms: those are taken as launch work);
-    in a trace without them, where the step launches `many` kernels (launch_bound). The host's Python between
-    operators records nothing, so silence in a gap is no sign (sampled, a launch-bound H100 run's silent gaps of
-    0.25-1.8 ms were torch's own code); a step of one kernel and 58.6 ms of idle (an HTA trace) is no launch work."""
+    in a trace without them, where the step launches `many` kernels (launch_bound) and the host was not inside
+    CUDA calls for half the gap (a blocking copy, an allocation: an `.item()` waiting 9.5 ms of an 18.6 ms gap in
+    an HTA V100 DLRM; cudaMalloc 48 ms of an AlexNet's first pass). The host's Python between operators records
+    nothing, so silence in a gap is no sign (sampled, a launch-bound H100 run's silent gaps of 0.25-4 ms were
+    torch's own code); a step of one kernel and 58.6 ms of idle (an HTA trace) is no launch work either."""
     if _in_one_call(g):
         return False
     if (tl.meta.get("host_samples") or {}).get("stacks"):
         return not _train_line(tl, _host_line(tl, g))
-    return many
+    return many and 2 * sum(cuda_calls.calls_during(tl, g.start, g.end).values()) < g.us
 
 
 def _train_line(tl, label):
