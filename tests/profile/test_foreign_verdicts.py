@@ -148,9 +148,18 @@ def test_one_long_launch_or_a_silent_host_is_not_launch_bound(name, call):
     assert top["kind"] == "gpu_waits_on_host" and (call is None or call in top["evidence"])
 
 
+def test_a_long_gap_inside_a_blocking_call_is_not_launch_work():
+    """HTA's V100 DLRM: an 18.6 ms gap, the host in a compiled region's host code, then an `.item()` inside
+    cudaMemcpyAsync for 9.5 ms with the GPU idle: launch_bound took it as launch latency (18.9 ms)."""
+    s = foreign("hta-v100-trace-diff-test")
+    top = s["findings"][0]
+    assert top["kind"] == "gpu_waits_on_host" and "cudaMemcpyAsync" in top["evidence"]
+    assert kinds(s)["launch_bound"]["ms_per_step"] < 1
+
+
 def test_many_short_kernels_stay_launch_bound():
     s = foreign("particle-a100-partransformer-small-batch-inference-no-steps")  # 513 kernels, median 11 us
-    assert s["findings"][0]["kind"] == "launch_bound" and s["findings"][0]["ms_per_step"] > 30
+    assert s["findings"][0]["kind"] == "launch_bound" and s["findings"][0]["ms_per_step"] > 25
 
 
 def test_allocator_churn_in_a_trace_with_python_stacks():
