@@ -156,6 +156,8 @@ def main(argv=None):
         out = run(name, args)
         with open(os.path.join(args.out, f"{name}-{args.process}.json"), "w") as f:
             json.dump(out, f, indent=1)
+        with open(os.path.join(args.out, "all.jsonl"), "a") as f:  # every process's result in one file
+            f.write(json.dumps(dict(out, process=args.process)) + "\n")
         print(name, args.process, out["median_ms"], out["over_unprofiled_percent"], flush=True)
 
 

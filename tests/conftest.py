@@ -7,6 +7,11 @@ import pytest
 
 os.environ.setdefault("AUTORESEARCH_PRESET", "cpu")
 os.environ.setdefault("AUTORESEARCH_VOCAB_SIZE", "512")  # trains in about a second
+# Inductor's CPU ISA check: without this, every process that compiles first builds six probe programs and
+# starts a `python -c "import torch"` to load each (~15 s of a fresh compile's ~35 s on the 2-core CPU,
+# tests/profile/test_lines.py's). "1" takes the ISAs the CPU reports (cpuid) without the probe builds; the
+# avx512-bf16/vnni sub-checks still build. No test here is about the ISA check; the kernels are the same.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

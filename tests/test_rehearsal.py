@@ -19,8 +19,10 @@ with only these substitutions:
 
 After the last block the agent goes around the loop: the test runs the first `research next` line again.
 Scale: the conftest's cpu preset and 512-token vocabulary, AUTORESEARCH_TIME_BUDGET=2,
-AUTORESEARCH_EVAL_TOKENS=4096, no GPU (CUDA_VISIBLE_DEVICES=""): three train.py processes; the rehearsal took
-67 s on an idle 2-core machine (2026-11-26; 74 s inside the whole suite).
+AUTORESEARCH_MAX_SEQ_LEN=64 (a quarter of the preset's: half the CPU time of each run, which the commands and
+the checks do not depend on), AUTORESEARCH_EVAL_TOKENS=4096, no GPU (CUDA_VISIBLE_DEVICES=""): three train.py
+processes; the rehearsal took 67 s on an idle 2-core machine at MAX_SEQ_LEN 256 (2026-11-26; 74 s inside the
+whole suite).
 """
 import json
 import os
@@ -128,8 +130,8 @@ def workdir(tmp_path, prepared_cache):
            if not k.startswith(("AUTORESEARCH_", "GIT_")) and k != "PYTHONPATH"}
     env.update(AUTORESEARCH_CACHE=prepared_cache, AUTORESEARCH_PRESET="cpu",
                AUTORESEARCH_VOCAB_SIZE=os.environ["AUTORESEARCH_VOCAB_SIZE"], AUTORESEARCH_TIME_BUDGET="2",
-               AUTORESEARCH_EVAL_TOKENS="4096", CUDA_VISIBLE_DEVICES="", GIT_CONFIG_GLOBAL=os.devnull,
-               GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="agent", GIT_AUTHOR_EMAIL="agent@example.com",
+               AUTORESEARCH_MAX_SEQ_LEN="64", AUTORESEARCH_EVAL_TOKENS="4096", CUDA_VISIBLE_DEVICES="",
+               GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="agent", GIT_AUTHOR_EMAIL="agent@example.com",
                GIT_COMMITTER_NAME="agent", GIT_COMMITTER_EMAIL="agent@example.com")
     for command in ["git init -q", "git symbolic-ref HEAD refs/heads/master", "git add -A",
                     "git commit -q -m 'autoresearch, as cloned'"]:

@@ -15,12 +15,15 @@ from profiling import runfile, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "ddp_worker.py")
+# The ranks' context length: a quarter of the cpu preset's 256, so each rank's steps and eval cost a quarter
+# (every run here is 2 torchrun'd processes on the 2-core CPU); nothing asserted depends on the length
+SEQ = 64
 
 
 def torchrun(args, tmp_path, nproc=2, timeout=300, **env):
     """Run `torchrun --standalone --nproc_per_node=nproc ARGS` in tmp_path; the CompletedProcess and its
     wall seconds."""
-    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", **env)
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", AUTORESEARCH_MAX_SEQ_LEN=str(SEQ), **env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
@@ -43,7 +46,7 @@ def test_every_rank_holds_the_same_parameters_after_each_step(prepared_cache, tm
 
 @pytest.mark.slow
 def test_val_bpb_on_two_ranks_is_the_one_rank_metric(prepared_cache, tmp_path, monkeypatch):
-    env = {"AUTORESEARCH_EVAL_TOKENS": str(5 * 2 * prepare.MAX_SEQ_LEN)}  # 5 batches: 3 on rank 0, 2 on rank 1
+    env = {"AUTORESEARCH_EVAL_TOKENS": str(5 * 2 * SEQ)}  # 5 batches: 3 on rank 0, 2 on rank 1
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     one, _ = torchrun([WORKER, "eval", str(tmp_path / "one")], tmp_path, nproc=1, **env)
@@ -67,7 +70,7 @@ def test_one_rank_failing_ends_the_others_with_its_error(prepared_cache, tmp_pat
 
 @pytest.mark.slow
 def test_train_py_on_two_processes_trains_profiles_evaluates_and_writes_one_run_json(prepared_cache, tmp_path):
-    env = dict(AUTORESEARCH_TIME_BUDGET="2", AUTORESEARCH_EVAL_TOKENS=str(4 * 4 * prepare.MAX_SEQ_LEN),
+    env = dict(AUTORESEARCH_TIME_BUDGET="2", AUTORESEARCH_EVAL_TOKENS=str(4 * 4 * SEQ),
                AUTORESEARCH_MEMORY=str(tmp_path / "experiments.json"),
                AUTORESEARCH_PROFILE_DIR=str(tmp_path / "profiles"))
     proc, _ = torchrun([os.path.join(ROOT, "train.py"), "--active-steps", "2", "--warmup-steps", "1"], tmp_path,

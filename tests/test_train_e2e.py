@@ -1,7 +1,7 @@
 """train.py end to end on the CPU, at test scale: the summary, run.json, --profile, FAIL, the gate.
 
 Most runs call train.main() in-process (torch is imported once); one runs `python train.py` for real.
-Scale: the conftest's cpu preset (MAX_SEQ_LEN 256, VOCAB 512), a few seconds of budget, a tiny eval.
+Scale: the conftest's cpu preset (VOCAB 512) at MAX_SEQ_LEN 64 (SEQ), a few seconds of budget, a tiny eval.
 """
 import json
 import math
@@ -20,6 +20,10 @@ from profiling.research import gate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = 2.0
+# The runs' context length: a quarter of the cpu preset's 256 (train.py's TOTAL_BATCH_SIZE on the CPU is 8
+# sequences), so the 10 uncounted steps, the profile and the eval cost about half the CPU time; what the tests
+# check (the summary, run.json, the profile's files, the gate, the exit codes) does not depend on it
+SEQ = 64
 
 
 @pytest.fixture
@@ -27,6 +31,9 @@ def tiny(prepared_cache, tmp_path, monkeypatch):
     """A tiny, fast run: short budget, small eval, files in a temp dir, a memory of its own."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(train, "TIME_BUDGET", BUDGET)
+    for module in (train, prepare):  # train.py took its own copy of prepare's MAX_SEQ_LEN at import
+        monkeypatch.setattr(module, "MAX_SEQ_LEN", SEQ)
+    monkeypatch.setattr(train, "TOTAL_BATCH_SIZE", 8 * SEQ)  # as train.py sets it on the CPU
     monkeypatch.setattr(prepare, "EVAL_TOKENS", 2 * train.DEVICE_BATCH_SIZE * prepare.MAX_SEQ_LEN)
     monkeypatch.setenv("AUTORESEARCH_MEMORY", str(tmp_path / "experiments.json"))
     monkeypatch.setenv("AUTORESEARCH_PROFILE_DIR", str(tmp_path / "profiles"))
@@ -207,7 +214,8 @@ def test_gate_decision_math():
 @pytest.mark.slow
 def test_train_py_runs_as_a_script(prepared_cache, tmp_path):
     env = dict(os.environ, AUTORESEARCH_TIME_BUDGET="2", AUTORESEARCH_EVAL_TOKENS="4096",
-               AUTORESEARCH_MEMORY=str(tmp_path / "experiments.json"), PYTHONUNBUFFERED="1")
+               AUTORESEARCH_MAX_SEQ_LEN=str(SEQ), AUTORESEARCH_MEMORY=str(tmp_path / "experiments.json"),
+               PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--no-profile"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

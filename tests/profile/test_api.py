@@ -115,6 +115,7 @@ def test_a_loop_shorter_than_the_schedule_warns_and_keeps_nothing_half_written(o
     (dict(metadata=[1]), "metadata must be a dict"),
     (dict(micro_batch=0), "micro_batch must be an integer of at least 1"),
     (dict(memory="yes"), "memory must be True, False or None"),
+    (dict(ops="cpu"), 'ops must be "device" .* or "full"'),
 ])
 def test_each_bad_argument_is_named_in_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as e:

@@ -151,3 +151,29 @@ def test_threads_named_by_pthread_id_take_the_operator_steps_ids():
     assert record["unjoined_us"] == 0.0 and record["launches"] >= 0.99 * record["of"]
     threads = {e["tid"] for e in donor if e.get("cat") == "cpu_op"}
     assert {e["tid"] for e in events if e.get("cat") == "cuda_runtime"} <= threads
+
+
+def test_train_py_takes_the_capture_mode_and_refuses_another(capsys):
+    from profiling import runner
+    assert runner.parse_args([]).profile_ops == "device"
+    assert runner.parse_args(["--profile-ops", "full"]).profile_ops == "full"
+    with pytest.raises(SystemExit) as e:
+        runner.parse_args(["--profile-ops", "cpu"])
+    assert e.value.code == 2 and "--profile-ops" in capsys.readouterr().err
+
+
+def test_on_the_cpu_the_operators_are_recorded_in_the_profiled_steps_either_way():
+    import torch
+
+    from profiling.profile.capture import window
+    model = torch.nn.Linear(8, 8)
+    w = window.Window(1, 2, {"settings": {"recorded": False}}, ops="device")
+    trace = None
+    while trace is None:
+        model(torch.randn(4, 8)).sum().backward()
+        trace = w.step()
+    meta = trace["autoresearch"]
+    assert meta["capture_ops"] == "full" and "operators" not in meta
+    assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"]) and len(steps(trace["traceEvents"])) == 2
+    with pytest.raises(Exception, match="not a capture mode"):
+        window.Window(1, 2, {}, ops="kernels")
