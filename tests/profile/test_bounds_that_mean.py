@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from profiling.profile.findings import waste
+from profiling.profile.findings import over
 from profiling.profile.report.summary import load_trace, summarize
 from profiling.profile.tables import bound, roofline
 
@@ -32,12 +32,12 @@ def ctx(step_us):
 
 def test_kernels_of_a_few_microseconds_are_not_over_their_bound():
     tiny = Fake(1000, 5.0, 0.1)  # 1,000 kernels of 5 us at 50x a bytes bound: their fixed cost, not waste
-    assert waste.over_bound(tiny, ctx(6000), []) is None
+    assert over.over_bound(tiny, ctx(6000), []) is None
     long = Fake(100, 50.0, 1.0)  # the same ratio on kernels of 50 us: far over
-    f = waste.over_bound(long, ctx(6000), [])
+    f = over.over_bound(long, ctx(6000), [])
     assert f and f["ms_per_step"] == pytest.approx(4.9) and "kernels under 10 us, whose work needs under 1 us" in f["evidence"]
     small = Fake(100, 50.0, 0.02)  # 50 us for work of 0.02 us (a 513-element copy on an MI300X): its fixed cost
-    assert waste.over_bound(small, ctx(6000), []) is None
+    assert over.over_bound(small, ctx(6000), []) is None
 
 
 def test_one_partial_wave_of_a_small_shape_is_not_over_its_bound():
@@ -46,9 +46,9 @@ def test_one_partial_wave_of_a_small_shape_is_not_over_its_bound():
     with 0.44 ms before issue #48). A grid far under the SMs for much more work is the kernel's choice (cuBLAS
     without its workspace, no split-K) and is judged."""
     wave = Fake(100, 60.0, 4.0, blocks=98, sms=132)
-    assert waste.over_bound(wave, ctx(6000), []) is None
-    assert waste.over_bound(Fake(100, 60.0, 4.0, blocks=400, sms=132), ctx(6000), [])  # the grid fills the GPU
-    assert waste.over_bound(Fake(100, 60.0, 4.0, blocks=8, sms=132), ctx(6000), [])  # far under: the kernel's choice
+    assert over.over_bound(wave, ctx(6000), []) is None
+    assert over.over_bound(Fake(100, 60.0, 4.0, blocks=400, sms=132), ctx(6000), [])  # the grid fills the GPU
+    assert over.over_bound(Fake(100, 60.0, 4.0, blocks=8, sms=132), ctx(6000), [])  # far under: the kernel's choice
     s = summarize(load_trace(os.path.join(DATA, "foreign", "tracelens-h100-vit-nsfw-inference.json.gz")))
     assert not [f for f in s["findings"] if f["kind"] == "over_bound"]
 
