@@ -86,10 +86,11 @@ def test_the_loader_is_found_by_what_it_is_not_by_its_file_name(traces, frame, l
 
 def test_a_torch_1_9_resnet_trace_of_another_project():
     """Kineto's V100 ResNet-50 sample (torch 1.9 era, tests/data/foreign): its `Operator` events are CPU
-    operators; its inputs are copied from pageable memory, so the host_sync fix is pinned memory, not `keep
-    values on the GPU`; its float32 convolutions get their FLOPs from their shapes (the output's size from the
-    backward node of the same sequence number: torch 1.9 records no stride), under the V100's fp32 peak (15.7); a
-    V100 has no bf16 tensor cores, so the fix is fp16."""
+    operators; its inputs are copied from pageable memory (9.2 MB a copy), so the copies' fix is pinned memory,
+    priced at the host's wait in them, not the loader's idle after them; its float32 convolutions get their FLOPs
+    from their shapes (the output's size from the backward node of the same sequence number: torch 1.9 records no
+    stride), under the V100's fp32 peak (15.7). The step is host-bound (num_workers=0: the loader and the
+    dispatch on one thread), so the DataLoader leads and no precision finding claims time the host would keep."""
     import os
 
     from profiling.profile.report.summary import load_trace
@@ -97,12 +98,12 @@ def test_a_torch_1_9_resnet_trace_of_another_project():
     s = summarize(load_trace(os.path.join(data, "kineto-v100-resnet50-train.json.gz")))
     assert s["recorded"]["shapes"]  # read from its `Operator` events' Input Dims
     found = {f["kind"]: f for f in s["findings"]}
-    assert "pin_memory=True" in found["host_sync"]["fix"] and "pageable" in found["host_sync"]["evidence"]
-    fp32 = found["fp32_matmul"]
-    assert " at 0 TFLOP/s" not in fp32["evidence"] and "106 convolutions/step on float32 inputs" in fp32["evidence"]
-    rate = float(fp32["evidence"].split("convolutions/step on float32 inputs: ")[1].split(" at ")[1].split(" TFLOP")[0])
+    assert s["findings"][0]["kind"] == "input_bound"
+    assert "pin_memory=True" in found["cuda_sync"]["fix"] and "pageable" in found["cuda_sync"]["evidence"]
+    assert found["cuda_sync"]["ms_per_step"] < 5 and "fp32_matmul" not in found
+    convs = [k for k in s["kernels"] if k["category"] == "convolution" and k["tflops_per_s"]]
+    rate = sum(k["ms_per_step"] * k["tflops_per_s"] for k in convs) / sum(k["ms_per_step"] for k in convs)
     assert 5 < rate <= 15.7
-    assert "in fp16:" in fp32["evidence"] and "torch.float16" in fp32["fix"] and "bfloat16" not in fp32["fix"]
 
 
 def test_a_clean_nanogpt_with_biases_neither_recomputes_nor_runs_a_forward_without_backward(traces):

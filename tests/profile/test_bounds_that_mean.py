@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from profiling.profile.findings import waste
+from profiling.profile.findings import over
 from profiling.profile.report.summary import load_trace, summarize
 from profiling.profile.tables import bound, roofline
 
@@ -13,12 +13,14 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 
 class Fake:
-    """The little of a Timeline over_bound reads: one step of `n` kernels of `us` each, bounded at `b`."""
+    """The little of a Timeline over_bound reads: one step of `n` kernels of `us` each, bounded at `b`, each a grid
+    of `blocks` on a device of `sms` SMs."""
 
-    def __init__(self, n, us, b, cat="other compute"):
-        self.per_step = [[({"name": f"k{i % 3}", "dur": us, "ts": i * 100}, {}) for i in range(n)]]
+    def __init__(self, n, us, b, cat="other compute", blocks=None, sms=None):
+        args = {"grid": [blocks, 1, 1], "block": [128, 1, 1]} if blocks else {}
+        self.per_step = [[({"name": f"k{i % 3}", "dur": us, "ts": i * 100, "args": args}, {}) for i in range(n)]]
         self.labels, self.bounds = [[cat] * n], [[b] * n]
-        self.parent, self.meta, self.n = {}, {}, 1
+        self.parent, self.meta, self.n = {}, {"sms": sms}, 1
 
     def op_of(self, launch):
         return None
@@ -30,10 +32,25 @@ def ctx(step_us):
 
 def test_kernels_of_a_few_microseconds_are_not_over_their_bound():
     tiny = Fake(1000, 5.0, 0.1)  # 1,000 kernels of 5 us at 50x a bytes bound: their fixed cost, not waste
-    assert waste.over_bound(tiny, ctx(6000), []) is None
+    assert over.over_bound(tiny, ctx(6000), []) is None
     long = Fake(100, 50.0, 1.0)  # the same ratio on kernels of 50 us: far over
-    f = waste.over_bound(long, ctx(6000), [])
-    assert f and f["ms_per_step"] == pytest.approx(4.9) and "under 10 us not judged" in f["evidence"]
+    f = over.over_bound(long, ctx(6000), [])
+    assert f and f["ms_per_step"] == pytest.approx(4.9) and "kernels under 10 us, whose work needs under 1 us" in f["evidence"]
+    small = Fake(100, 50.0, 0.02)  # 50 us for work of 0.02 us (a 513-element copy on an MI300X): its fixed cost
+    assert over.over_bound(small, ctx(6000), []) is None
+
+
+def test_one_partial_wave_of_a_small_shape_is_not_over_its_bound():
+    """ViT-B/16 at batch 4 on the H100 (tests/data/foreign/tracelens-h100-vit-nsfw-inference): flash attention in 96
+    blocks and GEMMs in 98 on 132 SMs, their work 1-5 us: the shape leaves SMs idle, no slow form (over_bound led
+    with 0.44 ms before issue #48). A grid far under the SMs for much more work is the kernel's choice (cuBLAS
+    without its workspace, no split-K) and is judged."""
+    wave = Fake(100, 60.0, 4.0, blocks=98, sms=132)
+    assert over.over_bound(wave, ctx(6000), []) is None
+    assert over.over_bound(Fake(100, 60.0, 4.0, blocks=400, sms=132), ctx(6000), [])  # the grid fills the GPU
+    assert over.over_bound(Fake(100, 60.0, 4.0, blocks=8, sms=132), ctx(6000), [])  # far under: the kernel's choice
+    s = summarize(load_trace(os.path.join(DATA, "foreign", "tracelens-h100-vit-nsfw-inference.json.gz")))
+    assert not [f for f in s["findings"] if f["kind"] == "over_bound"]
 
 
 def vit_attention(t):

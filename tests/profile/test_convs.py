@@ -90,10 +90,13 @@ def test_a_v100_resnet_has_no_cudnn_kernel_in_other_and_its_convolutions_have_fp
 def test_float32_convolutions_are_priced_at_a_half_precision_rate():
     """The V100 ResNet-50 with 4 loader workers: its float32 convolutions (60 ms) were priced at half the time
     of 39 ms of conv kernels the GEMM rule saw (19.6 ms); AMP on a V100 runs them ~3x faster: the gain now
-    comes from their FLOPs at a half-precision convolution rate, fp16 (no bf16 on a V100), with channels_last."""
+    comes from their FLOPs at a half-precision convolution rate, fp16 (no bf16 on a V100), with channels_last,
+    counted where the GPU was the step's limit (the host's dispatch under the profiler nearly matches the device
+    time: 61% of the convolutions' time is followed by the GPU running ahead, 47.4 ms claimed before issue #48)."""
     s = trace("kineto-v100-resnet50-4-loader-workers")
     top = s["findings"][0]
-    assert top["kind"] == "fp32_matmul" and 35 < top["ms_per_step"] < s["step_ms"] / 2
+    assert top["kind"] == "fp32_matmul" and 20 < top["ms_per_step"] < 35
+    assert "the gain counts the 6" in top["evidence"]
     assert "convolutions/step on float32 inputs" in top["evidence"]
     assert "torch.float16" in top["fix"] and "channels_last" in top["fix"] and "GradScaler" in top["fix"]
 

@@ -19,8 +19,8 @@ is missing, a match that returns a finding with evidence, gain and fix):
   slower backend a setting chose)
 - convs.py: convolutions (grouped and depthwise ones far over their bound, layout transposes around NCHW
   tensors); their float32 form is priced with the GEMMs' (kernels.fp32_matmul)
-- waste.py: work done in a slow form (eager code, float32 intermediates, recomputation, misaligned shapes,
-  the bound)
+- waste.py: work done in a slow form (eager code, float32 intermediates, recomputation, misaligned shapes);
+  over.py: kernels far over their bound, the fallback
 - unplaced.py: device time no line owns, named by its operator and what the kernel shows (a sorted
   scatter-add the compiler inserted)
 - settings.py: the process settings known to cause what a rule measured, named beside its cost
@@ -45,8 +45,8 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
-from profiling.profile.findings import (calls, comm, convs, cpu, idle, kernels, ledger, power, settings, unplaced,
-                                       waste)
+from profiling.profile.findings import (calls, comm, convs, cpu, idle, kernels, ledger, over, power, settings,
+                                       unplaced, waste)
 from profiling.profile.findings import input as input_pipeline  # not the builtin's name here
 from profiling.profile.findings.contract import run, unknown
 from profiling.profile.trace import hardware
@@ -57,7 +57,7 @@ RULES = (input_pipeline.input_bound, idle.host_sync, idle.graph_break, calls.blo
          kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
          kernels.attention_fallback, kernels.attention_backend,
          waste.recompute, waste.forward_without_backward, waste.misaligned_shapes,
-         convs.conv_layout, comm.exposed_communication, idle.launch_bound, idle.gpu_waits_on_host, waste.over_bound)
+         convs.conv_layout, comm.exposed_communication, idle.launch_bound, idle.gpu_waits_on_host, over.over_bound)
 
 
 def diagnose(tl, summary, stacks=False):
@@ -98,8 +98,14 @@ def diagnose_cpu(ix, placed, summary, meta):
     unprofiled = meta.get("unprofiled_step_ms")
     ctx = {"step": summary["step_ms"], "n": tl.n, "unprofiled": unprofiled if isinstance(unprofiled, (int, float))
            and unprofiled > 0 else None, "unknown": [], "claimed": set()}
-    if summary["step_ms"] <= 0:
-        return {"findings": [], "unknown": [], "skipped": [], "ledger": [], "not_run": CPU_NOT_RUN}
+    unrecorded = meta.get("device_unrecorded")
+    if unrecorded:  # the operators are a device's dispatch and waits, not CPU compute: no CPU rule applies
+        return {"findings": [], "skipped": [], "ledger": [], "not_run": None, "no_findings": cpu.UNRECORDED.format(
+            unrecorded), "unknown": [{"rule": "device", "missing": ["device events"], "ms_per_step": round(
+                summary["step_ms"], 2), "what": cpu.UNRECORDED.format(unrecorded)}]}
+    if summary["step_ms"] < cpu.MIN_STEP_MS:
+        return {"findings": [], "unknown": [], "skipped": [], "ledger": [], "not_run": CPU_NOT_RUN,
+                "no_findings": cpu.SHORT_STEP.format(summary["step_ms"])}
     found, skipped = run(cpu.CPU_RULES, tl, ctx)
     loader = input_pipeline.cpu_input_bound(ix, summary["step_ms"])  # the training thread in the DataLoader
     if loader:  # it prices the thread's time in the loader's spans: no kernel or GPU gap another rule prices

@@ -35,7 +35,8 @@ MIN_RATE_BYTES = 1 << 20  # pinned copies this large measure the link's rate (sm
 
 NEEDS = {   # evidence each rule cannot do without (contract.EVIDENCE's names); host samples only add a line
     "blocking_launch": ("device", "own_idle"),  # device events with their launch calls (correlation ids)
-    "alloc_churn": ("device", "own_idle"),      # the allocation/free calls and the GPU idle gaps
+    "alloc_churn": ("device",),   # the allocation/free calls and the GPU idle gaps; with Python stacks and no
+                                  # unprofiled step, only the idle while the host was inside them (alloc_churn's doc)
     "cuda_sync": ("device",),   # the sync/copy calls, the copies' device events (`Pageable` in their name); with
                                 # Python stacks and no unprofiled step, only what they record (cuda_sync's doc)
 }
@@ -88,8 +89,9 @@ def alloc_churn(tl, ctx, found):
     a = cuda_calls.alloc_churn(tl)
     if not a["calls"] or a["steps_with"] < ctx["n"]:
         return None  # a one-off allocation (a first batch, a pinned buffer) is no churn
-    gaps = _open(a["gaps"])
-    ms = idle_ms(gaps, ctx)
+    own = own_idle(tl, ctx)
+    gaps = _open(a["gaps"]) if own else [g for g in _open(a["gaps"]) if _inside(g, a["calls"])]
+    ms = idle_ms(gaps, ctx) if own else min(idle_ms(gaps, ctx), a["idle_inside_ms"])
     if ms < FIRE_SHARE * ctx["step"]:
         return None
     _claim(gaps, "alloc_churn")
@@ -97,8 +99,10 @@ def alloc_churn(tl, ctx, found):
     made = ", ".join(f"{made_by(chain, 'no operator')} x{count:g}" for chain, count in a["chains"][:2])
     line = _sampled_line(tl, [(e["ts"], e["ts"] + e["dur"], k) for e, k in a["calls"]])
     evidence = (f"{a['calls_per_step']:g} allocation/free calls in every profiled step ({names}), "
-                f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle in and after them {ms:.1f} ms/step"
-                f"{scaled(ctx)}; made by {made}" + (f"; at {line}" if line else ""))
+                f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle {'in and after' if own else 'in'} them {ms:.1f} ms/step"
+                f"{scaled(ctx)}; made by {made}" + (f"; at {line}" if line else "")
+                + ("" if own else "; recorded with Python stacks (with_stack=True) and no unprofiled step: priced at "
+                   "the GPU idle while the host was inside the calls (the stacks do not slow a free), not after them"))
     return attribute(tl, finding("alloc_churn", ms, ctx, evidence,
                    "let the caching allocator keep its memory: no torch.cuda.empty_cache() (or other memory "
                    "release) inside the training loop, PYTORCH_NO_CUDA_MEMORY_CACHING unset; if memory is short, "
@@ -118,27 +122,41 @@ def cuda_sync(tl, ctx, found):
     syncs, copies = [] if synced else cuda_calls.sync_calls(tl), cuda_calls.pageable_copies(tl)
     gaps = _open(cuda_calls.drained(tl, syncs + copies) if own else cuda_calls.drained(tl, syncs, to_step_end=False))
     slow = _pageable_excess(tl, copies) / ctx["n"] / 1e3
-    idle, caveat = sync_price(tl, ctx, [c["call"] for c in syncs], gaps) if syncs or own else (0.0, "")
+    waits = [c["call"] for c in (syncs + copies if own else syncs)]  # a pageable copy's call waits as a sync does
+    idle, caveat = sync_price(tl, ctx, waits, gaps) if syncs or own else (0.0, "")
     ms = idle + slow
     if not gaps and not slow or ms < FIRE_SHARE * ctx["step"]:
         return None
     _claim(gaps, "cuda_sync")
     parts = [_calls_text(tl, calls, ctx) for calls in (syncs, copies) if calls]
     evidence = ("; ".join(parts) + (f"; GPU idle after them to the end of their step {idle_ms(gaps, ctx):.1f} "
-                                    f"ms/step{scaled(ctx)} (the queue drained)" if own else
+                                    f"ms/step{scaled(ctx)} (the queue drained)" + caveat if own else
                                     (f"; GPU idle in the syncs' own gaps {idle_ms(gaps, ctx):.1f} ms/step" + caveat
                                      if syncs else ""))
                 + (f"; the pageable copies take {slow:.1f} ms/step more than pinned memory would" if slow else "")
                 + ("; recorded with Python stacks (with_stack=True) and no unprofiled step: the copies' device time is "
                    "priced, not the idle after them (it may be the profiler's own)" if copies and not own else ""))
     fixes = []
-    if copies:
+    if copies and _pinning_matters(copies, slow, ctx):
         fixes.append("copy from pinned host memory (pin_memory=True on the host tensor or the DataLoader, then "
                      ".to(device, non_blocking=True)): a pageable copy blocks the host and runs slower")
-    if syncs:
+    if syncs or not fixes:
         fixes.append("take the synchronizing call out of the step (torch.cuda.synchronize(), .item(), .cpu(), a "
                      "blocking copy), or make it once per step after the next step is launched")
     return finding("cuda_sync", ms, ctx, evidence, "; ".join(fixes))
+
+
+def _pinning_matters(copies, slow, ctx):
+    """Whether pinned memory would change these pageable copies: they take FIRE_SHARE of the step more than pinned
+    copies would, or move MIN_RATE_BYTES or more a copy (a link's rate, not its latency). Copies of a few bytes
+    (`.item()`'s DtoH, a 704-byte index) wait for the queue ahead as any sync does: pinning saves nothing there."""
+    sizes = [c["bytes"] for c in copies if isinstance(c.get("bytes"), (int, float))]
+    return slow >= FIRE_SHARE * ctx["step"] or bool(sizes) and sum(sizes) / len(sizes) >= MIN_RATE_BYTES
+
+
+def _inside(gap, calls):
+    """Whether a gap begins while the host is inside one of these calls [(call, step)]."""
+    return any(e["ts"] <= gap.start <= e["ts"] + e["dur"] for e, _ in calls)
 
 
 RULES = (blocking_launch, alloc_churn, cuda_sync)

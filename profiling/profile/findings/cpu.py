@@ -30,6 +30,17 @@ CALL_US = 20.0
 WAIT_RATIO = 10.0   # a GEMM over 10x that floor waited for cores (the profiled Lightning MLP's: 300-4000x)
 MIN_SHARE = 0.01    # of the step: a wait smaller than this is not worth a finding
 SHOWN = 3
+# No CPU findings below this step, as on the GPU (report/summary.py's MIN_JUDGED_MS): the CPU profiler costs ~8 us
+# an operator it records (summary.CPU_US_PER_OP), so a 0.72 ms step of 24 operators (tests/data/foreign/own-cpu-
+# inference-annotated-no-schedule) is a quarter the profiler's own, more than any fusion could save in it.
+MIN_STEP_MS = 1.0
+SHORT_STEP = ("the step is {:.3f} ms of CPU time, shorter than %g ms: too short to judge (the profiler's ~8 us an "
+              "operator is a large part of it)" % MIN_STEP_MS)
+# A trace without device events whose host side shows a device ran the operators (trace/device_work.py).
+UNRECORDED = ("no device events were recorded, yet the trace shows a device's part in this step: {}; so its "
+              "operators' times may be the host's dispatch of device work and its waits for the device, not CPU "
+              "compute: no CPU rule is run, and the device's work cannot be judged; record the device's activity too "
+              "(ProfilerActivity.CUDA on NVIDIA and AMD GPUs; no range profiler replaying each kernel)")
 
 # The device rules that cannot run on a CPU trace, in words, for the report's one sentence.
 CPU_SKIPPED = ("host syncs (on the CPU the host is the device: a sync waits for no queue)",

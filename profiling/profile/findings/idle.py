@@ -32,6 +32,8 @@ FRAGMENT_GAP_US = 2000.0   # idle between fragments is a resume's Python; longer
                            # in the H100 plants) are not the graph break's
 LAUNCH_HOST_US = 10.0      # host cost of one kernel launch from Python (~5 us CUDA + the wrapper), for deciding
 LAUNCH_SHARE = 0.25        # launch_bound when launches x LAUNCH_HOST_US exceed this share of device busy time
+PINNED_MATTERS_BYTES = 1 << 20  # an upload this large a copy is the link's rate, which pinning raises; smaller ones
+                                # are latency: a 704-byte pageable copy waits for the queue as any sync does
 SYNC_NOISE = ("torch/cuda/__init__.py",)   # the sync debug mode's own switch
 GENERATED = re.compile(r"(^|/)[a-z0-9]{2}/c[a-z0-9]{40,}\.py:")  # Inductor's output code in its cache (an
                                                                 # Inductor cache inside the project is no own code)
@@ -96,8 +98,8 @@ def host_sync(tl, ctx, found):
                 + f"; GPU idle after them {idle_ms(claimed, ctx):.1f} ms/step{scaled(ctx)}"
                 + (f"; at {where}" if where else "") + _exposed(tl, exposed, ctx))
     ms, caveat = sync_price(tl, ctx, [e for e, _ in syncs], claimed + exposed)
-    if caveat and ms < FIRE_SHARE * ctx["step"]:  # recorded, but too small to report: its gaps stay unexplained
-        for g in claimed:
+    if caveat and ms < FIRE_SHARE * ctx["step"]:  # too small to report: its gaps go to the rules after it
+        for g in claimed + exposed:
             g.cause = None
         return None
     evidence += caveat
@@ -122,9 +124,11 @@ def host_sync(tl, ctx, found):
                          "backward_syncs")
     # the operators that copy to the GPU from pageable memory (the host waits in them: .to(device) of a tensor
     # not pinned); a sync made inside one of them is that copy's
-    uploads = {id(tl.enclosing(c["call"])) for c in cuda_calls.pageable_copies(tl) if "HtoD" in c["direction"]}
-    uploads.discard(id(None))
-    if sum(id(tl.enclosing(e)) in uploads for e, _ in syncs) >= len(syncs) / 2:
+    uploads = {id(tl.enclosing(c["call"])): c.get("bytes") or 0 for c in cuda_calls.pageable_copies(tl)
+               if "HtoD" in c["direction"]}
+    uploads.pop(id(None), None)
+    sizes = [uploads[id(tl.enclosing(e))] for e, _ in syncs if id(tl.enclosing(e)) in uploads]
+    if len(sizes) >= len(syncs) / 2 and sum(sizes) / len(sizes) >= PINNED_MATTERS_BYTES:
         evidence += "; they are copies to the GPU from pageable host memory (the host waits in them)"
         return finding("host_sync", ms, ctx, evidence,
                        "copy the inputs from pinned host memory without waiting: pin_memory=True on the "
@@ -155,23 +159,38 @@ def _exposed_gaps(tl, syncs):
 
 
 def sync_price(tl, ctx, calls, gaps):
-    """(ms/step, evidence note) of syncs that leave these gaps. With the script's own idle: the idle. In a trace
-    recorded with Python stacks and no unprofiled step the host's time after each sync is inflated, but its wait
-    in the sync while the GPU runs is GPU time the stacks do not slow: without the syncs the host's work would
-    run beside that GPU work, so the gain is at most the smaller of the two (4,096 `.cpu()` round trips price so,
-    not as unknown). A wait with the GPU idle (a copy waiting on another process or stream) proves nothing."""
+    """(ms/step, evidence note) of syncs that leave these gaps: at most the host's wait in them while the GPU ran
+    the work they wait for. Without the syncs the host's later work would run beside that GPU work (the queue the
+    sync drained), so the gain is the lesser of the idle and that wait: a host slower than its GPU after the sync
+    (a tiny model's autograd dispatch) keeps its pace without it. A wait with the GPU idle (a copy waiting on
+    another process or stream: 139 ms inside one 704-byte copy of an A100 DLRM) proves nothing. In a trace
+    recorded with Python stacks and no unprofiled step the idle is inflated too, but the wait is GPU time the
+    stacks do not slow (4,096 `.cpu()` round trips price so, not as unknown)."""
     idle = idle_ms(gaps, ctx)
-    if own_idle(tl, ctx):
-        return idle, ""
     f = cuda_calls.facts(tl)
-    wait = sum(e["dur"] - f.idle_in(e["ts"], e["ts"] + e["dur"]) for e in calls) / ctx["n"] / 1e3
+    wait = sum(b - a - f.idle_in(a, b) for a, b in (_on_device_timeline(tl, e) for e in calls)) / ctx["n"] / 1e3
     each = wait * ctx["n"] / max(1, len(calls))  # ms a call
+    waited = (f"; the host waited in them {wait:.1f} ms/step while the GPU ran the work they wait for ("
+              + (f"{each:.1f} ms" if each >= 1 else f"{1e3 * each:.0f} us") + " a call)")
+    if own_idle(tl, ctx):
+        return min(idle, wait), "" if wait >= idle else (
+            waited + f": without them the host's later work would overlap only that much GPU work, so the gain is "
+            f"at most that wait, {wait:.1f} ms/step (the rest of the idle is the host's own pace)")
     return min(idle, wait), (
-        f"; the host waited in them {wait:.1f} ms/step while the GPU ran the work they wait for ("
-        + (f"{each:.1f} ms" if each >= 1 else f"{1e3 * each:.0f} us") + " a call); recorded with Python stacks "
-        "(with_stack=True), which slow the host's Python, so the idle after each sync may be inflated: priced at "
-        f"the lesser of that idle and that wait, {min(idle, wait):.1f} ms/step (give --unprofiled-ms to price the "
-        "idle)")
+        waited + "; recorded with Python stacks (with_stack=True), which slow the host's Python, so the idle after "
+        f"each sync may be inflated: priced at the lesser of that idle and that wait, {min(idle, wait):.1f} ms/step "
+        "(give --unprofiled-ms to price the idle)")
+
+
+def _on_device_timeline(tl, e):
+    """(start, end) of a call within its step's window on the device timeline, where the trace tells what the GPU
+    did ((0, 0) outside): a 40 ms pageable copy begun 36 ms before the window's first kernel (a V100 ResNet-50
+    profiled from its fifth step) waited on nothing the trace shows."""
+    k = tl.step_of(e["ts"])
+    if k is None or k >= len(tl.windows):
+        return 0.0, 0.0
+    start, end = max(e["ts"], tl.windows[k][0]), min(e["ts"] + e["dur"], tl.windows[k][1])
+    return (start, end) if end > start else (0.0, 0.0)
 
 
 def _per_kernel(tl, syncs, ctx):
@@ -336,7 +355,11 @@ def launch_bound(tl, ctx, found):
     heavy, events = _launch_heavy(tl, ctx)
     if not heavy or not events:  # no device event counted (none with a launch): nothing launched too slowly
         return None
-    gaps = [g for g in _open_gaps(tl) if g.us < LONG_GAP_US or not _train_line(tl, _host_line(tl, g))]
+    long_us = sum(g.us for g in _open_gaps(tl) if g.us >= LONG_GAP_US) / ctx["n"]
+    many = events * LONG_GAP_US >= long_us  # launches enough that the long gaps are at most LONG_GAP_US a kernel
+    gaps = [g for g in _open_gaps(tl) if g.us < LONG_GAP_US or _launching(tl, g, many)]
+    if not gaps:
+        return None
     for g in gaps:
         g.cause = "launch_bound"
     durs = [e["dur"] for evs in tl.per_step for e, _ in evs]
@@ -351,6 +374,22 @@ def launch_bound(tl, ctx, found):
     return finding("launch_bound", idle_ms(gaps, ctx), ctx, evidence,
                     f"fewer, larger kernels: {bigger}, keep the model compiled (torch.compile fuses the small "
                     "ones)" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
+
+
+def _launching(tl, g, many):
+    """Whether the host spent a long gap launching, not in one long call (a 6.5 ms hipLaunchKernel on an MI250: a
+    first launch's code load, one call, not many launches): with the live run's host samples, none inside it
+    shows the project's own code (a 2 ms sampler misses most gaps under a few ms: those are taken as launch work);
+    in a trace without them, where the step launches `many` kernels (launch_bound) and the host was not inside
+    CUDA calls for half the gap (a blocking copy, an allocation: an `.item()` waiting 9.5 ms of an 18.6 ms gap in
+    an HTA V100 DLRM; cudaMalloc 48 ms of an AlexNet's first pass). The host's Python between operators records
+    nothing, so silence in a gap is no sign (sampled, a launch-bound H100 run's silent gaps of 0.25-4 ms were
+    torch's own code); a step of one kernel and 58.6 ms of idle (an HTA trace) is no launch work either."""
+    if _in_one_call(g):
+        return False
+    if (tl.meta.get("host_samples") or {}).get("stacks"):
+        return not _train_line(tl, _host_line(tl, g))
+    return many and 2 * sum(cuda_calls.calls_during(tl, g.start, g.end).values()) < g.us
 
 
 def _train_line(tl, label):
@@ -416,13 +455,18 @@ def _cause_unknown(tl, ctx, gaps):
     (before, after, op), _ = places.most_common(1)[0]
     inside = ("; the host was inside CUDA calls for " + ", ".join(
         f"{name} {us / ctx['n'] / 1e3:.1f} ms/step" for name, us in top(calls, 2)) + " of it" if calls else "")
+    late = sum(g.us for g in gaps if g.launch["ts"] > g.start)  # the next work launched only after the GPU went idle
+    waiting = ("the GPU waiting for the host to launch" if 2 * late >= sum(g.us for g in gaps) else
+               "most of it with the next work already launched (the GPU waiting on a dependency: another stream, an "
+               "event, a copy the host is inside)")
     evidence = (f"cause unknown: {len(gaps) / ctx['n']:g} gaps/step of {LONG_GAP_US / 1e3:g} ms or more, GPU "
-                f"idle {ms:.1f} ms/step ({100 * ms / ctx['step']:.0f}% of the step){scaled(ctx)}, the GPU "
-                f"waiting for the host to launch; mostly after `{before}`, before `{after}` (launched by "
-                f"{op}){inside}; what the host did meanwhile is not in this trace (no host samples)")
+                f"idle {ms:.1f} ms/step ({100 * ms / ctx['step']:.0f}% of the step){scaled(ctx)}, {waiting}; mostly "
+                f"after `{before}`, before `{after}` (launched by {op}){inside}; what the host did meanwhile is not "
+                "in this trace (no host samples)")
+    run = "train.py --profile" if trainer_is_train_py(tl.meta) else "`research profile` of its trace"
     return finding("gpu_waits_on_host", ms, ctx, evidence,
                    "find what the host does between those kernels: profile again with this profiler "
-                   "(profiling.Profiler around the loop, or train.py --profile: it samples the host's Python "
+                   f"(profiling.Profiler around the loop, then {run}: it samples the host's Python "
                    "stacks every 2 ms and names the line the GPU waits on), or with torch.profiler's "
                    "with_stack=True (it slows the host: give --unprofiled-ms); a data loader, a .item(), "
                    "logging or checkpointing inside the step are the usual causes")

@@ -20,7 +20,17 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 from collections import Counter
 
 from profiling.profile.findings import convs
-from profiling.profile.findings.contract import capped, claim, finding, rule, top, trainer_is_train_py, training
+from profiling.profile.findings.contract import (
+    capped,
+    claim,
+    device_share,
+    finding,
+    limited_note,
+    rule,
+    top,
+    trainer_is_train_py,
+    training,
+)
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables import attention_kind
 from profiling.profile.tables.attention_kind import BIDIRECTIONAL, CAUSAL, bias_masks, square_masks
@@ -32,6 +42,8 @@ from profiling.profile.trace.timeline import input_types
 LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
 SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (a healthy H100 here:
                              # 0.70, benchmarks/diagnoses_results.md; a shared one 0.30; braked: 140 of 989, 0.14)
+HOST_BOUND_MIN_SHARE = 0.005  # of the step: a precision gain a host-bound step cuts below this is no finding (as
+                              # waste.EAGER_MIN_SHARE)
 BEST_QUANTILE = 0.9    # a rate "at its best": what the fastest tenth of the calls reach
 SPREAD_SHARE = 0.25    # the same shapes lose this share of their time against their own best: the device was
                        # slow at times (h100-plant-shared_gpu: 0.50; the healthy H100 fixtures: 0.04-0.05)
@@ -133,9 +145,15 @@ def fp32_matmul(tl, ctx, found):
     if fp32_convs:
         fix += ("; keep the model and its inputs in channels_last (model.to(memory_format=torch.channels_last)), "
                 "the layout half-precision convolutions run fastest in")
-    claim(ctx, [e for g in fp32 + fp32_convs for e in g[4]])
+    events = [e for g in fp32 + fp32_convs for e in g[4]]
     gain = max(0.0, ms - estimate) + max(0.0, c_ms - c_estimate)
-    return finding("fp32_matmul", gain, ctx, evidence, fix + "; the model's math stays, in lower precision")
+    share = device_share(tl, events, ctx, gain / (ms + c_ms) if ms + c_ms else 1.0)  # a host-bound step keeps its
+    gain *= share                                                                     # length however fast they run
+    if share < 1 and gain < HOST_BOUND_MIN_SHARE * ctx["step"]:
+        return None  # the host's pace leaves nothing worth a finding: the kernels stay for later rules
+    claim(ctx, events)
+    return finding("fp32_matmul", gain, ctx, evidence + limited_note(share),
+                   fix + "; the model's math stays, in lower precision")
 
 
 def _conv_fp32(call):
@@ -153,10 +171,18 @@ def _half_format(tl, ctx):
     return "fp16" if (tl.meta.get("compute_major") or 8) < 8 or row and row.bf16 is None else "bf16"
 
 
+def _tf32(g):
+    """Whether a float32 GEMM call ran on TF32 tensor cores (its kernel's name: `s1688gemm`, `tf32`)."""
+    return hardware.compute_format((), str(g[0].get("name", ""))) == "tf32"
+
+
 def _gemm_estimate(gemms, fp32, ctx, half):
-    """(ms/step of the float32 GEMMs, ms/step in half precision, the evidence's words)."""
+    """(ms/step of the float32 GEMMs, ms/step in half precision, the evidence's words). A call on TF32 tensor
+    cores keeps at least half its time: bf16's peak is twice TF32's (A100: 312 and 156 TFLOP/s), whatever FLOPs
+    its shapes count (a batched [1024, 647, 96] x [1024, 96, 30] matmul: counted at 7x what bf16 could gain)."""
     us, flops = sum(g[2] for g in fp32), sum(g[3] or 0.0 for g in fp32)
     known_us = sum(g[2] for g in fp32 if g[3])  # GEMMs whose FLOPs the shapes give
+    tf32_us = sum(g[2] for g in fp32 if _tf32(g))
     bf16 = [g for g in gemms if g[3] and not _is_fp32(g[0], g[1])]
     rate = sum(g[3] for g in bf16) / (sum(g[2] for g in bf16) / 1e6) if bf16 else \
         (EXPECTED_GEMM_FRACTION * ctx["peak"] if ctx["peak"] else None)
@@ -166,11 +192,14 @@ def _gemm_estimate(gemms, fp32, ctx, half):
                                                        "GEMM in this trace and no known peak") + " to estimate better)"
     else:
         rest = (us - known_us) / ctx["n"] / 1e3  # those without FLOPs: half their time
-        estimate = flops / rate / ctx["n"] * 1e3 + rest / 2
+        estimate = sum(max(g[3] / rate * 1e6, g[2] / 2 if _tf32(g) else 0.0) for g in fp32 if g[3]) \
+            / ctx["n"] / 1e3 + rest / 2
         source = (f"this trace's {half} GEMM rate" if bf16 else f"{100 * EXPECTED_GEMM_FRACTION:.0f}% of the "
                   f"device's datasheet {half} peak (no {half} GEMM in this trace to measure)")
         basis = (f"{estimate:.1f} ms at {source}, {rate / 1e12:.0f} TFLOP/s"
-                 + (f", half the time of the {rest:.1f} ms without known FLOPs" if rest >= 0.05 else ""))
+                 + (f", half the time of the {rest:.1f} ms without known FLOPs" if rest >= 0.05 else "")
+                 + (f"; {tf32_us / ctx['n'] / 1e3:.1f} ms of it on TF32 tensor cores, which {half} at most halves"
+                    if tf32_us else ""))
     now = ""
     if flops:
         fmt = hardware.compute_format(input_types(fp32[0][1]), str(fp32[0][0].get("name", "")))

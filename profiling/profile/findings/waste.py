@@ -9,17 +9,21 @@
   checkpointing: the backward re-runs the forward): the region's forward time, once per share re-run.
 - forward_without_backward: the same ratio under 2 (forward GEMMs no backward trains through): the share of the
   forward time without a backward.
-- over_bound: the fallback when no other rule found a cause: kernels far over their bound (profiling/profile/
-  bound.py: FLOPs at this trace's best GEMM rate, bytes at the peak bandwidth; the evidence says which rate), by
-  how much, and where; not the kernels of a causal attention call off the math path (kernels.fused_causal: the
-  form attention should take), nor kernels of a few microseconds (their fixed cost is their time).
+- over_bound (over.py): the fallback when no other rule found a cause: kernels far over their bound.
 
 Each rule takes (timeline, context, findings so far) and returns a finding or None (profiling/profile/findings/contract.py).
 """
 import re
 
-from profiling.profile.findings.contract import claim, finding, rule, top, trainer_is_train_py
-from profiling.profile.findings.kernels import fused_causal
+from profiling.profile.findings.contract import (
+    claim,
+    device_share,
+    finding,
+    limited_note,
+    rule,
+    top,
+    trainer_is_train_py,
+)
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables.regions import PAD_ALIGNMENTS
 from profiling.profile.tables.roofline import DTYPE_BYTES, elements
@@ -31,16 +35,6 @@ EAGER_MIN_SHARE = 0.005  # of the step: the clean default's eager kernels (a few
                          # outside the graphs) cost 0.4 ms of 311 (0.13%) on the H100 plants of issue #26
 LARGE_FP32_BYTES = 256e6  # a float32 tensor this large per micro-batch is an activation, not a statistic (the
                           # clean default has none; float32 MLP activations: 537 MB-2.1 GB, logits 8.6 GB)
-# over_bound: a kernel over its bound by more than its category does in the clean default config (H100,
-# 2026-11-23: GEMMs at most 1.25x, cuDNN attention 2.0-2.3x (flash recomputation is not in its FLOPs),
-# fused elementwise and loss kernels at most 4.0x (the fused loss: exp-bound, its bytes a floor))
-OVER_RATIO = {"GEMM": 1.5, "attention": 3.0}
-OVER_RATIO_OTHER = 5.0
-OVER_MIN_KERNEL_US = 10.0  # a kernel this short is its fixed cost (launch on the device, one wave, its tail;
-                           # the shortest kernels of the H100 fixtures take 1.06 us): its bound says nothing
-OVER_MIN_SHARE = 0.02    # of the step, summed over the flagged kernels: a clean Llama (examples/llama_train.py,
-                         # batch 32, H100) has 1.3% in narrow GEMMs (its 4 k/v heads' projections at 1.7-2.1x
-                         # their bound) that no edit of the user's code recovers
 # recompute: a backward GEMM pass does exactly 2x its forward's FLOPs (the input's gradient and the weight's);
 # every region of every H100/H200 fixture without recomputation: 2.00; activation checkpointing: 3.00
 RECOMPUTE_RATIO = 2.1
@@ -117,7 +111,8 @@ def eager_code(tl, ctx, found):
             elif run:
                 us, gain, kernels, chains = us + sum(run), gain + sum(run) - max(run), kernels + len(run), chains + 1
                 longest, run = max(longest, len(run)), []
-    ms = gain / ctx["n"] / 1e3
+    share = device_share(tl, events, ctx, gain / us if us else 1.0)
+    ms = gain * share / ctx["n"] / 1e3
     if ms < EAGER_MIN_SHARE * ctx["step"]:
         return None
     claim(ctx, events)
@@ -130,7 +125,7 @@ def eager_code(tl, ctx, found):
                 "operators: " + ", ".join(f"{op} {t / ctx['n'] / 1e3:.1f} ms" for op, t in top(ops))
                 + ("; the model is compiled (its graphs are in the trace)" if compiled else
                    "; no compiled graph in the trace") + "; gain: each chain fused into one pass as long as its "
-                "longest kernel")
+                "longest kernel" + limited_note(share))
     f = finding("eager_code", ms, ctx, evidence, _eager_fix(tl, shown, compiled))
     return f if compiled else attribute(tl, f, "eager_code")
 
@@ -366,38 +361,3 @@ def _math_path_trained(tl):
     names = {str(op.get("name", "")) for op in tl.ix.cpu_ops}
     return any(MATH_PATH in n for n in names) and any(b in n for n in names for b in SOFTMAX_BACKWARD)
 
-
-@rule("over_bound", needs=("device", "bounds"))
-def over_bound(tl, ctx, found):
-    """When no rule named a cause: the kernels furthest over their bound, beyond what their category shows in
-    a clean run."""
-    bounds = getattr(tl, "bounds", None)
-    if not bounds or any(f["ms_per_step"] >= OVER_MIN_SHARE * ctx["step"] for f in found):
-        return None
-    rows = {}
-    for evs, cats, bs in zip(tl.per_step, tl.labels, bounds):
-        for (e, launch), cat, b in zip(evs, cats, bs):
-            if b and e["dur"] >= OVER_MIN_KERNEL_US and not (cat == "attention" and fused_causal(tl, launch)):
-                acc = rows.setdefault((str(e.get("name", "")), cat), [0.0, 0.0, []])
-                acc[0], acc[1] = acc[0] + e["dur"], acc[1] + b
-                acc[2].append(e)
-    over = {key: (us, b) for key, (us, b, _) in rows.items()
-            if us > OVER_RATIO.get(key[1], OVER_RATIO_OTHER) * b}
-    excess = {key: (us - b) / ctx["n"] / 1e3 for key, (us, b) in over.items()}
-    ms = sum(excess.values())
-    if ms < OVER_MIN_SHARE * ctx["step"]:
-        return None
-    claim(ctx, [e for key in over for e in rows[key][2]])
-    shown = ", ".join(f"`{short_name(name)}` ({cat}) {over[(name, cat)][0] / over[(name, cat)][1]:.1f}x its bound, "
-                      f"+{x:.1f} ms" for (name, cat), x in top(excess))
-    evidence = (f"no rule names a cause, but {len(over)} kernels run far over the least time their work needs "
-                f"(beyond what their category reaches in a clean run): {shown}; bounds: FLOPs at "
-                f"{getattr(tl, 'bound_basis', None) or 'the best GEMM rate'}, bytes at the device's datasheet "
-                f"bandwidth; kernels under {OVER_MIN_KERNEL_US:g} us not judged (their fixed cost dominates); see the "
-                "lines and the regions below for where they come from")
-    f = finding("over_bound", ms, ctx, evidence,
-                "find the work done in a slow form at those kernels' lines: shapes not multiples of 64 "
-                "(misaligned GEMMs), float32 where bf16 would do, unfused or eager ops, extra copies; compare "
-                "with the last good run's profile (--previous)")
-    gemm = sum(x for (_, cat), x in excess.items() if cat == "GEMM")
-    return attribute(tl, f, "slow_gemms") if gemm >= ms / 2 else f

@@ -154,7 +154,7 @@ from profiling.profile.tables import (
     regions,
     roofline,
 )
-from profiling.profile.trace import device_state, hardware, irregular, settings
+from profiling.profile.trace import device_state, device_work, hardware, irregular, settings
 from profiling.profile.trace.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.trace.timeline import Timeline
 from profiling.profile.trace.traceio import (
@@ -448,6 +448,7 @@ def _metadata(trace):
     if isinstance(props, list) and props and isinstance(props[0], dict):
         meta.setdefault("device", props[0].get("name"))
         meta.setdefault("compute_major", props[0].get("computeMajor"))  # below 8: no bf16 tensor cores
+        meta.setdefault("sms", props[0].get("numSms"))  # SMs (AMD: compute units): the blocks a grid needs to fill it
     return meta
 
 
@@ -670,6 +671,8 @@ def summarize(trace, top=None, unprofiled_ms=None):
     if given:
         meta["unprofiled_step_ms"] = unprofiled_ms
     how = recorded(trace, ix, given)
+    if not ix.device:  # a device that ran the operators without its events recorded: no CPU rule applies
+        meta["device_unrecorded"] = device_work.unrecorded(trace)
     s = _summarize_device(ix, meta, how, *attributed) if ix.device else _summarize_cpu(ix, meta)
     s["recorded"] = how
     s["window"] = WHOLE_TRACE if ix.whole else "steps"

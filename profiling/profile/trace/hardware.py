@@ -113,7 +113,7 @@ def gemm_format(types):
 
 # kernel-name words of a float32 GEMM or convolution: on tensor cores as TF32 (`tf32`, cuDNN's `xmma_..._tf32f32`),
 # or without them (`sgemm`, `scudnn`, `f32f32` with no tf32); checked in this order
-_TF32_WORDS = ("tf32",)
+_TF32_WORDS = ("tf32", "s1688")  # s1688: Ampere's TF32 tensor-op MMA (cutlass_80_tensorop_s1688gemm_*, ampere_s1688*)
 _FP32_WORDS = ("sgemm", "scudnn", "f32f32", "convolve_sgemm", "<float")  # <float: cuDNN's templates
 
 

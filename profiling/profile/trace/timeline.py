@@ -14,6 +14,7 @@
 """
 import bisect
 import functools
+import math
 import re
 
 from profiling.profile.trace.traceio import DATALOADER_NEXT, by_thread, find, merge, outer_names, parents
@@ -146,6 +147,40 @@ class Timeline:
                     out.append((e, chain[i - 1]))
         return out
 
+    @functools.cached_property
+    def device_limited(self):
+        """({id(device event): (alone us, group)}, {group: us}): each event's time while no other device event ran
+        (a kernel beside another stream's work is hidden by it), and the most the step would lose were the events
+        of its group faster. A kernel made shorter moves the GPU's next idle earlier; a group is the events before
+        one such idle. Where it is the GPU waiting for the host's next launch (launched after the GPU went idle,
+        the host not in a sync), the idle only grows: 0. Where it is the host blocked in a sync, the sync returns
+        sooner, by no more than the host waited in it while the GPU ran: that wait. Where the GPU does not idle
+        again before the next step's work: no limit (inf); after the last step's work the trace does not tell,
+        so it is as the step before it."""
+        out, limits, tail = {}, {}, math.inf
+        for k, evs in enumerate(self.per_step):
+            host = sorted((g.start, g) for g in self.gaps if g.step == k and g.launch["ts"] > g.start)
+            starts, alone = [t for t, _ in host], _alone([e for e, _ in evs])
+            last = None
+            for e, _ in sorted(evs, key=lambda p: p[0]["ts"] + p[0]["dur"]):
+                i = bisect.bisect_left(starts, e["ts"] + e["dur"])
+                g = host[i][1] if i < len(host) else None
+                key = id(g) if g is not None else ("tail", k)
+                if key not in limits:
+                    limits[key] = math.inf if g is None else self._waited(g)
+                out[id(e)], last = (alone(e), key), key
+            if last is not None and k < self.n - 1:
+                tail = limits[last]
+            elif last == ("tail", k):
+                limits[last] = tail
+        return out, limits
+
+    def _waited(self, gap):
+        """us the host waited in the sync it was blocked in as the GPU went idle at `gap`, while the GPU ran; 0 where
+        it was in none (the GPU waited for its launch)."""
+        sync = self.sync_at(gap)
+        return max(0.0, min(sync[0]["ts"] + sync[0]["dur"], gap.start) - sync[0]["ts"]) if sync else 0.0
+
     # -- syncs -----------------------------------------------------------------------------------------
 
     def _syncs(self):
@@ -215,6 +250,26 @@ class Timeline:
         if t0 is None:
             return []
         return [sid for step, us, sid in host.get("samples", ()) if step == k and start <= t0 + us <= end]
+
+
+def _alone(events):
+    """A function: an event's us while no other of `events` ran (one sweep over their starts and ends)."""
+    edges = sorted([(e["ts"], 1) for e in events] + [(e["ts"] + e["dur"], -1) for e in events])
+    times, solo, depths = [], [], []  # at each edge: its time, the us run by one event alone up to it, the events after
+    depth, acc = 0, 0.0
+    for t, d in edges:
+        if times and depth == 1:
+            acc += t - times[-1]
+        depth += d
+        times.append(t)
+        solo.append(acc)
+        depths.append(depth)
+
+    def upto(t):
+        i = bisect.bisect_right(times, t) - 1
+        return 0.0 if i < 0 else solo[i] + (t - times[i] if depths[i] == 1 else 0.0)
+
+    return lambda e: max(0.0, upto(e["ts"] + e["dur"]) - upto(e["ts"]))
 
 
 def input_types(op):
