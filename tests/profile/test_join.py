@@ -95,7 +95,7 @@ def test_a_different_kernel_sequence_is_said_not_guessed():
     how = {"by": "live capture", "ops": {"joined": 1 - record["unjoined_us"] / record["device_us"],
                                          "unjoined_kernels": record["unjoined_kernels"]}}
     text = render._ops_text(how["ops"], {"step_ms": 50.0, "unprofiled_step_ms": 40.0})
-    assert "unjoined: `" in text and "+25.0% over the unprofiled step" in text
+    assert "kernels the untimed step did not launch (data-dependent control flow, a step unlike the others), left without operators: `" in text and "+25.0% over the unprofiled step" in text
 
 
 def test_marks_are_found_among_other_event_records():

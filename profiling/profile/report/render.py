@@ -191,7 +191,9 @@ def _ops_text(ops, s):
     else:
         text = f"; timed steps: device only, operators joined from one untimed step ({100 * ops['joined']:.1f}% " \
                "of device time"
-        text += (f"; unjoined: {', '.join(f'`{k[:60]}`' for k in ops['unjoined_kernels'])})"
+        text += (f"; the rest, kernels the untimed step did not launch (data-dependent control flow, a step "
+                 f"unlike the others), left without operators: "
+                 f"{', '.join(f'`{k[:60]}`' for k in ops['unjoined_kernels'])})"
                  if ops["joined"] < 0.995 and ops["unjoined_kernels"] else ")")
     u = s.get("unprofiled_step_ms")
     if num(u) and u > 0:
