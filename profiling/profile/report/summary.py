@@ -131,7 +131,12 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "syncs": [{"where": "train.py:702", "line": "...", "count": 2}],  # CUDA sync debug mode's warnings
         "syncs_steps": 1,                # the steps those counts are over (the untimed detail step; older
                                          # traces: absent, the profiled steps)
-        "shapes": {"matched", "unmatched"},  # operators given the detail step's input shapes
+        "shapes": {"matched", "unmatched"},  # operators given the detail step's input shapes ({"joined": True}
+                                         # where the operators themselves came from it)
+        "capture_ops": "device",         # what the timed steps recorded: "device" (CUDA: kernels and launches
+                                         # only) or "full" (every operator; always on the CPU)
+        "operators": {"steps", "launches", "of", "device_us", "unjoined_us", "unjoined_kernels"},  # the join
+                                         # of the detail step's operators (profiling/profile/trace/join.py)
         "dynamo": {"graph_breaks": [{"reason", "count"}], "resumes": {...}, "unique_graphs": 8},
         "provenance": {"frames", "stacks", "graphs": [...]}  # source lines of the compiled kernels
                                          # (profiling/profile/capture/provenance.py), None when not recorded
