@@ -22,7 +22,7 @@ from collections import Counter
 
 from profiling.profile.findings.contract import finding, rule, scaled, top
 from profiling.profile.findings.idle import own_idle, own_labels
-from profiling.profile.trace.traceio import DATALOADER_NEXT, find, self_times
+from profiling.profile.trace.traceio import find, self_times
 
 KIND = "input_bound"
 SINGLE = "_SingleProcessDataLoaderIter"    # num_workers=0: the batch is made in the training thread
@@ -241,8 +241,7 @@ def cpu_input_bound(ix, step_ms):
     training thread, what workers would take off it (on cores the compute does not use), or None under
     FIRE_SHARE of the step or without spans."""
     starts = [s[0] for s in ix.steps]
-    marks = [m for m in ix.other_marks + ix.cpu_ops if str(m.get("name", "")).startswith(DATALOADER_NEXT)
-             and find(ix.steps, starts, m["ts"]) is not None]
+    marks = [m for m in ix.loader if find(ix.steps, starts, m["ts"]) is not None]
     n = len(ix.steps)
     if not marks or not n or step_ms <= 0:
         return None

@@ -242,7 +242,7 @@ def _keep_loader_waits(ix, why, each, windows, meta):
     outs = [k for k, reason in why.items() if reason == "outlier"]
     if not outs:
         return
-    loader = [m for m in ix.other_marks + ix.cpu_ops if str(m.get("name", "")).startswith(traceio.DATALOADER_NEXT)]
+    loader = ix.loader
     like = [each[k] for k in range(len(each)) if k not in why]
     median = statistics.median(like) if like else 0.0
     for k in outs:
@@ -310,7 +310,7 @@ def _drop_events(ix, gone, per_step, why):
     """The host and device events of the one-off steps out of the index."""
     def kept(events):
         return [e for e in events if not any(a <= e.get("ts", 0) < b for a, b in gone)]
-    for attr in ("cpu_ops", "graph_calls", "modules", "runtime", "optimizer_marks", "other_marks", "python",
+    for attr in ("cpu_ops", "graph_calls", "modules", "runtime", "optimizer_marks", "loader", "python",
                  "annotations", "compiles"):
         setattr(ix, attr, kept(getattr(ix, attr)))
     ix.launches = {c: e for c, e in ix.launches.items() if not any(a <= e["ts"] < b for a, b in gone)}

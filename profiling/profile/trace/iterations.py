@@ -42,8 +42,7 @@ def _name(e):
 def markers(ix):
     """(kind, marks, at_end) in the order tried."""
     return (("the optimizer's step", [m for m in ix.optimizer_marks if _name(m).startswith(OPTIMIZER_STEP)], True),
-            ("the DataLoader's next batch", [m for m in ix.cpu_ops + ix.other_marks
-                                             if _name(m).startswith(DATALOADER_NEXT)], False),
+            ("the DataLoader's next batch", ix.loader, False),
             ("the model's forward", ix.modules, False),
             ("a compiled region's call", _least([m for m in ix.cpu_ops if _name(m).startswith(COMPILED_REGION)])
              or _least(ix.graph_calls), False))

@@ -17,7 +17,7 @@ import functools
 import math
 import re
 
-from profiling.profile.trace.traceio import DATALOADER_NEXT, by_thread, find, merge, outer_names, parents
+from profiling.profile.trace.traceio import by_thread, find, merge, outer_names, parents
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
@@ -221,8 +221,7 @@ class Timeline:
     def loader(self):
         """[(start, end, mark)] of the DataLoader's next-batch spans that begin inside a profiled step, by start; the
         outermost of nested ones on a thread (an iterator wrapping another records both)."""
-        marks = [m for m in self.ix.other_marks + self.ix.cpu_ops
-                 if str(m.get("name", "")).startswith(DATALOADER_NEXT) and self.step_of(m["ts"]) is not None]
+        marks = [m for m in self.ix.loader if self.step_of(m["ts"]) is not None]
         out, ends = [], {}
         for m in sorted(marks, key=lambda m: (m["ts"], -m["dur"])):
             key = (m.get("pid"), m.get("tid"))

@@ -132,7 +132,7 @@ class Index:
         self.annotations = []  # the user's own record_function annotations (`iterations`: one call's loop)
         self.python = []       # with_stack's Python frames (irregular.py: what ran only in a one-off step)
         self.one_off = []      # the steps and spans that do not repeat, left out of the steps (irregular.split)
-        self.other_marks = []  # the DataLoader's `enumerate(DataLoader)#...__next__` annotations (`iterations`)
+        self.loader = []       # the DataLoader's `enumerate(DataLoader)#...__next__` spans, operators or annotations
         self.span = None       # (start, end) of the recorded window
         self.whole = False     # no ProfilerStep markers: `steps` is one window over the whole trace
         self.iterations = None  # no ProfilerStep markers, but iterations from what repeats (`iterations`)
@@ -176,6 +176,8 @@ def index(events):
             ix.span = (ts, ts + dur)
             continue
         lo, hi = (ts, ts + dur) if lo is None else (min(lo, ts), max(hi, ts + dur))
+        if name.startswith(DATALOADER_NEXT):  # whatever its category (an operator in older traces)
+            ix.loader.append(e)
         if cat in LAUNCH_CATS:
             ix.runtime.append(e)
         if cat in LAUNCH_CATS and corr(e) is not None:
@@ -192,9 +194,7 @@ def index(events):
             ix.compiles.append(e)
         elif cat == "python_function":
             (ix.modules if name.startswith(MODULE_PREFIX) else ix.python).append(e)
-        elif name.startswith(DATALOADER_NEXT):
-            ix.other_marks.append(e)
-        elif cat == "user_annotation":
+        elif cat == "user_annotation" and not name.startswith(DATALOADER_NEXT):
             ix.annotations.append(e)
     ix.steps.sort()
     if not ix.steps and lo is not None and (ix.device or ix.cpu_ops):  # no markers (a trace made without a
