@@ -177,3 +177,17 @@ def test_on_the_cpu_the_operators_are_recorded_in_the_profiled_steps_either_way(
     assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"]) and len(steps(trace["traceEvents"])) == 2
     with pytest.raises(Exception, match="not a capture mode"):
         window.Window(1, 2, {}, ops="kernels")
+
+
+def test_a_join_that_fails_leaves_the_profile_without_operators_and_the_run_going(monkeypatch):
+    from profiling.profile.capture import window
+    w = window.Window.__new__(window.Window)  # only the record's handling: no profiler started
+    w.trace, w.syncs, w.sampler = {"traceEvents": [], "autoresearch": {}}, None, None
+
+    def broken(events, donor):
+        raise KeyError("ts")
+    monkeypatch.setattr(window.join, "join", broken)
+    w._details({"events": [{"cat": "cpu_op"}]})
+    meta = w.trace["autoresearch"]
+    assert meta["operators"]["missing"].startswith("the operators' join failed: KeyError")
+    assert "record_shapes" not in w.trace

@@ -39,7 +39,7 @@ def add_steps(events, host_us, first):
     (`events`, changed in place): `host_us` are the host's clock readings (µs, any origin) just before each
     mark, one per step start and one at the last step's end. Returns the number of steps added (0 when no
     offset puts every reading on a mark: then the trace keeps no steps)."""
-    marks = _marks(events, host_us)
+    marks = _marks(events, host_us) if host_us else None
     if marks is None:
         return 0
     for k, (a, b) in enumerate(zip(marks, marks[1:])):
