@@ -57,9 +57,11 @@ def capture(step_fn, warmup, active, metadata, memory=False, parameters=()):
 
 class Window:
     """The profiled window of a training loop that calls `step()` after each of its steps: `warmup` steps
-    under torch.profiler unrecorded, `active` recorded (no input shapes), then one more that records the
-    operators' input shapes and the Python lines of the host syncs (`DetailStep`: both slowed the recorded
-    steps when recorded in them), then one that records the lines of the eager
+    under torch.profiler unrecorded, `active` recorded (no input shapes; on CUDA with `ops="device"` the device
+    only: kernels, copies and their launches, each step's edge marked by a CUDA event record), then one more
+    that records the operators' input shapes and the Python lines of the host syncs (`DetailStep`: both slowed
+    the recorded steps when recorded in them; for device-only steps it records every operator, joined to them
+    by profiling/profile/trace/join.py), then one that records the lines of the eager
     operators (`eager_record.Recorder`; none with AUTORESEARCH_EAGER_LINES=0), then with `memory` (CUDA only)
     one more with the allocator's history recorded (`capture/memory.py` MemoryStep: the metadata's `gpu_memory`;
     without CUDA the metadata says why there is none, and no step is added). `parameters`: the model's
