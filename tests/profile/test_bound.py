@@ -184,3 +184,15 @@ def test_torch_cuda_synchronize_is_a_host_sync_with_its_line():
     top = s["findings"][0]
     assert top["kind"] == "host_sync" and "cudaDeviceSynchronize x2" in top["evidence"]
     assert "sync_microbatch/train.py:399" in top["evidence"]
+
+
+def test_a_misaligned_vocabulary_is_padded_and_masked_a_width_is_said_to_change_the_model():
+    from profiling.profile.findings import waste
+    vocab = waste._aligned_fix({"lm_head.weight": [8193, 768], "transformer.wte.weight": [8193, 768]})
+    assert "pad the vocabulary 8193 to 8256" in vocab and "mask the padded rows' logits to -inf" in vocab
+    assert "stay exactly the same" in vocab and "round the width" not in vocab
+    width = waste._aligned_fix({"blocks.0.mlp.c_fc.weight": [1365, 512]})
+    assert "round the width behind blocks.0.mlp.c_fc.weight" in width and "changes the model" in width
+    assert "vocabulary" not in width
+    both = waste._aligned_fix({"lm_head.weight": [50257, 768], "blocks.0.mlp.c_fc.weight": [1365, 512]})
+    assert both.index("pad the vocabulary 50257 to 50304") < both.index("round the width")

@@ -326,9 +326,29 @@ def misaligned_shapes(tl, ctx, found):
                 + ", ".join(f"`{short_name(k)}` {t / ctx['n'] / 1e3:.1f} ms" for k, t in top(kernels))
                 + "; gain: those kernels brought to their bound (the extra passes Inductor adds to pad them count "
                 "as needed work)")
-    return finding("misaligned_shapes", ms, ctx, evidence,
-                   f"make every matrix dimension a multiple of 64 (at least of {ALIGN}): round the width that "
-                   "made these shapes (a hidden size, a head count x head size, a vocabulary) to one")
+    return finding("misaligned_shapes", ms, ctx, evidence, _aligned_fix(bad))
+
+
+VOCAB_NAMES = ("embed", "wte", "tok", "vocab", "lm_head", "head", "logits", "classifier")  # a vocabulary's matrices
+
+
+def _aligned_fix(bad):
+    """The edit for misaligned parameters, and whether it keeps the model's math: a vocabulary padded with rows
+    whose logits are masked computes the same loss; a hidden width rounded is another model."""
+    vocab = sorted({x for name, shape in bad.items() if any(w in name.lower() for w in VOCAB_NAMES)
+                    for x in shape if x >= 64 and x % ALIGN})
+    widths = [name for name, shape in bad.items() if not any(w in name.lower() for w in VOCAB_NAMES)]
+    parts = []
+    if vocab:
+        v = vocab[-1]
+        parts.append(f"pad the vocabulary {v} to {-(-v // 64) * 64} (a multiple of 64) and mask the padded rows' "
+                     "logits to -inf before the softmax / cross-entropy (or slice them off, logits[..., :vocab]): "
+                     "the loss and the model's outputs stay exactly the same")
+    if widths:
+        parts.append(f"round the width behind {', '.join(widths[:2])} (a hidden size, a head count x head size) "
+                     f"to a multiple of 64 (at least of {ALIGN}): that changes the model (its parameter count), so "
+                     "compare its loss, not only its speed")
+    return "; ".join(parts)
 
 
 @rule("forward_without_backward", needs=("device", "regions"))
