@@ -12,6 +12,13 @@ os.environ.setdefault("AUTORESEARCH_VOCAB_SIZE", "512")  # trains in about a sec
 # tests/profile/test_lines.py's). "1" takes the ISAs the CPU reports (cpuid) without the probe builds; the
 # avx512-bf16/vnni sub-checks still build. No test here is about the ISA check; the kernels are the same.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# One OpenMP thread in every process the tests start (train.py, the example scripts, the compiling and
+# profiling subprocesses): on a 2-core CI machine running two xdist workers, a subprocess with torch's default
+# of a thread per core spins against the other worker, and a loaded shared machine makes it worse: a tiny
+# `train.py` (test_rehearsal's) took 14-48 s with two threads against 8 s with one, here. No test is about the
+# thread count (tests/profile/test_settings.py leaves the variable out of its fresh process; the in-process
+# tests already run one thread a worker, pytest_configure below). A value set outside wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,7 +58,7 @@ def pytest_configure(config):
     """Under pytest-xdist (pyproject's addopts), one torch thread per worker's share of the cores: with several
     workers each running torch's default of one thread per core, OpenMP's threads spin against each other and
     an in-process training test ran ~5x slower (tests/test_train_e2e.py, 2 cores, 2 workers). Subprocesses
-    the tests start keep torch's default."""
+    the tests start run one thread (OMP_NUM_THREADS above)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch

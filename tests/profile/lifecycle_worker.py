@@ -109,8 +109,11 @@ def with_block(steps, end, out):
 
 
 # The window left open (tests/profile/test_lifecycle.py): eval forwards of a wider model (about 1 ms each on
-# the 2-core CPU, so the seconds recorded before the watchdog's close are quick to read back), EVAL_S seconds.
-EVAL_S, WIDTH = 6.0, 512
+# the 2-core CPU, so the seconds recorded before the watchdog's close are quick to read back), EVAL_S seconds
+# at most: once the watchdog has closed the window, AFTER_CLOSE_S more (what runs after the close must not be
+# recorded, and whatever the close left running would still be running then); a window never closed (the
+# watchdog broken, or "-unwatched") runs the whole EVAL_S.
+EVAL_S, AFTER_CLOSE_S, WIDTH = 6.0, 1.0, 512
 
 
 class SlowBackward(torch.autograd.Function):
@@ -130,8 +133,8 @@ class SlowBackward(torch.autograd.Function):
 
 
 def left_open(steps, after, out):
-    """A loop that stops stepping after `steps` steps, inside the window, without close(); then, for about
-    EVAL_S seconds: "evals" (eval forwards in the same function: the watchdog's no-step limit), "return" (the
+    """A loop that stops stepping after `steps` steps, inside the window, without close(); then, for up to
+    EVAL_S seconds (AFTER_CLOSE_S after the watchdog's close): "evals" (eval forwards in the same function: the watchdog's no-step limit), "return" (the
     loop's function returned first: its function rule), "backward" (a Python backward called by autograd's
     engine) or "hook" (eval forwards whose forward hook runs Python). Prints a JSON line of what it saw after:
     whether the profiler, the sampler and the watchdog still run, the settings put back, the close's
@@ -166,9 +169,12 @@ def left_open(steps, after, out):
         x = torch.randn(8, requires_grad=True)
         SlowBackward.apply(x).sum().backward()
         seen["grad_ok"] = bool((x.grad == 2).all())  # d(sum(2x))/dx: the backward ran whole
+    end = EVAL_S
     with torch.no_grad():
-        while time.perf_counter() - start < EVAL_S:
+        while time.perf_counter() - start < end:
             wide(torch.randn(16, WIDTH))
+            if closed_on and end == EVAL_S:  # closed: AFTER_CLOSE_S more evals, then look
+                end = min(EVAL_S, time.perf_counter() - start + AFTER_CLOSE_S)
     names = {t.name for t in threading.enumerate()}
     import torch._inductor.config as config
     from torch._inductor.runtime import triton_heuristics

@@ -97,7 +97,7 @@ def test_a_real_uncaught_exception_keeps_its_traceback_and_exit_code(tmp_path, e
 
 def left_open(tmp_path, after):
     """The worker's loop that stops stepping after step 11 (the window's second profiled step) without close()
-    and runs something else for worker.EVAL_S seconds: (what it saw then, its stderr, seconds from its last
+    and runs something else for up to worker.EVAL_S seconds: (what it saw then, its stderr, seconds from its last
     line to its exit, the trace's bytes)."""
     run = run_worker("open", 11, after, tmp_path)
     ended = time.time()
