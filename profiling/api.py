@@ -118,6 +118,8 @@ class Profiler:
         for a several-process run (default: torch.distributed's world when it is initialized).
     """
 
+    _own_loop = False  # True where profile_steps drives the loop (_OwnLoop): then no watchdog
+
     def __init__(self, model=None, *, tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
                  profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None, out_dir=None,
                  reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None,
@@ -288,12 +290,13 @@ class Profiler:
         interpreter exit, or when the Profiler is dropped, if the loop never closes it."""
         from profiling.profile.capture import watchdog
         self._window = self._open_window()
-        self._watchdog = watchdog.Watchdog(self._pace, self._stopped, self._watch_frames)
+        self._watchdog = None if self._own_loop else watchdog.Watchdog(self._pace, self._stopped, self._watch_frames)
         self._guard = weakref.finalize(self, _left_open, self._window, self.out_dir, self.ranks,
                                        self._started_provenance, self._watchdog)
         _guards.add(self._guard)
         _hook_exit()
-        self._watchdog.start()
+        if self._watchdog is not None:
+            self._watchdog.start()
 
     def _unguard(self):
         """The window is closed here: its guard and its watchdog are no longer needed."""
@@ -420,7 +423,8 @@ def _at_exit():
 
 def _left_open(window, out_dir, ranks, started_provenance, dog):
     """A Profiler whose window is open is dropped or outlived by the interpreter: stop it, keep the trace."""
-    dog.stop()
+    if dog is not None:
+        dog.stop()
     _guards.difference_update([g for g in list(_guards) if not g.alive])
     if _exiting:
         error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
@@ -563,12 +567,18 @@ def profile_steps(step_fn, model=None, **options):
     options: Profiler's."""
     if not callable(step_fn):
         raise ValueError(f"step_fn must be a function that runs one training step, not {type(step_fn).__name__}")
-    prof = Profiler(model, **options)
+    prof = _OwnLoop(model, **options)
     with prof:
         while not prof.done:
             step_fn()
             prof.step()
     return prof.result
+
+
+class _OwnLoop(Profiler):
+    """profile_steps' Profiler: it drives the loop itself, which cannot stop stepping, so no watchdog watches it
+    (a slow step on a loaded host, 2.1 s after 47 ms ones, is no stopped loop)."""
+    _own_loop = True
 
 
 def _parameters(model):

@@ -548,6 +548,9 @@ class Run:
             active_steps=a.active_steps, metadata=meta, reference=self.profile_reference() if self.ranks.first
             else None, ranks=self.ranks if n > 1 else None, out_dir=None,
             micro_batch=self.record["hyperparameters"].get("DEVICE_BATCH_SIZE"), ops=a.profile_ops)
+        if result is None:  # ended before its report (the line above says why and where its trace is)
+            self.record["profile"] = None
+            return next(steps) - first_step
         self.record["profile"] = result.folder
         print(f"\n{result.report}\n(profile files: {result.folder}; the line-record step, export, summary and "
               f"report took {result.seconds_after:.1f} s)")

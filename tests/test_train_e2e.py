@@ -287,3 +287,21 @@ def test_summary_format_is_pinned():
     block = runfile.format_summary(summary, "early_abort", [("gate_reference_loss", 0.217536)])
     assert "\nval_bpb:             n/a\n" in block  # a longer key widens the column for every line
     assert "\ngate_reference_loss: 0.217536\n" in block and block.endswith("\nstatus:              early_abort")
+
+
+def test_a_slow_step_in_profile_steps_is_no_stopped_loop(tiny, capsys, monkeypatch):
+    """profile_steps drives its loop itself: no watchdog closes it, however slow a step (a loaded 2-core host
+    once ran a 2.1 s step after 47 ms ones, the watchdog closed the window and train.py crashed on the missing
+    report); here the watchdog would close at once."""
+    from profiling.profile.capture import watchdog
+    monkeypatch.setattr(watchdog, "LIMIT_STEPS", 0.0)
+    monkeypatch.setattr(watchdog, "LIMIT_FLOOR_S", 0.0)
+    assert train.main(["--profile", "--warmup-steps", "1", "--active-steps", "2"]) == 0
+    assert "## 1. Step budget" in capsys.readouterr().out
+
+
+def test_a_profile_that_ended_without_its_report_leaves_the_run_going(tiny, capsys, monkeypatch):
+    import profiling.api
+    monkeypatch.setattr(profiling.api, "profile_steps", lambda *a, **k: None)
+    assert train.main(["--profile", "--warmup-steps", "1", "--active-steps", "2"]) == 0
+    assert "status:           crash" not in capsys.readouterr().out

@@ -267,3 +267,13 @@ def test_root_cause_first_the_sync_that_exposed_hidden_host_work():
     assert "preprocess `while time.perf_counter() - t0 < 0.05:`" in f["evidence"]
     assert abs(f["ms_per_step"] - 97.56) < 0.3 * 97.56
     assert all(x["ms_per_step"] < 0.1 * f["ms_per_step"] for x in s["findings"][1:])
+
+
+def test_an_explicit_graph_break_is_the_call_to_delete():
+    from profiling.profile.findings import idle
+    fix = idle._break_fix(["train.py:412 `torch._dynamo.graph_break()` x8"], "")
+    assert fix.startswith("delete the explicit `torch._dynamo.graph_break()` call at train.py:412")
+    assert "computes the same" in fix
+    assert "delete" in idle._break_fix([], "Call to `torch._dynamo.graph_break()` x8")
+    generic = idle._break_fix(["train.py:439 `if x.isnan().any():`"], "Data-dependent branching x8")
+    assert generic.startswith("keep the model one graph") and "delete" not in generic

@@ -117,9 +117,10 @@ class StackSampler:
             if own is None:
                 own = kinds[code] = self.root.owns(code.co_filename, code.co_name)
             if depth < INNERMOST or own:
-                label = known.get((code, frame.f_lineno))
+                line = frame.f_lineno or 0  # None in a frame between two instructions (seen in a compile)
+                label = known.get((code, line))
                 if label is None:
-                    label = known[(code, frame.f_lineno)] = self._label(code, frame.f_lineno, own)
+                    label = known[(code, line)] = self._label(code, line, own)
                 labels.append(label)
             frame, depth = frame.f_back, depth + 1
         return labels

@@ -282,10 +282,19 @@ def graph_break(tl, ctx, found):
                 + (f"; breaks at {', '.join(lines[:3])}" if lines else f"; resumes in {resumes}" if resumes else "")
                 + "; gain: those kernels fused away (GEMMs, attention, lookups and custom operators run the same in "
                 "one graph), and the idle")
-    return finding("graph_break", eager + idle_ms(idle, ctx), ctx, evidence,
-                    "keep the model one graph: no data-dependent Python branch, .item(), print, "
-                    "torch.compiler.disable or non-torch call inside forward (check such things once per step, "
-                    "outside the model)")
+    return finding("graph_break", eager + idle_ms(idle, ctx), ctx, evidence, _break_fix(lines, reasons))
+
+
+def _break_fix(lines, reasons):
+    """The edit: the explicit `graph_break()` call itself where the evidence names one (deleting it changes no
+    result: it only splits the graph), else what usually breaks a graph."""
+    explicit = [line for line in lines if "graph_break(" in line]
+    if explicit or "graph_break()" in reasons:
+        where = f" at {explicit[0].split(' `')[0]}" if explicit else ""
+        return (f"delete the explicit `torch._dynamo.graph_break()` call{where}: it splits the graph on purpose, and "
+                "the model computes the same without it")
+    return ("keep the model one graph: no data-dependent Python branch, .item(), print, torch.compiler.disable or "
+            "non-torch call inside forward (check such things once per step, outside the model)")
 
 
 def _break_lines(record):
