@@ -20,7 +20,9 @@ Cost: one sample walks the main thread's frames under the GIL (each code object'
 once). Where the host is the bottleneck it still shows: on the H100, a compiled ResNet-50 (863 launches in a 25 ms
 step) ran +29% profiled with it against +16% without (benchmarks/profiler_cost_results.md, call 3). So the
 sampler times each of its own samples and stretches its period until they take at most OWN_SHARE of the time
-(issue #50): a deep stack is sampled less often, a shallow one every INTERVAL_S. Its own time is its thread's
+(issue #50), where the capture asks for it (device-only steps on CUDA: there the sampler is much of what the
+capture costs; a CPU run's profiler costs microseconds an operator, and its one-off steps are named from 2 ms
+samples): a deep stack is sampled less often, a shallow one every INTERVAL_S. Its own time is its thread's
 CPU time (a thread the OS set aside costs the main thread nothing) plus the GIL's two hand-offs.
 """
 import linecache
@@ -50,8 +52,8 @@ def frame_label(code_file, line, function, root):
 class StackSampler:
     """Samples one thread's Python stack every `interval` seconds between start() and stop()."""
 
-    def __init__(self, interval=INTERVAL_S, thread_id=None, root=None):
-        self.interval = interval
+    def __init__(self, interval=INTERVAL_S, thread_id=None, root=None, paced=False):
+        self.interval, self.paced = interval, paced  # paced: the period follows the samples' own cost
         self.thread_id = thread_id if thread_id is not None else threading.get_ident()
         self.root = whose.current() if root is None else whose.of(root)  # whose code each frame is
         self.stacks, self.ids, self.samples, self.texts, self.own = [], {}, [], {}, set()
@@ -90,10 +92,12 @@ class StackSampler:
                 self._paced(time.thread_time() - own + SWITCH_S)
 
     def _paced(self, cost):
-        """The next period from this sample's own cost: the recent least cost over OWN_SHARE, at least `base`."""
+        """This sample's own cost counted; paced, the next period from it: the recent least cost over OWN_SHARE,
+        at least `base`."""
         self._costs.append(cost)
         self.own_s, self.taken = self.own_s + cost, self.taken + 1
-        self.interval = max(self.base, min(self._costs) / OWN_SHARE)
+        if self.paced:
+            self.interval = max(self.base, min(self._costs) / OWN_SHARE)
 
     def _stack_id(self, frame):
         """The id of this stack (its labels: `_labels_of`)."""

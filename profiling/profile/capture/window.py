@@ -94,7 +94,7 @@ class Window:
             self.mark.record()  # created now, outside the window: each step's record is then one runtime call
         self.before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)
-        self.sampler, self.syncs, self.state = StackSampler(), SyncRecorder(cuda), None
+        self.sampler, self.syncs, self.state = StackSampler(paced=self.device_only), SyncRecorder(cuda), None
         self.i, self.t_end, self.trace, self.recorder = 0, None, None, None
         self.after = [("details", lambda: DetailStep(self.syncs, self.sync, operators=self.device_only))]
         if eager_record.enabled():
