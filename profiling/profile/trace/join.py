@@ -77,10 +77,7 @@ def join(events, donor):
     "unjoined_us": device time whose launch found no pair, "unjoined_kernels": the commonest of those}."""
     steps = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") == "user_annotation"
                    and str(e.get("name", "")).startswith(STEP_PREFIX) and num(e.get("ts")))
-    device = defaultdict(list)  # correlation -> device events
-    for e in events:
-        if e.get("cat") in DEVICE_CATS and corr(e) is not None:
-            device[corr(e)].append(e)
+    device = _launched(events)
     lent = _Donor(donor)
     _same_threads(events, lent)
     ids = _IdSpace(events, donor)
@@ -116,10 +113,7 @@ class _Donor:
     """The untimed step: its runtime calls by thread in launch order (with their keys), its host events."""
 
     def __init__(self, donor):
-        device = defaultdict(list)
-        for e in donor:
-            if e.get("cat") in DEVICE_CATS and corr(e) is not None:
-                device[corr(e)].append(e)
+        device = _launched(donor)
         calls = sorted((e for e in donor if e.get("cat") in LAUNCH_CATS and num(e.get("ts"))),
                        key=lambda e: e["ts"])
         self.by_thread = defaultdict(list)
@@ -171,10 +165,7 @@ def _same_threads(events, lent):
     thread by its pthread id until a CPU operator has been recorded on it, so a process's first CUDA-only session
     wrote 970979008 where the operator step wrote 519 (H100, torch 2.11); each timed thread takes the untimed
     thread whose runtime calls it shares most (by name and kernel), one for one."""
-    device = defaultdict(list)
-    for e in events:
-        if e.get("cat") in DEVICE_CATS and corr(e) is not None:
-            device[corr(e)].append(e)
+    device = _launched(events)
     mine = defaultdict(Counter)
     for e in events:
         if e.get("cat") in LAUNCH_CATS:
@@ -191,6 +182,15 @@ def _same_threads(events, lent):
     for e in events:
         if e.get("tid") in renamed and e.get("cat") not in DEVICE_CATS:
             e["tid"] = renamed[e["tid"]]
+
+
+def _launched(events):
+    """{correlation: the device events a launch made}."""
+    device = defaultdict(list)
+    for e in events:
+        if e.get("cat") in DEVICE_CATS and corr(e) is not None:
+            device[corr(e)].append(e)
+    return device
 
 
 def _key(call, device):
