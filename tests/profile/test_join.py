@@ -182,7 +182,8 @@ def test_on_the_cpu_the_operators_are_recorded_in_the_profiled_steps_either_way(
 def test_a_join_that_fails_leaves_the_profile_without_operators_and_the_run_going(monkeypatch):
     from profiling.profile.capture import window
     w = window.Window.__new__(window.Window)  # only the record's handling: no profiler started
-    w.trace, w.syncs, w.sampler = {"traceEvents": [], "autoresearch": {}}, None, None
+    w.trace, w.sampler = {"traceEvents": [], "autoresearch": {}}, type("S", (), {"root": None})()
+    w.syncs = type("R", (), {"result": lambda self, root: [{"where": "train.py:1", "count": 1}]})()
 
     def broken(events, donor):
         raise KeyError("ts")
@@ -191,3 +192,4 @@ def test_a_join_that_fails_leaves_the_profile_without_operators_and_the_run_goin
     meta = w.trace["autoresearch"]
     assert meta["operators"]["missing"].startswith("the operators' join failed: KeyError")
     assert "record_shapes" not in w.trace
+    assert meta["syncs"] == [{"where": "train.py:1", "count": 1}]  # the step's other record kept

@@ -20,7 +20,8 @@ class DetailStep:
     """One untimed step after the window, recorded for what costs the timed steps most and needs no timing
     (benchmarks/profiler_cost_results.md): operator input shapes (a CPU-only profile with record_shapes, lent
     to the profiled steps' operators by profiling/profile/capture/shapes.py) and the Python lines of host syncs (CUDA's
-    sync debug mode, SyncRecorder). begin() before the step, end() after it: {"shapes": signatures}."""
+    sync debug mode, SyncRecorder). begin() before the step, end() after it: {"shapes": signatures}, or with
+    `operators` (device-only timed steps) {"events": the step's every event, CPU and CUDA}, for the join."""
 
     def __init__(self, syncs, sync, operators=False):
         self.syncs, self.sync, self.watch, self.prof = syncs, sync, None, None

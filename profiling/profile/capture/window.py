@@ -211,12 +211,11 @@ class Window:
             return
         if "events" in record:  # device-only timed steps: the detail step's operators, shapes and all
             try:
-                meta["operators"] = join.join(self.trace["traceEvents"], record["events"])
+                meta["operators"], meta["shapes"] = join.join(self.trace["traceEvents"], record["events"]), \
+                    {"joined": True}
             except Exception as e:  # noqa: BLE001 (the profile stands without operators; the run goes on)
                 meta["operators"] = meta["shapes"] = {"missing": f"the operators' join failed: {type(e).__name__}: "
                                                                 f"{e}"[:300]}
-                return
-            meta["shapes"] = {"joined": True}
         else:
             meta["shapes"] = shapes.transplant(self.trace["traceEvents"], record["shapes"])
         if meta["shapes"].get("matched") or meta["shapes"].get("joined"):

@@ -160,7 +160,8 @@ def _rate_text(x):
 
 
 RECORDED = (("stacks", "Python stacks (with_stack)"),
-            ("host_samples", "host stacks sampled every 2 ms (less often where that took over 2% of the time)"), ("shapes", "shapes"), ("memory", "memory"), ("modules", "modules"), ("flops", "FLOPs"))
+            ("host_samples", "host stacks sampled every 2 ms (less often where that took over 2% of the time)"),
+            ("shapes", "shapes"), ("memory", "memory"), ("modules", "modules"), ("flops", "FLOPs"))
 
 
 def _recorded(s):
