@@ -86,7 +86,7 @@ WORKLOADS = {"gpt2": lambda s, d: profiler_cost.gpt2(s, d)[:2], "hf_gpt2": hf_gp
 
 
 def under_torch(step, n, device, activities):
-    """ms/step of n steps inside a torch.profiler session (its first step left out), and the session's end."""
+    """ms/step of n steps inside a torch.profiler session (its first step left out)."""
     from torch.profiler import profile
     with profile(activities=activities):
         step()

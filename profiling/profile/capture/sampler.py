@@ -61,7 +61,7 @@ class StackSampler:
         self._stop = threading.Event()
         self._thread = None
         self._kinds, self._labels = {}, {}   # code -> own?, (code, line) -> label
-        self.base, self._costs, self.own_s, self.taken = interval, deque(maxlen=RECENT), 0.0, 0
+        self.base, self._costs, self.own_s = interval, deque(maxlen=RECENT), 0.0
 
     def step(self, index):
         """Mark the start of profiled step `index` (0 = the first one recorded)."""
@@ -95,7 +95,7 @@ class StackSampler:
         """This sample's own cost counted; paced, the next period from it: the recent least cost over OWN_SHARE,
         at least `base`."""
         self._costs.append(cost)
-        self.own_s, self.taken = self.own_s + cost, self.taken + 1
+        self.own_s += cost
         if self.paced:
             self.interval = max(self.base, min(self._costs) / OWN_SHARE)
 

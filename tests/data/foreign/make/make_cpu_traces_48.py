@@ -11,28 +11,19 @@ the way users profile (a schedule with ProfilerStep markers, record_shapes), pla
 - inference on 2 ranks (gloo), one trace per rank: a tensor-parallel MLP whose partial outputs are all-reduced, and
   a data-parallel evaluation that all-gathers predictions and all-reduces the accuracy.
 """
-import gzip
 import os
-import shutil
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, schedule
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_cpu_traces import save  # noqa: E402 (the gzipped Chrome trace, as the first corpus pass wrote it)
+
 # a 4-step window after 1 wait and 1 warm-up step, as torch.profiler's docs recipe does; compile cases start at 0
 WAIT, WARMUP, ACTIVE = 1, 1, 2
-
-
-def save(prof, path):
-    """The Chrome trace, gzipped, as torch.profiler writes it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(raw)
-        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=9) as dst:
-            shutil.copyfileobj(src, dst)
 
 
 def profiler(path, wait=WAIT, warmup=WARMUP, active=ACTIVE):
