@@ -20,6 +20,11 @@ Each repetition times --steps steps, in turn: unprofiled; under torch.profiler w
 (`torch_cuda`) and with CPU and CUDA activity (`torch_cpu_cuda`; no shapes, no stacks), each session's first
 step left out; this profiler's window with ops="device" (`device`, the default) and ops="full" (`full`), after
 its one warm-up step. Every timing runs between two device syncs. Writes OUT/<workload>-<process>.json.
+
+TEARDOWN_CUPTI=1 (unless set): kineto then releases CUPTI when each session ends; without it the steps after a
+session run slower (profiling/profile/capture/cupti.py), and the next repetition's unprofiled steps with them;
+this profiler holds it at "0" through its own sessions and puts it back. After each session one untimed step
+(`settle`) lets the teardown finish before the next session starts.
 """
 import argparse
 import json
@@ -94,10 +99,39 @@ def under_torch(step, n, device, activities):
     return ms
 
 
-def under_window(step, n, device, ops):
+def settle(step, device):
+    """One untimed step after a session: CUDA calls, in one of which kineto's CUPTI teardown (TEARDOWN_CUPTI=1)
+    finalizes; a next session configured before it waits for it."""
+    profiler_cost.timed(step, 1, device)
+
+
+class _NoSampler:
+    """A stand-in for the window's stack sampler (--no-sampler: what the sampler costs)."""
+
+    def __init__(self, *args, **kwargs):
+        from profiling.profile.capture.sampler import StackSampler
+        self._real = StackSampler()
+
+    def start(self): pass
+
+    def stop(self): pass
+
+    def step(self, index): pass
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def under_window(step, n, device, ops, sampler=True):
     """ms/step of this profiler's n recorded steps (after its warm-up step), and the join's record."""
     from profiling.profile.capture import window
-    w = window.Window(1, n, {"settings": {"recorded": False}}, memory=False, ops=ops)
+    saved = window.StackSampler
+    if not sampler:
+        window.StackSampler = _NoSampler
+    try:
+        w = window.Window(1, n, {"settings": {"recorded": False}}, memory=False, ops=ops)
+    finally:
+        window.StackSampler = saved
     step()
     w.step()  # the profiler's warm-up step: not recorded, not timed
     profiler_cost.sync(device)
@@ -129,14 +163,23 @@ def run(name, args):
     for _ in range(args.reps):
         out["unprofiled"].append(profiler_cost.timed(step, args.steps, device))
         out["torch_cuda"].append(under_torch(step, args.steps, device, acts))
+        settle(step, device)
         out["torch_cpu_cuda"].append(under_torch(step, args.steps, device, both))
+        settle(step, device)
         ms, record = under_window(step, args.steps, device, "device")
         out["device"].append(ms)
         out["join"].append(record)
+        settle(step, device)
+        if args.no_sampler:
+            out.setdefault("device_no_sampler", []).append(under_window(step, args.steps, device, "device",
+                                                                        sampler=False)[0])
+            settle(step, device)
         out["full"].append(under_window(step, args.steps, device, "full")[0])
+        settle(step, device)
     base = statistics.median(out["unprofiled"])
-    out["median_ms"] = {v: round(statistics.median(out[v]), 3) for v in VARIANTS}
-    out["over_unprofiled_percent"] = {v: round(100 * (out["median_ms"][v] / base - 1), 1) for v in VARIANTS[1:]}
+    variants = [v for v in VARIANTS + ("device_no_sampler",) if out.get(v)]
+    out["median_ms"] = {v: round(statistics.median(out[v]), 3) for v in variants}
+    out["over_unprofiled_percent"] = {v: round(100 * (out["median_ms"][v] / base - 1), 1) for v in variants[1:]}
     return out
 
 
@@ -150,7 +193,10 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--no-sampler", action="store_true",
+                   help="also time device mode with the stack sampler left out (`device_no_sampler`)")
     args = p.parse_args(argv)
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")  # see the docstring
     os.makedirs(args.out, exist_ok=True)
     for name in args.workloads:
         out = run(name, args)

@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from profiling.errors import UserError
-from profiling.profile.capture import eager_record, nvml, provenance, settings, shapes
+from profiling.profile.capture import cupti, eager_record, nvml, provenance, settings, shapes
 from profiling.profile.capture.detail import DetailStep, SyncRecorder, without_launch_records
 from profiling.profile.capture.memory import MemoryStep, record_missing
 from profiling.profile.capture.sampler import StackSampler
@@ -93,6 +93,7 @@ class Window:
         if self.mark is not None:
             self.mark.record()  # created now, outside the window: each step's record is then one runtime call
         self.before = metadata.get("settings") or settings.snapshot()  # before the profiler's sync debug mode
+        self.cupti = cupti.Hold() if cuda else None  # CUPTI kept through the capture's sessions, then released
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)
         self.sampler, self.syncs, self.state = StackSampler(paced=self.device_only), SyncRecorder(cuda), None
         self.i, self.t_end, self.trace, self.recorder = 0, None, None, None
@@ -113,7 +114,11 @@ class Window:
         self.sync()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
-            self.prof.start()
+            try:
+                self.prof.start()
+            except BaseException:
+                self._release()
+                raise
         self.launches = contextlib.ExitStack()  # Inductor's launch records: from the shape step, untimed (once
         self.launches.enter_context(without_launch_records())  # the profiler runs: a failed start changes nothing)
         # The sampler's thread starts here, in the profiler's warm-up step, and warms its label caches there:
@@ -188,6 +193,7 @@ class Window:
         """Begin the next untimed step after the window (None), or the trace when there is none left."""
         if not self.after:
             self.recorder = None
+            self._release()
             return self.trace
         self.key, make = self.after.pop(0)
         self.recorder = make()
@@ -310,7 +316,13 @@ class Window:
             trace["autoresearch"]["ended_early"] = {"how": how, "active_steps": steps, "of": self.active,
                                                    "missing": pending}
         self.trace = None
+        self._release()
         return trace
+
+    def _release(self):
+        """After the capture's last profiler session: CUPTI released (capture/cupti.py)."""
+        if self.cupti is not None:
+            self.cupti.release()
 
     def abandon(self):
         """Stop a window the loop left before its end: nothing recorded, nothing left running."""
