@@ -6,8 +6,10 @@ report checks against from 65 to 119 ms in one run; inside the profiled steps on
 at least OUTLIER_MIN_MS over it, judged among MIN_STEPS steps or more (the median of five steps stays put when
 one or two are outliers). Among the profiled steps, a step over NAMED_RATIO (1.3x) the others' median goes too
 when what ran only in it names a save, an eval or a log and that work took WORK_SHARE of its extra time
-(trace/only_in_step.py; HF's log-and-save step ran 1.45-1.77x on a loaded CPU); a step merely noisy names
-nothing, or its named work explains little of it, and stays. Timed outliers are left out of `unprofiled_step_ms` (the Profiler, profiling/api.py,
+(trace/only_in_step.py; HF's log-and-save step ran 1.45-1.77x on a loaded CPU), or when it ran every operator
+of the other like steps and ADDED_MIN_OPS more (work added: a save that held the GIL, which no host sample saw;
+`_added`); a step merely noisy names nothing, or its named work explains little of it, runs the same operators
+as the others, and stays. Timed outliers are left out of `unprofiled_step_ms` (the Profiler, profiling/api.py,
 times them).
 
 Among the profiled steps (`split`, where the summary makes its steps, so every table and finding sees the same
@@ -20,6 +22,7 @@ ms/step against a median of 26.1, its GEMMs 70.8% of the step; a 1.69 s compile 
 host_sync of 1,436 ms/step. Stdlib only.
 """
 import statistics
+from collections import Counter
 
 from profiling.profile.trace import iterations, only_in_step, traceio
 
@@ -203,12 +206,45 @@ WORK_SHARE = 0.5    # of its time over that median, the named work took at least
                     # it): a noisy step's one chance sample of a logging frame is no log-and-save step
 
 
+ADDED = "work added"
+ADDED_MIN_OPS = 10  # operators more than the like steps ran, at least: HF's save step ran 86 more (its state dict
+                    # detached, `aten::detach` x29); a logging step a few (those stay, under the 1.3x anyway)
+
+
+def _op_counts(ix):
+    """[Counter of operator names] per step."""
+    starts, out = [a for a, _, _ in ix.steps], [Counter() for _ in ix.steps]
+    for e in ix.cpu_ops:
+        k = traceio.find(ix.steps, starts, e.get("ts"))
+        if k is not None:
+            out[k][str(e.get("name", ""))] += 1
+    return out
+
+
+def _added(ops, k, others):
+    """The operators step k ran more than the like steps (a Counter), when it ran every operator each of them ran
+    and ADDED_MIN_OPS more than the most any ran, and at least two of them ran the very same operators (the loop's
+    usual step: a loop whose work grows step by step, L-BFGS's, has none); else None. Work added to that step
+    (a save holding the GIL, which the sampler cannot see: HF's safetensors write), not a step the host stalled
+    (the same operators)."""
+    if len(others) < 2 or any(ops[i] - ops[k] for i in others):
+        return None
+    if max(Counter(frozenset(ops[i].items()) for i in others).values()) < 2:
+        return None
+    most = max(others, key=lambda i: sum(ops[i].values()))
+    extra = ops[k] - ops[most]
+    return extra if sum(extra.values()) >= ADDED_MIN_OPS else None
+
+
 def _named(ix, meta, each, work, why):
     """Adds to `why` ("named") each step over NAMED_RATIO x the median of the other like steps whose own work
     (only_in_step: what ran only in it) names a save, an eval or a log and took WORK_SHARE of its extra time;
     the slowest first, MIN_STEPS like steps always left: a step kept for that is said in the metadata's notes.
-    Returns what ran in each step ([] when no step was slow enough to read it)."""
-    per = []
+    Or, when nothing it ran names its work or measures it, whose operators are every operator of the other like
+    steps and more (`_added`: ix.added, its kind ADDED). Returns what ran in each step ([] when no step was slow
+    enough to read it)."""
+    per, ops = [], None
+    ix.added = {}
     for k in sorted((k for k in range(len(each)) if work[k] and k not in why), key=lambda k: -each[k]):
         rest = [each[i] for i in range(len(each)) if work[i] and i not in why and i != k]
         median = statistics.median(rest) if rest else None
@@ -219,12 +255,17 @@ def _named(ix, meta, each, work, why):
         kind = only_in_step.kind_of(only)
         named = only_in_step.named_ms(ix, meta, per, k, only_in_step.telling(only, kind)) if kind else 0.0
         if named < WORK_SHARE * (each[k] - median):
-            continue
+            ops = ops or _op_counts(ix)
+            extra = _added(ops, k, [i for i in range(len(each)) if work[i] and i not in why and i != k])
+            if extra is None:
+                continue
+            kind = kind or ADDED
+            ix.added[k] = extra
         if len(each) - len(why) - 1 < MIN_STEPS:
             meta.setdefault("notes_named_kept", []).append(
-                f"profiled step {k + 1} ran {_kind_words(kind)} ({_ms(each[k])} against a median of {_ms(median)}; "
-                f"only it ran {', '.join(f'`{x}`' for x in _shown(only, kind))}) but stays in the per-step "
-                f"figures: leaving it out would leave {len(each) - len(why) - 1} like steps, too few; {WIDEN}")
+                f"profiled step {k + 1} ran {_kind_words(kind)} ({_ms(each[k])} against a median of {_ms(median)}"
+                f"{_ran(only, kind, ix.added.get(k))}) but stays in the per-step figures: leaving it out would "
+                f"leave {len(each) - len(why) - 1} like steps, too few; {WIDEN}")
             continue
         why[k] = "named"
     return per
@@ -282,9 +323,11 @@ def _row(ix, per, k, reason, each, median, compile_ms, like):
     """A one-off step's row: its kind, time against the like steps' median, what ran only in it (per:
     only_in_step.per_step's)."""
     only = only_in_step.only_labels(per, k)
-    kind = COMPILE if compile_ms > 0 else only_in_step.kind_of(only) or (COLD if k == 0 else UNNAMED)
+    extra = getattr(ix, "added", {}).get(k)
+    kind = COMPILE if compile_ms > 0 else only_in_step.kind_of(only) or (ADDED if extra else COLD if k == 0 else
+                                                                          UNNAMED)
     what = "iteration" if ix.iterations else "profiled step"
-    ran = f"; only it ran {', '.join(f'`{x}`' for x in _shown(only, kind))}" if only else ""
+    ran = _ran(only, kind, extra)
     spent = f", {_ms(compile_ms)} of it compiling" if compile_ms > 0 else ""
     where = " on the host" if reason == "first on the host" else ""
     text = (f"{what} {k + 1} of {len(each)} (`{ix.steps[k][2]}`), {_kind_words(kind)}: {_ms(each[k])}{where}{spent} "
@@ -295,8 +338,18 @@ def _row(ix, per, k, reason, each, median, compile_ms, like):
             "only": only[:SHOWN], "text": text}
 
 
+def _ran(only, kind, extra=None):
+    """`; only it ran ...` and, for work added, `; it ran every operator of the like steps and N more (...)`."""
+    out = f"; only it ran {', '.join(f'`{x}`' for x in _shown(only, kind))}" if only else ""
+    if extra:
+        top = ", ".join(f"`{name}` x{c}" for name, c in extra.most_common(SHOWN))
+        out += f"; it ran every operator of the like steps and {sum(extra.values())} more ({top})"
+    return out
+
+
 def _kind_words(kind):
     return {UNNAMED: "unnamed (nothing that ran only in it says what it was)",
+            ADDED: "work added to it (a checkpoint save, a log: nothing it ran names which)",
             COLD: "a cold first pass (first calls: allocations, lazy loads, autotuning)",
             only_in_step.EVAL: "an eval"}.get(kind, f"a {kind}")
 
