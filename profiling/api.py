@@ -21,7 +21,8 @@ ends -- done, stopped early (step() no longer called, close() or not), an except
 interpreter exiting, the `with` block left by an exception, the Profiler dropped:
     - nothing it started runs on: torch.profiler, the stack-sampler thread, CUDA's sync debug mode, the line
       tracer (sys.settrace), the allocator's history, Inductor's launch-record switch, CUPTI's hooks on every
-      launch (released after the capture's last session: profiling/profile/capture/cupti.py); a loop that stops
+      launch (released after the capture's last session, TEARDOWN_CUPTI=1 left set where the user had not
+      set it: profiling/profile/capture/cupti.py); a loop that stops
       stepping inside the window and goes on with something else is closed by a watchdog (no step() for
       max(1 s, 20x the slowest step), or for max(0.25 s, 3x) once the function that steps has returned:
       profiling/profile/capture/watchdog.py), on the main thread at its next bytecode, only the trace written,

@@ -268,7 +268,7 @@ class Window:
         trace["autoresearch"] = dict(self.metadata, host_samples=samples, capture_ops=self.ops_mode(),
                                      syncs=None, dynamo=dynamo_record(),
                                      provenance=provenance.result(), device_state=self.state,
-                                     settings=dict(self.before, profiler=own_settings(self.before, self.cuda)),
+                                     settings=dict(self.before, profiler=own_settings(self.before, self.cuda, self.cupti)),
                                      **self.missing, **(missing or {}))
         return trace
 
@@ -366,14 +366,17 @@ def _record_name(key):
     return "shapes" if key == "details" else key
 
 
-def own_settings(record, cuda):
+def own_settings(record, cuda, hold=None):
     """The settings the profiler itself changes (profiling/profile/trace/settings.py's `profiler` entries):
-    provenance.start()'s compiler settings, and CUDA's sync debug mode, "warn" during the untimed shape step
-    after the profiled steps (DetailStep, SyncRecorder)."""
+    provenance.start()'s compiler settings, CUDA's sync debug mode, "warn" during the untimed shape step
+    after the profiled steps (DetailStep, SyncRecorder), and TEARDOWN_CUPTI=1 from the capture on where `hold`
+    (capture/cupti.py's Hold) sets it."""
     changed = provenance.changes()
     if cuda:
         changed["sync_debug_mode"] = {"value": "warn", "during": "shape step",
                                       "before": recorded.value(record, "sync_debug_mode", "default")}
+    if hold is not None and hold.sets:
+        changed["env." + cupti.VAR] = {"value": "1", "during": "process", "before": None}
     return changed
 
 

@@ -92,7 +92,8 @@ def differing(record):
      "by": "user" | "torchrun" | "train.py" | "profiler",
      "source": "environment" (a variable set before the process started, or a compiler entry read from
                one) | "process" (set by code in the process) | None (unknown: global modes and flags),
-     "during": "compile" | "shape step" ("profiled steps" in older traces) for the profiler's, else None}.
+     "during": "compile" | "shape step" ("profiled steps" in older traces) | "process" (from the capture on) for
+               the profiler's, else None}.
     "train.py": equal to a choice train.py makes on purpose (record["train.py"]); "torchrun": a variable
     torchrun sets in its workers; a framework's name ("lightning"): a variable it sets on import
     (FRAMEWORK_ENV); "profiler": what the capture itself turns on; "user": anything else (the user's code or
@@ -177,7 +178,8 @@ def text(s):
 def _who(r):
     if r["by"] == "profiler":
         during = {"profiled steps": "during the profiled steps only",  # older traces
-                  "shape step": "during the untimed step after the profiled steps only"}
+                  "shape step": "during the untimed step after the profiled steps only",
+                  "process": "from the capture on"}
         return "profiler, " + during.get(r["during"], f"at {r['during'] or 'capture'}")
     if r["name"].startswith("env."):
         if r["by"] in FRAMEWORK_NAMES:  # set when the framework was imported
