@@ -268,7 +268,8 @@ class Window:
         trace["autoresearch"] = dict(self.metadata, host_samples=samples, capture_ops=self.ops_mode(),
                                      syncs=None, dynamo=dynamo_record(),
                                      provenance=provenance.result(), device_state=self.state,
-                                     settings=dict(self.before, profiler=own_settings(self.before, self.cuda, self.cupti)),
+                                     settings=dict(self.before,
+                                                   profiler=own_settings(self.before, self.cuda, self.cupti)),
                                      **self.missing, **(missing or {}))
         return trace
 
