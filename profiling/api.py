@@ -38,7 +38,8 @@ interpreter exiting, the `with` block left by an exception, the Profiler dropped
       only the trace is written (quick; `research profile <trace>` makes the report), said in one stderr line;
       a loop that ended before the profiled steps warns and writes nothing;
     - the settings it changed are put back when its steps end (provenance.start()'s compiler settings; the
-      sync debug mode after each profiled step);
+      sync debug mode after each profiled step), all but TEARDOWN_CUPTI=1 (above, and in the report's settings
+      line);
     - an out_dir it could not write fails at construction, before any step.
 Timed steps are timed one by one (CUDA events, no extra sync); a step over twice their median is left out of
 the unprofiled step time and named in the report (profiling/profile/trace/irregular.py), as is one among the
