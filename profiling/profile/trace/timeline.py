@@ -243,12 +243,24 @@ class Timeline:
     # -- host samples ------------------------------------------------------------------------------------
 
     def samples_between(self, k, start, end):
-        """Stack ids of the live run's host samples of step k whose time falls in [start, end]."""
+        """Stack ids of the live run's host samples of step k whose time falls in [start, end], in time order."""
+        times, ids = self._samples_by_step.get(k, ((), ()))
+        return ids[bisect.bisect_left(times, start):bisect.bisect_right(times, end)]
+
+    @functools.cached_property
+    def _samples_by_step(self):
+        """{step: ([sample times], [stack ids])}, by time (a gap asks for its samples 48k times over the fixtures:
+        one scan of every sample each was a fortieth of the summaries' time)."""
         host = self.meta.get("host_samples") or {}
-        t0 = self.ix.steps[k][0] if k < len(self.ix.steps) else None
-        if t0 is None:
-            return []
-        return [sid for step, us, sid in host.get("samples", ()) if step == k and start <= t0 + us <= end]
+        per = {}
+        for step, us, sid in host.get("samples", ()):
+            if 0 <= step < len(self.ix.steps):
+                per.setdefault(step, []).append((self.ix.steps[step][0] + us, sid))
+        out = {}
+        for step, rows in per.items():
+            rows.sort(key=lambda r: r[0])
+            out[step] = ([t for t, _ in rows], [sid for _, sid in rows])
+        return out
 
 
 def _alone(events):
