@@ -79,13 +79,15 @@ def join(events, donor):
                    and str(e.get("name", "")).startswith(STEP_PREFIX) and num(e.get("ts")))
     device = _launched(events)
     lent = _Donor(donor)
-    _same_threads(events, lent)
+    _same_threads(events, lent, device)
     ids = _IdSpace(events, donor)
     out = {"steps": len(steps), "launches": 0, "of": 0, "device_us": 0.0, "unjoined_us": 0.0}
     missed = defaultdict(float)
     added = []
+    launches = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and num(e.get("ts"))), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in launches]
     for k, (start, end) in enumerate(steps):
-        calls = [e for e in events if e.get("cat") in LAUNCH_CATS and num(e.get("ts")) and start <= e["ts"] < end]
+        calls = launches[bisect.bisect_left(starts, start):bisect.bisect_left(starts, end)]
         pairs = lent.pair(calls, device)
         shift = ids.shift(k)
         for d, t in pairs:
@@ -160,12 +162,11 @@ class _Donor:
         return out
 
 
-def _same_threads(events, lent):
+def _same_threads(events, lent, device):
     """Give the timed steps' threads the untimed step's thread ids (`events` changed in place). CUPTI names a
     thread by its pthread id until a CPU operator has been recorded on it, so a process's first CUDA-only session
     wrote 970979008 where the operator step wrote 519 (H100, torch 2.11); each timed thread takes the untimed
-    thread whose runtime calls it shares most (by name and kernel), one for one."""
-    device = _launched(events)
+    thread whose runtime calls it shares most (by name and kernel), one for one. device: `_launched(events)`."""
     mine = defaultdict(Counter)
     for e in events:
         if e.get("cat") in LAUNCH_CATS:
