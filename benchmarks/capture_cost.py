@@ -3,6 +3,7 @@ own CUDA-only and CPU+CUDA sessions and the unprofiled step, in one process, alt
 
     python benchmarks/capture_cost.py OUT --workloads gpt2 hf_gpt2 transformer12 t5_small resnet18_w8 resnet50
     python benchmarks/capture_cost.py OUT --size tiny --device cpu --reps 1 --steps 2   # a smoke run
+    python benchmarks/capture_cost.py OUT --workloads t5_small --variants unprofiled torch_cuda device   # a subset
 
 Workloads (bf16 autocast on CUDA):
     gpt2           GPT-2 124M as nanoGPT's train.py trains it (benchmarks/profiler_cost.py: compiled, 4 micro-batches
@@ -19,7 +20,8 @@ Workloads (bf16 autocast on CUDA):
 Each repetition times --steps steps, in turn: unprofiled; under torch.profiler with CUDA activity alone
 (`torch_cuda`) and with CPU and CUDA activity (`torch_cpu_cuda`; no shapes, no stacks), each session's first
 step left out; this profiler's window with ops="device" (`device`, the default) and ops="full" (`full`), after
-its one warm-up step. Every timing runs between two device syncs. Writes OUT/<workload>-<process>.json.
+its one warm-up step (--variants: a subset). Every timing runs between two device syncs. Writes
+OUT/<workload>-<process>.json and appends each to OUT/all.jsonl.
 
 TEARDOWN_CUPTI=1 (unless set): kineto then releases CUPTI when each session ends; without it the steps after a
 session run slower (profiling/profile/capture/cupti.py), and the next repetition's unprofiled steps with them;
@@ -160,22 +162,22 @@ def run(name, args):
     out = {"workload": name, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "warm_s": round(time.perf_counter() - t0, 1), "steps": args.steps,
            **{v: [] for v in VARIANTS}, "join": []}
+    timers = {"torch_cuda": lambda: under_torch(step, args.steps, device, acts),
+              "torch_cpu_cuda": lambda: under_torch(step, args.steps, device, both),
+              "device": lambda: under_window(step, args.steps, device, "device"),
+              "device_no_sampler": lambda: under_window(step, args.steps, device, "device", sampler=False),
+              "full": lambda: under_window(step, args.steps, device, "full")}
+    chosen = [v for v in args.variants if v != "unprofiled"] + ["device_no_sampler"] * args.no_sampler
     for _ in range(args.reps):
         out["unprofiled"].append(profiler_cost.timed(step, args.steps, device))
-        out["torch_cuda"].append(under_torch(step, args.steps, device, acts))
-        settle(step, device)
-        out["torch_cpu_cuda"].append(under_torch(step, args.steps, device, both))
-        settle(step, device)
-        ms, record = under_window(step, args.steps, device, "device")
-        out["device"].append(ms)
-        out["join"].append(record)
-        settle(step, device)
-        if args.no_sampler:
-            out.setdefault("device_no_sampler", []).append(under_window(step, args.steps, device, "device",
-                                                                        sampler=False)[0])
+        for v in chosen:
+            got = timers[v]()
+            ms, record = got if isinstance(got, tuple) else (got, None)
+            out.setdefault(v, []).append(ms)
+            if v == "device":
+                out["join"].append(record)
             settle(step, device)
-        out["full"].append(under_window(step, args.steps, device, "full")[0])
-        settle(step, device)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
     base = statistics.median(out["unprofiled"])
     variants = [v for v in VARIANTS + ("device_no_sampler",) if out.get(v)]
     out["median_ms"] = {v: round(statistics.median(out[v]), 3) for v in variants}
@@ -193,6 +195,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                   help="what to time in each repetition (the unprofiled steps always)")
     p.add_argument("--no-sampler", action="store_true",
                    help="also time device mode with the stack sampler left out (`device_no_sampler`)")
     args = p.parse_args(argv)
