@@ -218,6 +218,24 @@ def test_the_sampler_sees_the_busy_line(tmp_path):
     assert not any(t.name == "autoresearch-stack-sampler" for t in threading.enumerate())
 
 
+def test_a_paced_sampler_stretches_its_period_to_what_its_samples_cost_the_main_thread():
+    """Paced (device-only steps), the period is the recent least sample cost, times what the main thread pays
+    for it, over the share allowed; never under the base period. Unpaced, the period stays."""
+    from profiling.profile.capture import sampler as S
+    paced = StackSampler(paced=True)
+    paced._paced(200e-6)  # a deep stack: 0.2 ms a sample
+    assert paced.interval == pytest.approx(S.MAIN_PAYS * 200e-6 / S.OWN_SHARE)  # 20 ms at 2x and 2%
+    paced._paced(1e-3)  # one slow walk (new frames' labels) does not stretch it: the recent least cost counts
+    assert paced.interval == pytest.approx(S.MAIN_PAYS * 200e-6 / S.OWN_SHARE)
+    for _ in range(S.RECENT):
+        paced._paced(5e-6)  # a shallow stack: the base period
+    assert paced.interval == S.INTERVAL_S
+    assert paced.own_s == pytest.approx(200e-6 + 1e-3 + S.RECENT * 5e-6)
+    unpaced = StackSampler()
+    unpaced._paced(200e-6)
+    assert unpaced.interval == S.INTERVAL_S
+
+
 def test_every_diagnoses_plant_still_applies_to_train_py():
     """benchmarks/diagnoses.py plants each slowdown by exact text replacement in a copy of train.py: every
     replaced text is still in train.py once, and the planted file is valid Python importing what it uses."""

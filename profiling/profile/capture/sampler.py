@@ -23,7 +23,10 @@ sampler times each of its own samples and stretches its period until they take a
 (issue #50), where the capture asks for it (device-only steps on CUDA: there the sampler is much of what the
 capture costs; a CPU run's profiler costs microseconds an operator, and its one-off steps are named from 2 ms
 samples): a deep stack is sampled less often, a shallow one every INTERVAL_S. Its own time is its thread's
-CPU time (a thread the OS set aside costs the main thread nothing) plus the GIL's two hand-offs.
+CPU time (a thread the OS set aside costs the main thread nothing) plus the GIL's two hand-offs; the main thread
+pays about MAIN_PAYS times that (benchmarks/sampler_cost.py: paced on its own time alone, at 2%, the sampler
+made host-bound steps 4.2-5.2% longer on the H100's host and 4.4% here, the main thread losing 1.5-2.3x the
+sampler's count per sample: the walk holds the GIL, and each hand-off wakes a thread and evicts its caches).
 """
 import linecache
 import sys
@@ -37,8 +40,9 @@ INTERVAL_S = 0.002   # 500 samples a second: a 1 ms wait is seen about every oth
 MAX_FRAMES = 12      # frames kept per sample
 INNERMOST = 3        # innermost frames kept whatever their file; further out, only own ones (whose.py)
 MAX_TEXT = 100       # characters of a source line kept
-OWN_SHARE = 0.02     # the sampler's own time at most 2% of the main thread's
+OWN_SHARE = 0.02     # what the samples cost the main thread: at most 2% of its time
 SWITCH_S = 25e-6     # two GIL hand-offs a sample (the main thread's cost, not seen by the sampler's own clock)
+MAIN_PAYS = 2.0      # the main thread's loss per sample over the sampler's count (measured: 1.5-2.3x; module doc)
 RECENT = 16          # the period follows the least cost of the last RECENT samples: a walk that met new frames
                      # paid once for their labels (0.9 ms against 0.02 on a Lightning stack), not at every sample
 
@@ -92,12 +96,12 @@ class StackSampler:
                 self._paced(time.thread_time() - own + SWITCH_S)
 
     def _paced(self, cost):
-        """This sample's own cost counted; paced, the next period from it: the recent least cost over OWN_SHARE,
-        at least `base`."""
+        """This sample's own cost counted; paced, the next period from it: what the recent least cost costs the
+        main thread (MAIN_PAYS times it) over OWN_SHARE, at least `base`."""
         self._costs.append(cost)
         self.own_s += cost
         if self.paced:
-            self.interval = max(self.base, min(self._costs) / OWN_SHARE)
+            self.interval = max(self.base, MAIN_PAYS * min(self._costs) / OWN_SHARE)
 
     def _stack_id(self, frame):
         """The id of this stack (its labels: `_labels_of`)."""
