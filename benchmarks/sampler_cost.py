@@ -15,7 +15,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -23,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
 from profiling.profile.capture import sampler as S  # noqa: E402
+from profiler_cost import timed  # noqa: E402
 
 
 def deep_mlp(size, device):
@@ -46,17 +46,6 @@ def deep_mlp(size, device):
 def workloads():
     import capture_cost
     return dict(capture_cost.WORKLOADS, deep_mlp=deep_mlp)
-
-
-def timed(step, n, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return 1e3 * (time.perf_counter() - t0) / n
 
 
 def main(argv=None):
