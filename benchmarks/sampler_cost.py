@@ -21,8 +21,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
-from profiling.profile.capture import sampler as S  # noqa: E402
 from profiler_cost import timed  # noqa: E402
+
+from profiling.profile.capture import sampler as S  # noqa: E402
 
 
 def deep_mlp(size, device):
