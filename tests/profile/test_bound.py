@@ -17,12 +17,16 @@ CLEAN = ["h100-plant26-baseline", "h100-cudnn-window-gpt-5steps", "h100-plant-ba
          "h100-compile-b", "h100-lines-gpt-2steps"]
 
 
-def load(name):
-    return summary.summarize(summary.load_trace(os.path.join(DATA, f"{name}.trace.json.gz")))
+@pytest.fixture(scope="module")
+def load(data_summary):
+    """load(name) -> the fixture's summary (conftest's data_summary: made once per run, a fresh copy)."""
+    def get(name):
+        return data_summary(os.path.join(DATA, f"{name}.trace.json.gz"))
+    return get
 
 
 @pytest.fixture(scope="module")
-def base():
+def base(load):
     return load("h100-plant26-baseline")
 
 
@@ -46,7 +50,7 @@ def test_the_report_shows_the_bound_column_and_line(base):
 
 
 @pytest.mark.parametrize("name", CLEAN)
-def test_clean_runs_stay_quiet(name):
+def test_clean_runs_stay_quiet(name, load):
     """The new rules never fire on the default config (older traces, made while the loader ran on the main
     thread, may show the loader's idle: gpu_waits_on_host, a real cause there)."""
     s = load(name)
@@ -59,7 +63,7 @@ def test_the_clean_default_has_no_finding_of_1_percent_and_says_what_is_unexplai
     assert "x its bound" in render.to_markdown(base)
 
 
-def test_an_uncompiled_model_is_eager_code_with_its_loss():
+def test_an_uncompiled_model_is_eager_code_with_its_loss(load):
     s = load("h100-plant26-eager_model")
     top = s["findings"][0]
     assert top["kind"] == "eager_code" and "mostly in the model" in top["evidence"]
@@ -67,14 +71,14 @@ def test_an_uncompiled_model_is_eager_code_with_its_loss():
     assert "torch.compile the model" in top["fix"]
 
 
-def test_an_uncompiled_optimizer_is_named_as_such():
+def test_an_uncompiled_optimizer_is_named_as_such(load):
     s = load("h100-plant26-eager_optimizer")
     f = next(f for f in s["findings"] if f["kind"] == "eager_code")
     assert "mostly in the optimizer" in f["evidence"] and "torch.compile the function that calls optimizer.step()" \
         in f["fix"] and "fused=True" in f["fix"]
 
 
-def test_misaligned_widths_are_named_with_their_parameters_and_loss():
+def test_misaligned_widths_are_named_with_their_parameters_and_loss(load):
     """odd_mlp_width (hidden 2049): the GEMMs on the padded shape are placed in the MLP, and misaligned_shapes
     names the parameters, within 30% of the measured loss (31.15 ms)."""
     s = load("h100-plant26-odd_mlp_width")
@@ -87,7 +91,7 @@ def test_misaligned_widths_are_named_with_their_parameters_and_loss():
     assert mlp["ms_per_step"] > 130  # the baseline's 106.6 plus the loss
 
 
-def test_fresh_misaligned_width_is_named_and_its_aligned_twin_is_clean():
+def test_fresh_misaligned_width_is_named_and_its_aligned_twin_is_clean(load):
     """h100-fresh-mlp_width_1365 / _1344 (one H100 call, 2026-11-24, after the rule was written): int(8/3 x 512)
     against the same width rounded to 64. Kernel time 269.5 -> 290.6 ms (5 steps); unprofiled 276.68 -> 290.41."""
     odd, aligned = load("h100-fresh-mlp_width_1365"), load("h100-fresh-mlp_width_1344")
@@ -95,7 +99,7 @@ def test_fresh_misaligned_width_is_named_and_its_aligned_twin_is_clean():
     assert not aligned["findings"]
 
 
-def test_activation_checkpointing_is_recompute_with_its_loss():
+def test_activation_checkpointing_is_recompute_with_its_loss(load):
     """checkpoint_blocks: every block's forward re-run in the backward: the backward GEMMs do 3x the forward's
     FLOPs in attention and MLP (2x without), measured loss 81.4 ms; fresh checkpoint_mlp (MLP only, a case made
     after the rule): 18.87 ms (unprofiled 326.72 vs 307.85 in that call)."""
@@ -115,7 +119,7 @@ def test_backward_gemms_do_twice_the_forward_flops_in_a_clean_run(base):
             assert row["gemm_flops"]["backward"] == pytest.approx(2 * row["gemm_flops"]["forward"], rel=0.01)
 
 
-def test_a_graph_break_counts_only_the_work_one_graph_would_fuse():
+def test_a_graph_break_counts_only_the_work_one_graph_would_fuse(load):
     """h100-fresh-eager_attention: @torch.compiler.disable on the attention module, +59.99 ms measured; its
     GEMMs, attention and kernels.py operators run as long in one graph and are not counted."""
     s = load("h100-fresh-eager_attention")
@@ -125,7 +129,7 @@ def test_a_graph_break_counts_only_the_work_one_graph_would_fuse():
     assert 59.99 <= top["ms_per_step"] <= 1.35 * 59.99
 
 
-def test_traces_without_shapes_have_no_bound():
+def test_traces_without_shapes_have_no_bound(load):
     """The shared fixture, recorded without input shapes: no kernel has a known work, so a bound summed from
     measured times would be the step itself (1.01x, once printed); no bound, and section 0 says why."""
     s = load("h100-compiled-gpt-5steps")
@@ -136,7 +140,7 @@ def test_traces_without_shapes_have_no_bound():
     assert "the step's bound cannot be judged (0.0% of device time has a known work" in md
 
 
-def test_when_profiling_distorts_the_step_the_report_shows_the_unprofiled_one():
+def test_when_profiling_distorts_the_step_the_report_shows_the_unprofiled_one(load):
     """h100-slowhost-baseline: the default config on an H100 whose host could not feed the GPU while the loader
     ran on the main thread (before issue #25): profiled far longer than unprofiled, its check failed."""
     s = load("h100-slowhost-baseline")
@@ -155,10 +159,10 @@ def test_when_profiling_distorts_the_step_the_report_shows_the_unprofiled_one():
     assert render.to_json(s) == render.to_json(load("h100-slowhost-baseline"))  # the JSON keeps the profiled step
 
 
-def test_float32_activations_are_fp32_intermediate_beside_fp32_matmul():
+def test_float32_activations_are_fp32_intermediate_beside_fp32_matmul(load):
     """h100-plant-fp32_mlp (issue #16's plant: the MLP in float32, +77.0 ms/step unprofiled): fp32_matmul
     counts its GEMMs, fp32_intermediate the float32 elementwise traffic around them; together within 30%."""
-    s = summary.summarize(summary.load_trace(os.path.join(DATA, "h100-plant-fp32_mlp.trace.json.gz")))
+    s = load("h100-plant-fp32_mlp")
     kinds = {f["kind"]: f for f in s["findings"]}
     f = kinds["fp32_intermediate"]
     assert s["findings"][0] is f and "largest [128, 2048, 512], 537 MB" in f["evidence"]
@@ -166,7 +170,7 @@ def test_float32_activations_are_fp32_intermediate_beside_fp32_matmul():
     assert "fp32_intermediate" not in {x["kind"] for x in load("h100-plant26-eager_model")["findings"]}
 
 
-def test_a_no_grad_forward_in_the_step_is_forward_without_backward():
+def test_a_no_grad_forward_in_the_step_is_forward_without_backward(load):
     """h100-fresh-eval_forward: a torch.no_grad forward of one micro-batch each step (+48.89 ms measured,
     unprofiled 355.72 vs 306.83 in that call): every region's backward GEMMs do 1.33x its forward's."""
     s = load("h100-fresh-eval_forward")
@@ -177,7 +181,7 @@ def test_a_no_grad_forward_in_the_step_is_forward_without_backward():
     assert not any(f["kind"] == "forward_without_backward" for f in load("h100-plant26-baseline")["findings"])
 
 
-def test_torch_cuda_synchronize_is_a_host_sync_with_its_line():
+def test_torch_cuda_synchronize_is_a_host_sync_with_its_line(load):
     """h100-fresh-sync_microbatch: torch.cuda.synchronize() after each backward has no operator around it; the
     host samples place the host in train.py, so it is the step's sync, and the first finding (root cause)."""
     s = load("h100-fresh-sync_microbatch")

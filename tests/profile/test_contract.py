@@ -65,9 +65,25 @@ STRIP = {  # evidence name -> how a trace comes without it
 }
 
 
+def _canonical(need):
+    """The first name in STRIP of the same stripping ("bounds" strips as "peak", "regions" as "parameters")."""
+    return next(name for name, strip in STRIP.items() if strip is STRIP[need])
+
+
 @pytest.fixture
-def trace(data_trace):
-    return data_trace
+def stripped(data_trace, data_summary, computed):
+    """stripped(name, *needs) -> summarize() of tests/data/<name> with each need's evidence stripped in turn (the
+    same stripping twice made once per run: conftest's `computed`; none stripped: conftest's data_summary)."""
+    def get(name, *needs):
+        if not needs:
+            return data_summary(name)
+        def make():
+            t = data_trace(name)
+            for need in needs:
+                STRIP[need](t)
+            return summarize(t)
+        return computed.get(("contract", name, tuple(_canonical(n) for n in needs)), make)
+    return get
 
 
 def _kinds(s):
@@ -88,65 +104,53 @@ def test_an_undeclared_evidence_name_is_refused():
 
 
 @pytest.mark.parametrize("kind", sorted(FIRES))
-def test_each_rule_fires_on_its_trace_and_is_skipped_without_its_evidence(trace, kind):
+def test_each_rule_fires_on_its_trace_and_is_skipped_without_its_evidence(stripped, kind):
     """(With no settings record, so that a rule's finding keeps its own kind: see the test after next.)"""
     rule = next(r for r in findings.RULES + (findings.idle.profiler_overhead,) if r.kind == kind)
-    t = trace(FIRES[kind])
-    STRIP["settings"](t)
-    assert kind in _kinds(summarize(t))
+    assert kind in _kinds(stripped(FIRES[kind], "settings"))
     for need in set(rule.needs) - {"device"}:
-        t = trace(FIRES[kind])
-        STRIP["settings"](t)
-        STRIP[need](t)
-        s = summarize(t)
+        s = stripped(FIRES[kind], "settings", need)
         assert kind not in _kinds(s), (kind, need)
         if kind != "profiler_overhead":
             assert any(x["rule"] == kind and need in x["missing"] for x in s["skipped"]), (kind, need, s["skipped"])
 
 
 @pytest.mark.parametrize("kind", sorted(FIRES))
-def test_without_samples_stacks_settings_or_unprofiled_step_no_rule_claims_a_line_or_a_setting(trace, kind):
+def test_without_samples_stacks_settings_or_unprofiled_step_no_rule_claims_a_line_or_a_setting(stripped, kind):
     """A rule that can work from the events alone still fires, but names no line (no stack says it), no
     setting (none recorded) and scales nothing to an unprofiled run (none measured)."""
-    t = trace(FIRES[kind])
-    for need in ("host_samples", "sync_lines", "settings", "unprofiled"):
-        STRIP[need](t)
-    for f in summarize(t)["findings"]:
+    for f in stripped(FIRES[kind], "host_samples", "sync_lines", "settings", "unprofiled")["findings"]:
         assert "train.py:" not in f["evidence"], f
         assert f["kind"] != "setting" and "set in this run" not in f["evidence"], f
         assert "unprofiled run's share" not in f["evidence"], f
 
 
 @pytest.mark.parametrize("kind", sorted(SETTING))
-def test_a_recorded_setting_names_the_cause_and_without_the_record_both_explanations_are_given(trace, kind):
-    s = summarize(trace(SETTING[kind]))
+def test_a_recorded_setting_names_the_cause_and_without_the_record_both_explanations_are_given(stripped, kind):
+    s = stripped(SETTING[kind])
     top = s["findings"][0]
     assert top["kind"] == "setting" and "(user" in top["evidence"] and "its cost in this trace" in top["evidence"]
-    t = trace(SETTING[kind])
-    STRIP["settings"](t)
-    top = summarize(t)["findings"][0]
+    top = stripped(SETTING[kind], "settings")["findings"][0]
     assert top["kind"] == kind and "no settings record to tell" in top["evidence"], top
 
 
-def test_a_setting_that_costs_nothing_is_listed_and_no_finding_names_it(trace):
-    s = summarize(trace("h100-plant33-cudnn_benchmark"))
+def test_a_setting_that_costs_nothing_is_listed_and_no_finding_names_it(data_summary):
+    s = data_summary("h100-plant33-cudnn_benchmark")
     assert [r["name"] for r in s["settings"]["differs"] if r["by"] == "user"] == ["cudnn.benchmark"]
     assert all(f["ms_per_step"] < 0.01 * s["step_ms"] for f in s["findings"]), s["findings"]
 
 
-def test_idle_no_host_sample_covers_is_unknown_not_a_cause(trace):
+def test_idle_no_host_sample_covers_is_unknown_not_a_cause(data_summary, stripped):
     """h100-plant-shared_gpu: another process on the GPU. Its idle gaps hold no host sample, so no line and no
     fix can be named for them: they go to `unknown` with the CUDA calls the host was in, and the report says
     so. Without any samples (an older trace), the idle is still measured: a finding of its kind, its cause
     unknown and how to record it (issue #42: effect first), never also `unknown`."""
-    s = summarize(trace("h100-plant-shared_gpu"))
+    s = data_summary("h100-plant-shared_gpu")
     waits = [f for f in s["findings"] if f["kind"] == "gpu_waits_on_host"]
     assert all("no host sample" not in f["evidence"] and "find what the host does" not in f["fix"] for f in waits)
     u = next(x for x in s["unknown"] if x["rule"] == "gpu_waits_on_host")
     assert u["ms_per_step"] > 5 and u["missing"] == [] and "inside CUDA calls: cuLaunchKernel" in u["what"]
-    t = trace("h100-plant-shared_gpu")
-    STRIP["host_samples"](t)
-    s = summarize(t)
+    s = stripped("h100-plant-shared_gpu", "host_samples")
     f = next(f for f in s["findings"] if f["kind"] == "gpu_waits_on_host")
     assert f["evidence"].startswith("cause unknown") and f["ms_per_step"] > 10 and "with_stack" in f["fix"]
     assert not [x for x in s["unknown"] if x["rule"] == "gpu_waits_on_host"]

@@ -26,13 +26,10 @@ def plant(case):
 
 
 @pytest.fixture(scope="module")
-def summaries():
-    cache = {}
-
+def summaries(data_summary):
+    """summaries(case) -> the plant's summary (conftest's data_summary: made once per run, a fresh copy)."""
     def get(case):
-        if case not in cache:
-            cache[case] = summarize(load_trace(plant(case)))
-        return cache[case]
+        return data_summary(plant(case))
     return get
 
 
@@ -63,12 +60,12 @@ def test_a_clean_default_run_has_no_finding_of_5_percent(summaries):
 
 @pytest.mark.parametrize("name", ["h100-compiled-gpt-5steps", "h100-cudnn-window-gpt-5steps",
                                   "h200-default-gpt-5steps", "h200-fused-gpt-5steps"])
-def test_traces_made_before_the_findings_still_work_and_stay_clean(name):
+def test_traces_made_before_the_findings_still_work_and_stay_clean(name, data_summary):
     """No stack samples, sync lines or micro-batch count in their metadata: the rules use the events alone.
     These are default-config runs: no rule finds a cause costing 5% of the step. The H200 ones ran train.py's
     FlexAttention, since replaced by cuDNN's kernels: there over_bound (the fallback when no rule fires) names
     its attention kernels, 6-7x their bound, which is real lost time, not a false cause."""
-    s = summarize(load_trace(os.path.join(DATA, f"{name}.trace.json.gz")))
+    s = data_summary(name)
     ruled = [f for f in s["findings"] if f["kind"] != "over_bound"]
     assert all(f["ms_per_step"] < 0.05 * s["step_ms"] for f in ruled), s["findings"]
     over = [f for f in s["findings"] if f["kind"] == "over_bound"]
@@ -259,27 +256,27 @@ def test_every_diagnoses_plant_still_applies_to_train_py():
         assert used & modules <= imported, (case, (used & modules) - imported)
 
 
-def test_a_sync_that_waited_for_nothing_is_not_the_loaders_cause():
+def test_a_sync_that_waited_for_nothing_is_not_the_loaders_cause(data_summary):
     """h100-slowhost-sync_per_step: one `.item()` per step (benchmarks/diagnoses.py's sync_per_step) on an H100
     whose host was slow, while the loader ran on the main thread (before issue #25). Each `.item()` waited about
     12 us: the loader had already drained the GPU's queue, so the sync hid no GPU work and removing it recovers
     nothing (the same run without it, h100-slowhost-baseline, idles 92.9 ms/step in the same loader). The finding
     is the loader's idle, named by its line; no host_sync prices the loader's time (43.9 ms before issue #48)."""
-    s = summarize(load_trace(os.path.join(DATA, "h100-slowhost-sync_per_step.trace.json.gz")))
+    s = data_summary("h100-slowhost-sync_per_step")
     f = s["findings"][0]
     assert f["kind"] == "gpu_waits_on_host" and "prepare.py:502 encode" in f["evidence"]
     assert f["fix"].startswith("the GPU waits for the next batch")
     assert not [x for x in s["findings"] if x["kind"] == "host_sync" and x["ms_per_step"] >= 0.01 * s["step_ms"]]
 
 
-def test_root_cause_first_the_sync_that_exposed_hidden_host_work():
+def test_root_cause_first_the_sync_that_exposed_hidden_host_work(data_summary):
     """h100-plant26-sync_exposes_host and -hidden_host_work (benchmarks/diagnoses.py, one H100 call, loader off
     the main thread): 50 ms of Python per micro-batch costs nothing alone (unprofiled 306.45 ms/step against the
     baseline's 309.42); with a `.item()` after each backward it costs 97.56 ms/step (406.98), because the sync
     drains the GPU's queue before it. The finding is the sync, its gain the combined idle, within 30%."""
-    hidden = summarize(load_trace(os.path.join(DATA, "h100-plant26-hidden_host_work.trace.json.gz")))
+    hidden = data_summary("h100-plant26-hidden_host_work")
     assert not [f for f in hidden["findings"] if f["ms_per_step"] >= 0.01 * hidden["step_ms"]]
-    s = summarize(load_trace(os.path.join(DATA, "h100-plant26-sync_exposes_host.trace.json.gz")))
+    s = data_summary("h100-plant26-sync_exposes_host")
     f = s["findings"][0]
     assert f["kind"] == "host_sync" and "with the queue drained" in f["evidence"]
     assert "preprocess `while time.perf_counter() - t0 < 0.05:`" in f["evidence"]

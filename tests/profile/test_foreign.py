@@ -43,11 +43,13 @@ def sources_of(paths):
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    """path -> (facts, summary, report), each made once. What the tests read of the trace itself is kept
-    (`facts`), not the trace: the 86 parsed traces (2.4M objects) made every later test of the module pay for
-    the garbage collector's full passes over them (test_fields_removed_or_null_never_raise's cases ~1.7x)."""
-    return {}
+def corpus(computed, data_summary):
+    """read(corpus, path) -> (facts, summary, report) of a foreign trace, each made once per run (conftest's
+    `computed`: shared by the xdist workers, and the summary with the other sweeps of every trace through
+    data_summary; render() leaves a summary as it was). What the tests read of the trace itself is kept
+    (`facts`), not the trace: the 86 parsed traces (2.4M objects) made every later test of the module pay for the
+    garbage collector's full passes over them (test_fields_removed_or_null_never_raise's cases ~1.7x)."""
+    return {"computed": computed, "data_summary": data_summary}
 
 
 def facts(trace):
@@ -60,12 +62,20 @@ def facts(trace):
             "training": any("Backward" in str(e.get("name", "")) for e in events)}
 
 
+def _rendered(s):
+    """report()'s checks and markdown, of a summary already made."""
+    json.loads(render.to_json(s))  # the JSON twin is plain data
+    return render.to_markdown(s)
+
+
+def read_facts(corpus, path):
+    return corpus["computed"].get(("foreign-facts", os.path.basename(path)), lambda: facts(load_trace(path)))
+
+
 def read(corpus, path):
-    if path not in corpus:
-        trace = load_trace(path)
-        s, md = report(trace)
-        corpus[path] = (facts(trace), s, md)
-    return corpus[path]
+    s = corpus["data_summary"](path)
+    md = corpus["computed"].get(("foreign-report", os.path.basename(path)), lambda: _rendered(s))
+    return read_facts(corpus, path), s, md
 
 
 def title_line(md):
@@ -109,10 +119,10 @@ def test_the_corpus_holds_the_cases_it_is_for(corpus):
 
 def test_the_corpus_holds_several_ranks_and_both_kinds_of_work(corpus):
     """Multi-rank runs (distributedInfo), training (backward ops) and inference traces: issue #42's mix. Read
-    from the traces the module's other tests have read (their facts), else from the file."""
+    from the traces' facts (made once per run)."""
     ranks, training = set(), 0
     for path in FOREIGN:
-        seen = corpus[path][0] if path in corpus else facts(load_trace(path))
+        seen = read_facts(corpus, path)
         if seen["world_size"] > 1:
             ranks.add(os.path.basename(path))
         training += seen["training"]

@@ -12,7 +12,7 @@ import pytest
 
 from profiling.profile.report.kernel_match import match, match_key
 from profiling.profile.report.render import to_markdown
-from profiling.profile.report.summary import diff, load_trace, summarize
+from profiling.profile.report.summary import diff
 from profiling.profile.trace.classify import inductor_kernel
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
@@ -20,14 +20,9 @@ OLD_FIELDS = {"name", "raw_name", "category", "previous", "current", "change_ms"
 
 
 @pytest.fixture(scope="module")
-def summaries():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = summarize(load_trace(os.path.join(DATA, f"{name}.trace.json.gz")))
-        return cache[name]
-    return get
+def summaries(data_summary):
+    """summaries(name) -> the fixture's summary (conftest's data_summary: made once per run, a fresh copy)."""
+    return data_summary
 
 
 def rename_pairs(d):

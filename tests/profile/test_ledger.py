@@ -24,23 +24,12 @@ def _param(path):
     return pytest.param(path, id=name, marks=[pytest.mark.slow] if name in SLOW_FIXTURES else [])
 
 
-@pytest.fixture
-def admitted(monkeypatch):
-    """What the ledger admitted, with what each finding prices (the summary keeps neither key)."""
-    seen = []
-    admit = ledger.admit
-
-    def spy(found, ctx):
-        out, notes = admit(found, ctx)
-        seen.append(out)
-        return out, notes
-    monkeypatch.setattr(ledger, "admit", spy)
-    return seen
-
-
 @pytest.mark.parametrize("path", [_param(p) for p in TRACES])
-def test_every_trace_claims_each_millisecond_once(path, admitted):
-    s = summarize(load_trace(path))
+def test_every_trace_claims_each_millisecond_once(path, data_summary):
+    """The summary made once per run (conftest's data_summary, shared with the other sweeps of every trace), and
+    what the ledger admitted while making it, with what each finding prices (the summary keeps neither key)."""
+    made = data_summary.full(path)
+    s, admitted = made["summary"], made["admitted"]
     assert sum(f["ms_per_step"] for f in s["findings"]) <= s["step_ms"] + 0.01
     kernels, gaps = set(), set()
     for found in admitted:

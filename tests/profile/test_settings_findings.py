@@ -27,13 +27,10 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def summary():
-    cache = {}
-
+def summary(data_summary):
+    """summary(case) -> the plant's summary (conftest's data_summary: made once per run, a fresh copy)."""
     def get(case):
-        if case not in cache:
-            cache[case] = summarize(load_trace(os.path.join(DATA, f"h100-plant33-{case}.trace.json.gz")))
-        return cache[case]
+        return data_summary(f"h100-plant33-{case}")
     return get
 
 
