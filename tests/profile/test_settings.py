@@ -109,6 +109,16 @@ def test_train_py_choice_changed_is_the_users():
                                                                      ("gc.enabled", "train.py")]
 
 
+def test_a_changed_gc_threshold_is_listed():
+    """gc.threshold is a list (the record is JSON): a user who tunes the collector gets it in the header line
+    (it once raised `unhashable type: 'list'` there, losing the report)."""
+    r = record({"gc.threshold": [20000, 10, 10], "gc.enabled": False}, {"gc.threshold": [700, 10, 10],
+                                                                        "gc.enabled": True})
+    assert settings.text(settings.summary(r)) == ("Process settings that differ from torch's defaults (before the "
+                                                  "profiled steps; who set each): gc threshold 20000,10,10 and "
+                                                  "disabled (user)")
+
+
 def test_views_disagreeing_with_their_setting_are_listed():
     r = record({"float32_matmul_precision": "highest", "cuda.matmul.allow_tf32": True},
                {"float32_matmul_precision": "highest", "cuda.matmul.allow_tf32": False})

@@ -191,7 +191,8 @@ def _who(r):
 def _phrase(r):
     name, v = r["name"], r["value"]
     if name.startswith("gc."):
-        return "gc " + GC_WORDS.get((name, v), f"{name[3:]} {_show(v)}")
+        return "gc " + (GC_WORDS[(name, v)] if (name, v) in GC_WORDS else f"{name[3:]} {_show(v)}") \
+            if isinstance(v, bool) else f"gc {name[3:]} {_show(v)}"
     if name.startswith("env."):
         return f"{name[4:]}={v}"
     if name not in LABELS:
