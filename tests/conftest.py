@@ -2,6 +2,7 @@
 defaults are set here, before any test module imports it (a value already in the environment wins)."""
 import os
 import signal
+import tempfile
 
 import pytest
 
@@ -19,6 +20,16 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # thread count (tests/profile/test_settings.py leaves the variable out of its fresh process; the in-process
 # tests already run one thread a worker, pytest_configure below). A value set outside wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Compiled bytecode for the processes the tests start (train.py, the workers, the compiling scripts: each
+# imports torch) where the environment turns it off (PYTHONDONTWRITEBYTECODE=1, as on the machine this was
+# measured on): there every such process compiled again the ~580 modules of torch and networkx the venv holds
+# no .pyc for, and this checkout's own, ~1 s of CPU a process that imports torch._inductor. The .pyc files go
+# to a folder of their own (PYTHONPYCACHEPREFIX), never into the checkout or the venv, and are reused by the
+# next run (Python checks each against its source). A PYTHONPYCACHEPREFIX set outside wins.
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(),
+                                                     f"autoresearch-tests-pycache-{os.getuid()}")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
 @pytest.fixture(scope="session", autouse=True)
