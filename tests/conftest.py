@@ -74,18 +74,3 @@ def pytest_configure(config):
     if workers > 1:
         import torch
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """The modules holding a slow test first, each module's tests kept together and in their order, every
-    other module after them, in the order collected. pytest-xdist's worksteal (pyproject's addopts) hands
-    each worker a contiguous share of this list and an idle worker steals the tail of another's queue: with
-    the slow tests at the head, the last tests of the run are quick ones, not a 30 s subprocess test that
-    one worker starts while the other has nothing left to take (the wall time is the slower worker's).
-    Every worker collects the same list and sorts it the same way, as xdist requires."""
-    slow = {item.module.__name__ if getattr(item, "module", None) else item.nodeid.split("::")[0]
-            for item in items if item.get_closest_marker("slow")}
-
-    def module(item):
-        return item.module.__name__ if getattr(item, "module", None) else item.nodeid.split("::")[0]
-    items.sort(key=lambda item: module(item) not in slow)  # stable: the order within each group is kept
