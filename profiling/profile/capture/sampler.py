@@ -25,8 +25,9 @@ capture costs; a CPU run's profiler costs microseconds an operator, and its one-
 samples): a deep stack is sampled less often, a shallow one every INTERVAL_S. Its own time is its thread's
 CPU time (a thread the OS set aside costs the main thread nothing) plus the GIL's two hand-offs; the main thread
 pays about MAIN_PAYS times that (benchmarks/sampler_cost.py: paced on its own time alone, at 2%, the sampler
-made host-bound steps 4.2-5.2% longer on the H100's host and 4.4% here, the main thread losing 1.5-2.3x the
-sampler's count per sample: the walk holds the GIL, and each hand-off wakes a thread and evicts its caches).
+made host-bound steps 4.2-5.2% longer on the H100's host and 4.4% here; per sample the main thread lost 0.6-2.6x
+the sampler's count, median 1.8 over 11 loops and machines: the walk holds the GIL, and each hand-off wakes a
+thread and evicts its caches).
 """
 import linecache
 import sys
@@ -42,7 +43,7 @@ INNERMOST = 3        # innermost frames kept whatever their file; further out, o
 MAX_TEXT = 100       # characters of a source line kept
 OWN_SHARE = 0.02     # what the samples cost the main thread: at most 2% of its time
 SWITCH_S = 25e-6     # two GIL hand-offs a sample (the main thread's cost, not seen by the sampler's own clock)
-MAIN_PAYS = 2.0      # the main thread's loss per sample over the sampler's count (measured: 1.5-2.3x; module doc)
+MAIN_PAYS = 2.0      # the main thread's loss per sample over the sampler's count (measured: median 1.8x)
 RECENT = 16          # the period follows the least cost of the last RECENT samples: a walk that met new frames
                      # paid once for their labels (0.9 ms against 0.02 on a Lightning stack), not at every sample
 

@@ -191,8 +191,8 @@ def _who(r):
 def _phrase(r):
     name, v = r["name"], r["value"]
     if name.startswith("gc."):
-        return "gc " + (GC_WORDS[(name, v)] if (name, v) in GC_WORDS else f"{name[3:]} {_show(v)}") \
-            if isinstance(v, bool) else f"gc {name[3:]} {_show(v)}"
+        words = GC_WORDS.get((name, v)) if isinstance(v, bool) else None  # gc.threshold is a list
+        return "gc " + (words or f"{name[3:]} {_show(v)}")
     if name.startswith("env."):
         return f"{name[4:]}={v}"
     if name not in LABELS:
