@@ -22,21 +22,22 @@ interpreter exiting, the `with` block left by an exception, the Profiler dropped
     - nothing it started runs on: torch.profiler, the stack-sampler thread, CUDA's sync debug mode, the line
       tracer (sys.settrace), the allocator's history, Inductor's launch-record switch, CUPTI's hooks on every
       launch (released after the capture's last session, TEARDOWN_CUPTI=1 left set where the user had not
-      set it: profiling/profile/capture/cupti.py); a loop that stops
-      stepping inside the window and goes on with something else is closed by a watchdog (no step() for
-      max(1 s, 20x the slowest step), or for max(0.25 s, 3x) once the function that steps has returned:
-      profiling/profile/capture/watchdog.py), on the main thread at its next bytecode, only the trace written,
-      without what ran after the last step; an atexit hook (registered when the window opens, through
-      weakref.finalize: it holds the window, never the Profiler) closes a window nobody closed;
+      set it: profiling/profile/capture/cupti.py); a loop that stops stepping inside the window and goes on
+      with something else (its function returned, or it left the loop that called step()) is closed by a
+      watchdog on the main thread at its next bytecode, without what ran after the last step; a slow step (a
+      save, an eval) never closes it (profiling/profile/capture/watchdog.py); an atexit hook (registered when
+      the window opens, through weakref.finalize: it holds the window, never the Profiler) closes a window
+      nobody closed;
     - the run ends as it would without the profiler: the same exception, traceback and exit code (0; 1; a
       KeyboardInterrupt as Python ends it: creating a Profiler imports nothing that an exit hook imports, as
       the report's tabulate, which changes that code), never a crash; close() and the exit hooks never raise:
-      a failure
-      of their own is one line on stderr;
-    - what was recorded is kept once one profiled step was complete: close() (or `with` ending without an
-      exception) writes the report of the steps recorded, noting what is missing; on an exception or at exit
-      only the trace is written (quick; `research profile <trace>` makes the report), said in one stderr line;
-      a loop that ended before the profiled steps warns and writes nothing;
+      a failure of their own is one line on stderr;
+    - what was recorded is kept once one profiled step was complete: the report of the steps recorded, noting
+      what is missing and why, in `prof.report` and its folder, however the loop ended (close(), the `with`
+      block's end, an exception, the watchdog; issue #55); only the trace, quick (`research profile <trace>`
+      makes the report), on a KeyboardInterrupt, at exit, when the Profiler is dropped, and in a
+      several-process run that did not end normally, said in one stderr line; a loop that ended before the
+      profiled steps warns and writes nothing;
     - the settings it changed are put back when its steps end (provenance.start()'s compiler settings; the
       sync debug mode after each profiled step), all but TEARDOWN_CUPTI=1 (above, and in the report's settings
       line);
@@ -235,17 +236,18 @@ class Profiler:
                 self._pace.busy -= 1
 
     def watch_loop_frames(self, on):
-        """Whether the watchdog takes the loop's function returning for the loop's end (on by default; off
-        where a framework's own events end the profile and its loop's function returns each epoch)."""
+        """Whether the watchdog closes the window when the loop's frame returns or leaves its loop (on by
+        default; off where a framework's own events end the profile and its loop's function returns each
+        epoch: then nothing but those events, the Profiler's collection and exit closes it)."""
         self._watch_frames = on
         if self._watchdog is not None:
             self._watchdog.watch_frames = on
 
     def _stopped(self, reason):
         """The watchdog's close (profiling/profile/capture/watchdog.py), on the loop's thread: the loop
-        stopped stepping inside the window without close(). Only the trace is written (this runs inside
-        whatever the program does next), without what was recorded after the last step. False: not here
-        (inside a backward pass), the watchdog asks again."""
+        stopped stepping inside the window without close() (its function returned, or it left its loop). The
+        report is written, without what was recorded after the last step, inside whatever the program does
+        next. False: not here (inside a backward pass), the watchdog asks again."""
         if self.done or self._window is None:
             return None
         if _in_backward():  # autograd's engine has the profiler's records of its own open: after it
@@ -257,23 +259,29 @@ class Profiler:
             self._pace.busy -= 1
 
     def _end(self, cause, how=None):
-        """Stop everything the profile runs and keep what it recorded. cause: None when the loop simply
-        stopped (the report is written), else the exception that ended it, in words (only the trace is
-        written: quick, and nothing that can fail on the way out); "stopped" with `how`: the watchdog's."""
+        """Stop everything the profile runs and keep what it recorded: the report of the profiled steps
+        recorded, noting what is missing and why, however the loop ended (issue #55). cause: None when the loop
+        simply stopped (close(), a `with` block's end), else how it ended, in words: an exception, or
+        "stopped" with `how` (the watchdog's). Only the trace is written (quick) on a KeyboardInterrupt, which
+        asks to stop now, and on any cause in a several-process run, where the report's collectives could wait
+        on a rank that has gone."""
         window, self._window = self._window, None
         self._unguard()
         steps = self.steps
+        if cause is None:
+            raised = sys.exc_info()[1]  # close() from an except block (Lightning's on_exception): its error
+            how = f"{_cause(type(raised), raised)} in step {steps + 1}" if raised is not None else \
+                f"the loop stopped after step {steps}"
+        how = how or f"{cause} in step {steps + 1}"
         try:
-            if window is not None and cause is None:
-                raised = sys.exc_info()[1]  # close() from an except block (Lightning's on_exception): its error
-                how = f"{_cause(type(raised), raised)} in step {steps + 1}" if raised is not None else \
-                    f"the loop stopped after step {steps}"
-                trace = window.end_early(how)
-                if trace is not None:
-                    self._finish(trace, time.perf_counter())
-            elif window is not None:
-                _keep(window, self.out_dir, self.ranks, how or f"{cause} in step {steps + 1}",
-                      cut=how is not None)
+            trace = window.end_early(how, cut=cause == "stopped") if window is not None else None
+            if trace is None:
+                if window is not None and cause is not None:
+                    _say(f"{how}: stopped before any profiled step was recorded; nothing saved")
+            elif cause is None or (cause != "KeyboardInterrupt" and self.ranks is None):
+                self._finish(trace, time.perf_counter())
+            else:
+                _keep_trace(trace, self.out_dir, self.ranks, how)
         except Exception as e:  # noqa: BLE001 (the profiler must never change how the run ends)
             _say(f"could not save what it recorded ({type(e).__name__}: {e})")
         finally:
@@ -287,6 +295,9 @@ class Profiler:
         elif self.result is not None and cause is None:
             _say(f"the loop ended after {steps} steps, before the profile was done: {self.folder} holds what "
                  "was recorded (its report says what is missing)")
+        elif self.result is not None:
+            _say(f"{how}: the report of the profiled steps recorded is in "
+                 f"{os.path.join(self.folder, 'report.md')} (it says what is missing)")
 
     def _open(self):
         """Open the profiled window, guarded: closed by the watchdog when the loop stops stepping, at
@@ -442,15 +453,19 @@ def _left_open(window, out_dir, ranks, started_provenance, dog):
         _restore(started_provenance)
 
 
-def _keep(window, out_dir, ranks, how, cut=False):
-    """Stop the window and write what it recorded, the trace only (no summary: this runs on the way out, on
-    an exception or at exit), with one line on stderr saying where. cut: leave out what ran after the last
-    step (the watchdog's close: the program went on without the loop)."""
-    from profiling.profile.report import folder
-    trace = window.end_early(how, cut=cut)
+def _keep(window, out_dir, ranks, how):
+    """Stop the window and write what it recorded, the trace only (no summary: this runs at exit or in a
+    finalizer), with one line on stderr saying where."""
+    trace = window.end_early(how)
     if trace is None:
         _say(f"{how}: stopped before any profiled step was recorded; nothing saved")
         return
+    _keep_trace(trace, out_dir, ranks, how)
+
+
+def _keep_trace(trace, out_dir, ranks, how):
+    """Write a trace that ended early, alone (`research profile` makes its report later), and say where."""
+    from profiling.profile.report import folder
     path = folder.save_trace(trace, ranks, out_dir)
     n = trace["autoresearch"]["ended_early"]["active_steps"]
     _say(f"{how}: the {n} profiled step{'s' * (n != 1)} recorded {'are' if n != 1 else 'is'} in {path}; "

@@ -294,8 +294,8 @@ def test_a_slow_step_in_profile_steps_is_no_stopped_loop(tiny, capsys, monkeypat
     once ran a 2.1 s step after 47 ms ones, the watchdog closed the window and train.py crashed on the missing
     report); here the watchdog would close at once."""
     from profiling.profile.capture import watchdog
-    monkeypatch.setattr(watchdog, "LIMIT_STEPS", 0.0)
-    monkeypatch.setattr(watchdog, "LIMIT_FLOOR_S", 0.0)
+    monkeypatch.setattr(watchdog, "LEFT_STEPS", 0.0)
+    monkeypatch.setattr(watchdog, "LEFT_FLOOR_S", 0.0)
     assert train.main(["--profile", "--warmup-steps", "1", "--active-steps", "2"]) == 0
     assert "## 1. Step budget" in capsys.readouterr().out
 

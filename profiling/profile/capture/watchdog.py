@@ -1,18 +1,23 @@
-"""A profiled window the loop left open closes itself (issue #49 item 2). Stdlib only.
+"""A profiled window the loop left open closes itself (issues #49, #55). Stdlib only.
 
 A loop that stops stepping inside the window without close() (it breaks out, returns, or an exception is
 caught outside it) would otherwise be profiled until the process exits: every operator it runs after is
-recorded, the trace and the profiler's memory grow, and torch.profiler, the stack sampler, the compiler's
-settings and the launch-record switch stay on (issue #49: 10,000 eval forwards after such a loop grew the
-trace from 30 KB to 8.4 MB and the exit from 2 s to 13 s). A daemon thread looks every POLL_S at how the loop
-steps:
+recorded, the trace and the profiler's memory grow, and torch.profiler, the compiler's settings and the
+launch-record switch stay on (issue #49: 10,000 eval forwards after such a loop grew the trace from 30 KB to
+8.4 MB and the exit from 2 s to 13 s). A daemon thread looks every POLL_S at where the loop is:
 
-    stopped       no step() for longer than any step seen could take: max(LIMIT_FLOOR_S, LIMIT_STEPS x the
-                  slowest step since the warm-up); none is measured before two steps after it
-    left          the function the loop runs in (the innermost regular frame common to every step() call's
-                  stack; a frame that was on two stacks was on it in between) is no longer on the thread's
-                  stack, nor a new call of it: it returned or raised; then the limit is max(LEFT_FLOOR_S,
-                  LEFT_STEPS x the slowest step)
+    the loop's frame   the innermost regular frame common to every step() call's stack (a frame that was on
+                       two stacks was on it in between), and in it the outermost loop (a backward jump of its
+                       bytecode) around every place it called step() from
+    stopped            that frame returned or raised (no frame of its function is on the thread's stack: a
+                       new call of it, the next epoch's, is the same loop), or it runs past its loop (the
+                       line it is at lies outside the loop's lines: it broke out, or the loop ended), for
+                       max(LEFT_FLOOR_S, LEFT_STEPS x the slowest step)
+
+A slow step is no stopped loop (issue #55): a checkpoint save, an eval or a log flush inside the loop, or a
+Dataset that a record step after the window slows, never closes the window, however long it takes (the rule
+it replaces, no step() for 20x the slowest step, lost the report of a loop whose 14th step saved for 3 s).
+Where no loop encloses the step() calls (they come from straight-line code), only a return closes it.
 
 When one holds, the window must be stopped on the thread that started it: torch.profiler's state is that
 thread's (kineto keeps it in the thread's debug info; stopping it from another thread fails), and so are the
@@ -21,23 +26,21 @@ at its next Python-level check (Py_AddPendingCall: between two bytecodes, as a s
 installing one), where it is re-checked: a step() in between, or the profiler's own code running, cancels it.
 Only a loop on the main thread can be closed so (CPython runs pending calls there only); elsewhere the
 window closes at exit as before. The thread costs the loop nothing: it never takes the main thread's time
-unless the loop has stopped, and each step() only notes the time and the ids of its caller's frames.
+unless the loop has stopped, and each step() only notes the time and its caller's frames.
 """
 import ctypes
+import dis
+import functools
 import sys
 import threading
 import time
 import weakref
 
 POLL_S = 0.05         # how often the thread looks: a stopped loop is closed within this of its limit
-# A pause in a loop that still steps is an eval, a checkpoint save or a log flush: issue #49's eval of 100
-# batches inside the window took 14x a step (0.4 s on the CPU), a save 1.8x; 20x leaves room for those, the
-# floor for a fast step's pauses (a garbage collection, a first DataLoader batch). Longer costs: all that runs
-# until the close is recorded, and stopping torch.profiler reads it all back (tiny eval forwards on the loaded
-# 2-core CPU: 630k events a second recorded, about 6 s to stop and read back per second recorded).
-LIMIT_STEPS, LIMIT_FLOOR_S = 20, 1.0
-# Once the loop's function has returned and no new call of it runs, nothing steps again but a later call
-# (a loop in `train_epoch`, called again after an eval between epochs): a short wait.
+# Once the loop's frame has left its loop, or returned with no new call of its function running, nothing steps
+# again but a later call (a loop in `train_epoch`, called again after an eval between epochs): a short wait.
+# Longer costs: all that runs until the close is recorded (tiny eval forwards on the loaded 2-core CPU: 630k
+# events a second), and stopping torch.profiler reads it all back.
 LEFT_STEPS, LEFT_FLOOR_S = 3, 0.25
 # CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR: frames off the stack while they wait
 GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
@@ -53,6 +56,7 @@ class Pace:
         self.slowest = None       # seconds: the slowest step measured (from one step() to the next)
         self.steps = 0            # step() calls seen
         self.common = None        # [(id(frame), code)], outermost first: on every step() call's stack
+        self.calls = {}           # id(frame) of a common frame -> the bytecode offsets it called step() from
         self.busy = 0             # the profiler's own code is running: never close then
 
     def stepped(self, caller, measured):
@@ -63,12 +67,14 @@ class Pace:
         if measured and self.last is not None:
             self.slowest = max(self.slowest or 0.0, now - self.last)
         self.steps += 1
-        stack = []
+        stack, offsets = [], []
         frame = caller
         while frame is not None:
             stack.append((id(frame), frame.f_code))
+            offsets.append(frame.f_lasti)
             frame = frame.f_back
         stack.reverse()
+        offsets.reverse()
         if self.common is None:
             self.common = stack
         else:
@@ -78,6 +84,10 @@ class Pace:
                     break
                 n += 1
             del self.common[n:]
+        kept = {entry[0] for entry in self.common}
+        self.calls = {key: seen for key, seen in self.calls.items() if key in kept}
+        for (key, _), offset in zip(self.common, offsets):
+            self.calls.setdefault(key, set()).add(offset)
 
     def returned(self):
         self.last = time.perf_counter()
@@ -92,39 +102,64 @@ class Pace:
                 return entry
         return None
 
-    def limit(self, left):
-        if self.slowest is None:
-            return None
-        steps, floor = (LEFT_STEPS, LEFT_FLOOR_S) if left else (LIMIT_STEPS, LIMIT_FLOOR_S)
-        return max(floor, steps * self.slowest)
+    def limit(self):
+        return max(LEFT_FLOOR_S, LEFT_STEPS * (self.slowest or 0.0))
 
     def stopped(self, watch_frames=True):
-        """Why the loop has stopped, in words, or None while it may still step. Read from any thread."""
-        if self.busy or self.last is None:
+        """How the loop has stopped, in words, or None while it may still step. Read from any thread."""
+        if self.busy or self.last is None or not watch_frames:
             return None
         idle = time.perf_counter() - self.last
-        frame = self.loop_frame() if watch_frames else None
-        left = frame is not None and not _on_stack(self.thread, frame)
-        limit = self.limit(left)
-        if limit is None or idle <= limit:
+        entry = self.loop_frame()
+        if entry is None or idle <= self.limit():
             return None
-        if left:
-            code = frame[1]
-            where = f"{_short(code.co_filename)}:{code.co_firstlineno}"
+        code = entry[1]
+        where = f"{_short(code.co_filename)}:{code.co_firstlineno}"
+        frame = _find(self.thread, entry)
+        if frame is None:
             return f"its function {code.co_name} ({where}) returned, no step() for {idle:.1f} s"
-        return (f"no step() for {idle:.1f} s (the limit: {LIMIT_STEPS}x its slowest step, "
-                f"{1e3 * self.slowest:.0f} ms, or {LIMIT_FLOOR_S:.0f} s at least)")
+        if frame is not True:  # the loop's own frame: where in it
+            span = loop_lines(code, frozenset(self.calls.get(entry[0], ())))
+            line = frame.f_lineno
+            if span is not None and line is not None and not span[0] <= line <= span[1]:
+                return (f"its loop in {code.co_name} (lines {span[0]}-{span[1]} of {_short(code.co_filename)}) "
+                        f"went on to line {line}, no step() for {idle:.1f} s")
+        return None
 
 
-def _on_stack(thread, entry):
-    """Whether the loop's frame, or a new call of its function (the next epoch's), is on the thread's
-    stack."""
+def _find(thread, entry):
+    """The loop's frame on the thread's stack; True where only a new call of its function is there (the next
+    epoch's: the same loop); None where neither is."""
     frame = sys._current_frames().get(thread)
+    again = None
     while frame is not None:
         if frame.f_code is entry[1]:
-            return True
+            if id(frame) == entry[0]:
+                return frame
+            again = True
         frame = frame.f_back
-    return False
+    return again
+
+
+@functools.lru_cache(maxsize=256)
+def loop_lines(code, offsets):
+    """(first, last) source line of the outermost loop of `code` whose bytecode holds every offset in
+    `offsets` (where it called step() from), or None where no loop holds them all. A loop is a backward
+    jump: its target to the jump. Lines, not offsets, bound it: an exception handler inside the loop may be
+    compiled after it (Python 3.12's cold blocks), its lines stay inside."""
+    if not offsets:
+        return None
+    best = None
+    for ins in dis.get_instructions(code):
+        target = ins.argval if ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs else None
+        if isinstance(target, int) and target <= ins.offset and target <= min(offsets) \
+                and max(offsets) <= ins.offset and (best is None or ins.offset - target > best[1] - best[0]):
+            best = (target, ins.offset)
+    if best is None:
+        return None
+    lines = [line for start, end, line in code.co_lines() if line is not None and start <= best[1]
+             and end > best[0]]
+    return (min(lines), max(lines)) if lines else None
 
 
 def _short(path):
@@ -167,7 +202,7 @@ class Watchdog:
 
     def _run(self):
         while not self._stop.wait(POLL_S):
-            if self._queued or self.pace.stopped(self.watch_frames) is None:
+            if self._queued or _exiting() or self.pace.stopped(self.watch_frames) is None:
                 continue
             self._queued = _ADD_PENDING(_PENDING, None) == 0  # -1: the queue is full, asked again next time
             self.scheduled += self._queued
@@ -175,13 +210,20 @@ class Watchdog:
     def fire(self):
         """On the main thread, from the pending call: close the window if the loop is still stopped."""
         self._queued = False
-        if self._stop.is_set():
+        if self._stop.is_set() or _exiting():  # at exit the atexit hook closes it, before torch's own
             return
         reason = self.pace.stopped(self.watch_frames)
         close = self._close()
         if reason is None or close is None or close(reason) is False:  # False: not here, asked again
             return
         self.stop()
+
+
+def _exiting():
+    """Whether the interpreter is exiting: threading's shutdown has stopped the main thread (it then waits for
+    the other threads, running Python where a pending call may land) or finalization has begun. A close
+    there failed ("cannot join current thread") and left torch.profiler half-stopped: a segfault at exit."""
+    return sys.is_finalizing() or not threading.main_thread().is_alive()
 
 
 _live = weakref.WeakSet()   # the watchdogs running (a pending call finds its own among them)
