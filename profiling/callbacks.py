@@ -106,16 +106,14 @@ class ProfiledRun:
             self._say()
 
     def close(self, exception=None):
-        """Stop the Profiler; (folder, report) of what it wrote, None where nothing. exception: the one that
-        ended training (Lightning's on_exception), kept as the `with` block's exit keeps it: the trace only,
-        noted as ended by it (never "the loop stopped")."""
+        """Stop the Profiler. exception: the one that ended training (Lightning's on_exception), kept as the
+        `with` block's exit keeps it: the report of the steps recorded notes it (never "the loop stopped")."""
         done = self.prof.done
         if exception is not None and not done:
             self.prof.__exit__(type(exception), exception, None)
         self.prof.close()
         if not done:
             self._say()
-        return self.prof.folder, self.prof.report
 
     def _say(self):
         folder = self.prof.folder
@@ -123,14 +121,21 @@ class ProfiledRun:
             print(f"profiling: report in {os.path.join(folder, 'report.md')}", flush=True)
 
 
-class _HFHooks:
+class _Results:
+    """`folder` and `report` of the last profile a callback made, read from its Profiler: there as soon as it
+    wrote them, whatever ended the profile (train end, an exception, the watchdog), None before."""
+    _latest = None  # the last ProfiledRun
+    folder = property(lambda self: self._latest.prof.folder if self._latest else None)
+    report = property(lambda self: self._latest.prof.report if self._latest else None)
+
+
+class _HFHooks(_Results):
     """Profile the steps of a Hugging Face `Trainer`: `Trainer(..., callbacks=[profiling.HFCallback()])`.
     Keyword arguments go to profiling.Profiler (see profiling/callbacks.py)."""
 
     def __init__(self, **profiler_options):
         self.options = check_options(type(self).__name__, profiler_options)
         self.run, self._hook, self._ids = None, None, None
-        self.folder = self.report = None  # the last profile's, once train ends
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.close()  # a second train() call profiles afresh
@@ -139,6 +144,7 @@ class _HFHooks:
                                samples_per_step=samples, seq_len=None,
                                micro_batch=args.per_device_train_batch_size,
                                first=state.is_world_process_zero, framework=_framework("transformers"))
+        self._latest = self.run
         if model is not None and "tokens_per_step" not in self.options:
             self._hook = model.register_forward_pre_hook(self._see_batch, with_kwargs=True)
 
@@ -163,11 +169,11 @@ class _HFHooks:
             self._hook.remove()
             self._hook, self._ids = None, None
         if self.run:
-            self.folder, self.report = self.run.close()
+            self.run.close()
             self.run = None
 
 
-class _LightningHooks:
+class _LightningHooks(_Results):
     """Profile the steps of a Lightning `Trainer`:
     `L.Trainer(..., callbacks=[profiling.LightningCallback()])`. Keyword arguments go to profiling.Profiler
     (see profiling/callbacks.py)."""
@@ -175,7 +181,6 @@ class _LightningHooks:
     def __init__(self, **profiler_options):
         self.options = check_options(type(self).__name__, profiler_options)
         self.run, self._optimizer_steps = None, 0
-        self.folder = self.report = None  # the last profile's, once train ends
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.run is not None:
@@ -188,6 +193,7 @@ class _LightningHooks:
                                first=trainer.is_global_zero,
                                framework=_framework(type(trainer).__module__.split(".")[0]),
                                loop_frames=False)  # its epoch loop returns each epoch: on_train_end says
+        self._latest = self.run
         self._optimizer_steps = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -205,7 +211,7 @@ class _LightningHooks:
     def close(self, exception=None):
         """Stop the profile (train end, an exception; safe to call any time)."""
         if self.run:
-            self.folder, self.report = self.run.close(exception)
+            self.run.close(exception)
             self.run = None
 
 

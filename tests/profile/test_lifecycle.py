@@ -393,3 +393,95 @@ def test_the_previous_profile_is_compared_only_when_of_the_same_script_and_model
             prof.step()
         reports.append(prof.report)
     assert "Changes since the previous profile" not in reports[1] and "another script or model" in reports[1]
+
+
+class Words(torch.utils.data.Dataset):
+    """A Dataset whose __getitem__ runs Python (a toy tokenizer), read with num_workers=0: in the loop's thread."""
+
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, i):
+        return torch.tensor([sum(map(ord, word)) % 32 for word in ("lorem ipsum dolor sit amet " * 8).split()][:32],
+                            dtype=torch.float32)
+
+
+def leftovers():
+    """What a capture could leave on, by name, where it is still on (issue #55 item 4)."""
+    import threading
+    import warnings
+
+    from torch.utils.data import dataloader
+    from torch._inductor.runtime import triton_heuristics
+    on = {"torch.profiler": torch.autograd.profiler._is_profiler_enabled,
+          "sys.settrace": sys.gettrace() is not None, "sys.setprofile": sys.getprofile() is not None,
+          "threads": [t.name for t in threading.enumerate() if t.name.startswith("autoresearch")],
+          "torch function modes": torch._C._len_torch_function_stack(),
+          "dispatch modes": torch._C._len_torch_dispatch_stack(),
+          "DataLoader patched": dataloader._BaseDataLoaderIter.__next__ is not PLAIN_NEXT,
+          "launch records off": triton_heuristics.autograd_profiler is not torch.autograd.profiler,
+          "provenance": provenance.started(),
+          "warning filters": [f for f in warnings.filters if f not in FILTERS  # not a module's import's own
+                              and f[2].__module__ in ("builtins", "warnings")],
+          "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI") != CUPTI_VAR}
+    frame, traced = sys._getframe(), []
+    while frame is not None:
+        if frame.f_trace is not None:
+            traced.append(frame.f_code.co_name)
+        frame = frame.f_back
+    on["frames traced"] = traced
+    return {k: v for k, v in on.items() if v}
+
+
+PLAIN_NEXT = torch.utils.data.dataloader._BaseDataLoaderIter.__next__
+FILTERS, CUPTI_VAR = None, os.environ.get("TEARDOWN_CUPTI")
+
+
+@pytest.mark.parametrize("way", ["done", "close", "raise in the window", "raise in the line record",
+                                 "left in the window", "left in the line record", "dropped"])
+def test_nothing_outlives_the_capture(out, way):
+    """Every way out of a profile (the loop done; close() mid-window; an exception inside the window or in the
+    line-record step; the loop leaving inside the window or the line-record step, closed by the watchdog; the
+    Profiler dropped): nothing the capture started is left on, and the report is there wherever one profiled
+    step was recorded (issue #55; at exit: test_a_real_uncaught_exception_keeps_its_traceback_and_exit_code)."""
+    import warnings
+    global FILTERS
+    FILTERS = list(warnings.filters)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter(torch.utils.data.DataLoader(Words(), batch_size=4, num_workers=0))
+    # 1 + 3 timed steps, 1 profiler warm-up, then 3 profiled (the 6th to 8th), the shape and line-record steps
+    stop_at = {"close": 7, "raise in the window": 7, "left in the window": 7, "dropped": 7,
+               "raise in the line record": 9, "left in the line record": 9}.get(way)
+
+    def loop(prof):
+        for i in range(12):
+            model(next(batches)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if i == stop_at and way.startswith("raise"):
+                raise ValueError("the user's own error")
+            if i == stop_at and way.startswith(("left", "dropped", "close")):
+                return
+            prof.step()
+
+    prof = profiling.Profiler(model, out_dir=out, **FAST)
+    try:
+        loop(prof)
+    except ValueError:
+        prof.__exit__(ValueError, None, None)  # what `with` does
+    if way == "close":
+        prof.close()
+    if way == "dropped":
+        del prof
+        import gc
+        gc.collect()
+        assert not leftovers(), leftovers()
+        return
+    deadline = time.perf_counter() + 10
+    while way.startswith("left") and not prof.done and time.perf_counter() < deadline:
+        sum(range(1000))  # the program goes on: the watchdog's close lands in this Python
+    assert prof.done and not leftovers(), leftovers()
+    one_off = [r for r in prof.summary.get("one_off") or () if r.get("step")]  # a slow step named, left out
+    assert prof.report is not None and prof.summary["steps"] + len(one_off) == (2 if "window" in way or
+                                                                                way == "close" else 3)

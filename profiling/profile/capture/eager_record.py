@@ -106,6 +106,7 @@ class LineTracer:
         self.previous = None
         self.hooked = []   # frames already running when tracing began, traced through their f_trace
         self.loader = None  # the DataLoader's batches, untraced (_untraced_loader)
+        self.on = False
 
     def start(self, running=None):
         """Trace from now on; `running`: the innermost frame already running whose own frames (outward) are
@@ -119,9 +120,11 @@ class LineTracer:
                 self.hooked.append(running)
             running = running.f_back
         self.loader = _untraced_loader(self)
+        self.on = True
         sys.settrace(self._call)
 
     def stop(self):
+        self.on = False  # stopped from inside a trace call (a pending close), that call sets nothing again
         sys.settrace(self.previous)
         for frame in self.hooked:
             frame.f_trace = None
@@ -143,7 +146,7 @@ class LineTracer:
     def _call(self, frame, event, arg):
         if self._is_own(frame.f_code):
             self._switch(frame)
-            return self._local
+            return self._local if self.on else None
         return None
 
     def _local(self, frame, event, arg):
@@ -151,13 +154,15 @@ class LineTracer:
             self._switch(frame)
         elif event == "return":
             self._switch(frame.f_back)
-        return self._local
+        return self._local if self.on else None  # None keeps the frame's f_trace as stop() left it
 
     def _switch(self, frame):
         """Close the current line's annotation; open one for the innermost own frame from `frame` out."""
         if self.open is not None:
             self.open.__exit__(None, None, None)
             self.open = None
+        if not self.on:
+            return
         while frame is not None and not self.own.get(frame.f_code, False):
             frame = frame.f_back
         if frame is None:

@@ -31,6 +31,7 @@ unless the loop has stopped, and each step() only notes the time and its caller'
 import ctypes
 import dis
 import functools
+import os
 import sys
 import threading
 import time
@@ -212,11 +213,30 @@ class Watchdog:
         self._queued = False
         if self._stop.is_set() or _exiting():  # at exit the atexit hook closes it, before torch's own
             return
+        if _in_own_code(sys._getframe(1)):  # landed inside the profiler's own code (its line tracer): later
+            return
         reason = self.pace.stopped(self.watch_frames)
         close = self._close()
         if reason is None or close is None or close(reason) is False:  # False: not here, asked again
             return
         self.stop()
+
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # profiling/
+
+
+SELF = os.path.abspath(__file__)
+
+
+def _in_own_code(frame):
+    """Whether a frame of the profiler's own code (not this module's) is on the stack from `frame` out: a
+    close landing there (inside the line tracer's call, say) would be undone when that code goes on."""
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(PACKAGE) and path != SELF:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _exiting():
