@@ -162,11 +162,11 @@ def test_the_loop_frame_is_the_function_that_steps():
         for _ in range(n):
             pace.stepped(sys._getframe(), measured=True)
             pace.returned()
-        return pace.loop_frame(), watchdog._find(pace.thread, pace.loop_frame())
+        return pace.loop_frame(), pace.loop_frame()[0] in watchdog._running(pace.thread)
 
     frame, there = steps(3)
-    assert frame[1] is steps.__code__ and there is not None  # the loop's own frame, on the stack while it runs
-    assert watchdog._find(pace.thread, frame) is None  # returned
+    assert frame[1] is steps.__code__ and there  # the loop's own frame, on the stack while it runs
+    assert frame[0] not in watchdog._running(pace.thread)  # returned
 
     def generator():
         while True:
@@ -210,6 +210,34 @@ def test_a_loop_has_stopped_when_its_frame_leaves_the_loop(monkeypatch):
         return straight.stopped()
     assert unrolled() is None  # no loop around its step() calls: only its return stops it
     assert straight.stopped().startswith("its function unrolled")
+
+
+def test_a_new_call_of_the_loops_function_is_the_same_loop_only_inside_a_loop(monkeypatch):
+    """The loop's function returned: its caller calling it again from inside a loop (an epoch loop, an eval
+    between epochs) is the same loop; a caller past that loop, or one with no loop (a second `train()` after
+    an error), has stopped it."""
+    monkeypatch.setattr(watchdog, "LEFT_FLOOR_S", 0.0)
+    monkeypatch.setattr(watchdog, "LEFT_STEPS", 0.0)
+    pace, seen = watchdog.Pace(), {}
+
+    def epoch(n):
+        for _ in range(n):
+            pace.stepped(sys._getframe(), measured=True)
+            pace.returned()
+
+    def train(epochs):
+        for i in range(epochs):
+            epoch(3)
+            seen.setdefault("between epochs", pace.stopped())  # an eval here: the next epoch follows
+        seen["after the epochs"] = pace.stopped()
+
+    train(1)
+    assert seen["between epochs"] is None
+    assert seen["after the epochs"].startswith("its function epoch (profile/test_lifecycle.py:"), seen
+
+    pace = watchdog.Pace()
+    epoch(3)
+    assert pace.stopped().startswith("its function epoch")  # called from straight-line code: returned
 
 
 def test_what_ran_after_the_last_step_is_cut():

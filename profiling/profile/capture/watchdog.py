@@ -96,50 +96,58 @@ class Pace:
     def loop_frame(self):
         """(id, code) of the innermost regular frame on every step() call's stack (a generator's frame is off
         the stack while it waits), or None before two calls."""
+        regular = self._regular()
+        return regular[-1] if regular else None
+
+    def _regular(self):
+        """The regular frames on every step() call's stack, outermost first; none before two calls."""
         if self.steps < 2 or not self.common:
-            return None
-        for entry in reversed(self.common):
-            if not entry[1].co_flags & GENERATOR_FLAGS:
-                return entry
-        return None
+            return []
+        return [entry for entry in self.common if not entry[1].co_flags & GENERATOR_FLAGS]
 
     def limit(self):
         return max(LEFT_FLOOR_S, LEFT_STEPS * (self.slowest or 0.0))
 
     def stopped(self, watch_frames=True):
-        """How the loop has stopped, in words, or None while it may still step. Read from any thread."""
+        """How the loop has stopped, in words, or None while it may still step. Read from any thread.
+
+        The innermost frame of those on every step() call's stack that still runs decides: the loop's own
+        frame has stopped the loop once it runs past the loop that called step(); a frame further out, the
+        loop's having returned, unless it runs inside a loop around the call that led to step() (an epoch
+        loop calling `train_epoch()` again after an eval)."""
         if self.busy or self.last is None or not watch_frames:
             return None
         idle = time.perf_counter() - self.last
-        entry = self.loop_frame()
-        if entry is None or idle <= self.limit():
+        regular = self._regular()
+        if not regular or idle <= self.limit():
             return None
-        code = entry[1]
-        where = f"{_short(code.co_filename)}:{code.co_firstlineno}"
-        frame = _find(self.thread, entry)
-        if frame is None:
-            return f"its function {code.co_name} ({where}) returned, no step() for {idle:.1f} s"
-        if frame is not True:  # the loop's own frame: where in it
-            span = loop_lines(code, frozenset(self.calls.get(entry[0], ())))
+        running = _running(self.thread)
+        code = regular[-1][1]
+        for depth, entry in enumerate(reversed(regular)):
+            frame = running.get(entry[0])
+            if frame is None or frame.f_code is not entry[1]:
+                continue
+            span = loop_lines(entry[1], frozenset(self.calls.get(entry[0], ())))
             line = frame.f_lineno
-            if span is not None and line is not None and not span[0] <= line <= span[1]:
+            if line is None or (span is not None and span[0] <= line <= span[1]):
+                return None  # inside the loop that steps, or around the call that leads to it
+            if depth == 0 and span is None:
+                return None  # straight-line code steps until it returns
+            if depth == 0:
                 return (f"its loop in {code.co_name} (lines {span[0]}-{span[1]} of {_short(code.co_filename)}) "
                         f"went on to line {line}, no step() for {idle:.1f} s")
-        return None
+            break
+        return (f"its function {code.co_name} ({_short(code.co_filename)}:{code.co_firstlineno}) returned, "
+                f"no step() for {idle:.1f} s")
 
 
-def _find(thread, entry):
-    """The loop's frame on the thread's stack; True where only a new call of its function is there (the next
-    epoch's: the same loop); None where neither is."""
-    frame = sys._current_frames().get(thread)
-    again = None
+def _running(thread):
+    """{id(frame): frame} of the frames on the thread's stack."""
+    frame, frames = sys._current_frames().get(thread), {}
     while frame is not None:
-        if frame.f_code is entry[1]:
-            if id(frame) == entry[0]:
-                return frame
-            again = True
+        frames[id(frame)] = frame
         frame = frame.f_back
-    return again
+    return frames
 
 
 @functools.lru_cache(maxsize=256)
