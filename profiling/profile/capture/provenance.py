@@ -165,7 +165,7 @@ def result():
 
 def placement():
     """Where this run's compiles recorded each source frame and where it is in the running code, for other
-    records of the same compiled graphs (the GPU memory step's allocator frames: gpu_memory.placed), so both
+    records of the same compiled graphs (the GPU memory step's allocator frames: allocator.placed), so both
     map a cached graph's frames alike: {"frames": {(path, line, function): (running path, line)} of the frames
     that moved, "files": {recorded path no running file has: (running path, its frames' usual line shift)}};
     {} without a collector or a moved frame."""
