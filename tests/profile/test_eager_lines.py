@@ -292,9 +292,9 @@ def test_h100_eager_kernels_are_placed_through_the_autograd_thread(name, least, 
 
 @pytest.mark.parametrize("name, least", [("h100-plant33-eager_attention", 90), ("h100-plant33-eager_model", 90)])
 def test_a_real_h100_record_places_the_eager_work_and_costs_the_profiled_step_nothing(name, least):
-    """Recorded by train.py --profile on an H100 (benchmarks/diagnoses.py, 2026-11-25): the attention module
-    excluded from torch.compile (98.9% placed), the model uncompiled (100%); the profiled steps within 3% of
-    the unprofiled ones, the record being one more step after them."""
+    """Recorded by train.py --profile on an H100 (benchmarks/findings/planted/diagnoses.py, 2026-11-25): the
+    attention module excluded from torch.compile (98.9% placed), the model uncompiled (100%); the profiled
+    steps within 3% of the unprofiled ones, the record being one more step after them."""
     from profiling.profile.report.summary import load_trace
     s = summarize(load_trace(os.path.join(ROOT, "tests", "data", f"{name}.trace.json.gz")))
     table = s["lines"]

@@ -380,7 +380,8 @@ def test_memory_by_category_in_the_diff_and_the_regression():
 
 
 def test_a_real_h100_memory_record(tmp_path):
-    """train.py's default config on the H100 (2026-11-25, benchmarks/gpu_memory_results.md): `research profile
+    """train.py's default config on the H100 (2026-11-25, benchmarks/gpu_memory/gpu_memory_results.md):
+    `research profile
     --json` of its trace gives the categories, which add up to the allocated peak, `fits` (211 predicted; 211
     ran and 219 ran out of memory in the same device call) and the lines that hold the most, named by the
     user's line that called the compiled graph (never Inductor's generated file)."""
