@@ -14,7 +14,7 @@ GIL use took from the Python loop). Loaders:
 - thread: made ahead by a background thread, a queue LOADER_DEPTH deep (tokenizing releases the GIL,
   reading and packing do not);
 - worker: prepare.make_dataloader as it is, one DataLoader worker process LOADER_DEPTH deep.
-Prints a Markdown table (benchmarks/loader_overlap_results.md keeps the measured ones).
+Prints a Markdown table (benchmarks/input_pipeline/loader_results.md keeps the measured ones).
 """
 import argparse
 import os
