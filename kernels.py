@@ -137,7 +137,7 @@ def attention(q, k, v, mask):
     """Causal sliding-window attention on [B, H, T, D] tensors; mask from attention_masks().
 
     The windows run on cuDNN's band mask: forward + backward 5.2 ms per S layer against FlexAttention's
-    6.6 on an H100 (benchmarks/attention_variants.py, issue #9)."""
+    6.6 on an H100 (benchmarks/train_speed/attention_variants.py, issue #9)."""
     gqa = q.size(1) != k.size(1)
     if mask is None:
         with sdpa_kernel(CAUSAL_BACKENDS, set_priority=True):
@@ -276,7 +276,7 @@ def head_loss(x, weight, targets, reduction="mean", cap=15.0):
     On CUDA the loss is one Triton kernel that reads each row of logits once and writes, in its place, the
     loss's gradient; the backward scales the head's two GEMMs by the upstream gradient. The float32
     capped logits are never stored, and the logits never sit beside their gradient (the compiled
-    definition: 17.8 vs 14.2 ms per micro-batch, benchmarks/loss_kernel.py)."""
+    definition: 17.8 vs 14.2 ms per micro-batch, benchmarks/train_speed/loss_kernel.py)."""
     if not x.is_cuda:
         return head_loss_reference(x, weight, targets, reduction, cap)
     grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)

@@ -701,7 +701,8 @@ class _Packed(torch.utils.data.IterableDataset):
 
 
 LOADER_DEPTH = 4  # batches made ahead: the worker makes one in ~120-190 ms at B=128, T=2048 on 2 cores
-                  # (benchmarks/dataloader_results.md), a step consumes two in ~300 ms on an H100
+                  # (benchmarks/input_pipeline/dataloader_results.md), a step consumes two in ~300 ms on an
+                  # H100
 
 
 def make_dataloader(tokenizer, B, T, split, device="cpu", buffer_size=1000, dataset=None, cache=None,

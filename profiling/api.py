@@ -55,7 +55,7 @@ What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 = 16 steps; ea
     active_steps            the profiled window: kernels, operators, the host's Python stack every 2 ms, the
                             process's settings
     1 more                  operator input shapes and the Python lines of host syncs (recording them in the
-                            profiled steps slowed them: benchmarks/profiler_cost_results.md)
+                            profiled steps slowed them: benchmarks/profiler_cost/profiler_cost_results.md)
     1 more                  records the lines of the eager operators (off with AUTORESEARCH_EAGER_LINES=0)
     1 more                  CUDA only (off with memory=False): GPU memory at the step's peak by category, and
                             with micro_batch the largest micro-batch predicted to fit

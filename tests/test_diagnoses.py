@@ -1,6 +1,6 @@
-"""benchmarks/diagnoses.py: every plant applies to today's train.py, and issue #33's check reads the top
-finding's evidence (the cause's name, the planted line, the gain), not its kind. No GPU: summaries are made up
-here in the shape profiling.profile.report.summary gives."""
+"""benchmarks/findings/planted/diagnoses.py: every plant applies to today's train.py, and issue #33's check
+reads the top finding's evidence (the cause's name, the planted line, the gain), not its kind. No GPU:
+summaries are made up here in the shape profiling.profile.report.summary gives."""
 import importlib.util
 import os
 
@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def diagnoses():
-    path = os.path.join(ROOT, "benchmarks", "diagnoses.py")
+    path = os.path.join(ROOT, "benchmarks", "findings", "planted", "diagnoses.py")
     spec = importlib.util.spec_from_file_location("diagnoses", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

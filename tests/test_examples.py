@@ -1,8 +1,8 @@
 """The example trainers of models this project did not design (examples/gpt2_train.py, examples/llama_train.py) on
 the CPU at their tiny size: they train, with and without their plant; `--profile` goes through profiling.Profiler
 and its report places their own parameter names and source lines; `--plain-trace` writes a trace `research
-profile` reads. Then benchmarks/models_capture.py, which runs them on a GPU: its plan and its bookkeeping.
-In-process (torch is imported once), from the repository's root, as a user runs them."""
+profile` reads. Then benchmarks/findings/live/models_capture.py, which runs them on a GPU: its plan and its
+bookkeeping. In-process (torch is imported once), from the repository's root, as a user runs them."""
 import importlib.util
 import json
 import os
@@ -28,7 +28,7 @@ def load(path):
     return module
 
 
-capture = load("benchmarks/models_capture.py")
+capture = load("benchmarks/findings/live/models_capture.py")
 
 
 @pytest.fixture

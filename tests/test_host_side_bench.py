@@ -1,7 +1,7 @@
-"""benchmarks/host_side.py (issue #48) at its tiny size on the CPU: the driver runs each variant in a fresh
-process and writes OUT/host_side.json with every step's timing, and the profiled variants' traces beside it,
-which `research profile` reads again. A DataLoader with workers, and a compiled model profiled while it
-compiles."""
+"""benchmarks/findings/live/host_side.py (issue #48) at its tiny size on the CPU: the driver runs each variant
+in a fresh process and writes OUT/host_side.json with every step's timing, and the profiled variants' traces
+beside it, which `research profile` reads again. A DataLoader with workers, and a compiled model profiled
+while it compiles."""
 import gzip
 import importlib.util
 import json
@@ -27,7 +27,7 @@ def load(path):
 
 @pytest.mark.slow
 def test_driver_times_and_profiles_each_variant(tmp_path, capsys):
-    host_side = load("benchmarks/host_side.py")
+    host_side = load("benchmarks/findings/live/host_side.py")
     out = tmp_path / "out"
     runs = [("resnet18_pydecode", "workers_2"), ("compile_in_window", "warm"),
             ("compile_in_window", "in_window")]

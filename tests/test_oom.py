@@ -114,15 +114,15 @@ def test_generated_code_is_known_wherever_the_compile_cache_is():
     """The H100 run of #43 set TORCHINDUCTOR_CACHE_DIR=.bench/memory_advice/inductor: its OOM and memory lines
     named `24/c24adrdp...py:2777`, a generated file's line, because only a `torchinductor` folder was known.
     Inductor's own naming (`<xy>/c<xy...>.py`) tells it anywhere."""
-    from profiling.profile.tables import gpu_memory
+    from profiling.profile.trace import allocator
     moved = ".bench/memory_advice/inductor/24/c24adrdp7tvvi2kxnxpw6giby7gwswcjpmyx7asr47af75tobppv.py"
     frames = [("train.py", 389, "loss = train_step(step, progress)"), (moved, 2781, "buf251 = empty_strided_cuda(...)")]
     assert oom.user_line(frames).endswith("called from train.py:389 loss = train_step(step, progress)")
     snapshot_frames = [{"filename": moved, "line": 2781, "name": "call"},
                        {"filename": "/w/train.py", "line": 389, "name": "main"}]
-    assert gpu_memory.innermost_own(snapshot_frames) == "w/train.py:389 (compiled graph)"
-    assert not gpu_memory.generated("/w/24/c25notthesamefolder0000000000000.py")
-    assert not gpu_memory.generated("/w/ab/cab.py")  # a user's short file named like one
+    assert allocator.innermost_own(snapshot_frames) == "w/train.py:389 (compiled graph)"
+    assert not allocator.generated("/w/24/c25notthesamefolder0000000000000.py")
+    assert not allocator.generated("/w/ab/cab.py")  # a user's short file named like one
 
 
 # ---------------------------------------------------------------------------------------------------------

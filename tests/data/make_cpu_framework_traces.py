@@ -6,7 +6,8 @@ user's first run on a laptop makes them (issue #49).
 
 - hf-gpt2-logging: GPT-2 (transformers' GPT2LMHeadModel from a tiny GPT2Config, nothing downloaded) under
   `Trainer`, logging every 5 steps: a logging step falls among the timed steps and one among the profiled steps.
-- hf-gpt2-save: the same as benchmarks/new_user_cpu.py's HF loop, logging every 10 steps and saving a checkpoint
+- hf-gpt2-save: the same as benchmarks/findings/live/new_user_cpu.py's HF loop, logging every 10 steps and
+saving a checkpoint
   every 5: the log and the save of step 10 run in the second profiled step (HF runs them after on_step_end),
   ~1.5x the others on a loaded 2-core CPU; its first 4 profiled steps kept (tests/data/trim_trace.py) to stay
   small.

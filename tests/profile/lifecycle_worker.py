@@ -141,7 +141,7 @@ def left_open(steps, after, out):
     thread."""
     from profiling import api
     from profiling.profile.capture import provenance, watchdog
-    if after.endswith("-unwatched"):  # as before the watchdog (benchmarks/lifecycle_results.md's comparison)
+    if after.endswith("-unwatched"):  # as before the watchdog (benchmarks/profiler_cost/lifecycle_results.md's comparison)
         watchdog.Watchdog.start = lambda self: None
         after = after.removesuffix("-unwatched")
     closed_on = []  # the thread of each call of the watchdog's close (a deferred one included)

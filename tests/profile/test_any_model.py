@@ -123,10 +123,11 @@ def test_a_clean_nanogpt_with_biases_neither_recomputes_nor_runs_a_forward_witho
 
 @pytest.mark.parametrize("name", ["h100-gpt2-clean-api", "h100-llama-b32-api"])
 def test_the_clean_example_models_through_the_api(traces, name):
-    """Issue #34's clean fixtures (benchmarks/models_results.md): GPT-2 124M (batch 16) and the Llama (batch 32:
-    at 16 it is launch-bound, and the profiler's host cost shows in the step) on the H100 through
-    profiling.Profiler: 90% or more of the device time in named regions, the profiled step within 3% of the
-    unprofiled one, and no finding of 1% of the step or more (none could be fixed: the examples hold no defect)."""
+    """Issue #34's clean fixtures (benchmarks/findings/live/models_results.md): GPT-2 124M (batch 16) and the
+    Llama (batch 32: at 16 it is launch-bound, and the profiler's host cost shows in the step) on the H100
+    through profiling.Profiler: 90% or more of the device time in named regions, the profiled step within 3%
+    of the unprofiled one, and no finding of 1% of the step or more (none could be fixed: the examples hold no
+    defect)."""
     s = summarize(traces(name))
     assert s["regions"]["attributed_percent"] >= 90
     check = next(c for c in s["checks"] if c["name"] == "profiled vs unprofiled step time")

@@ -1,6 +1,7 @@
 """Issue #42 on the H100: a ViT-B/16 (timm), a ResNet-50 (torchvision) and a BERT-base (transformers), compiled,
-bf16, profiled through the API by benchmarks/any_model.py (2026-11-26). Each top finding's fix was applied and
-timed on the same machine (benchmarks/any_model_results.md); these tests keep what the reports must say."""
+bf16, profiled through the API by benchmarks/findings/live/any_model.py (2026-11-26). Each top finding's fix
+was applied and timed on the same machine (benchmarks/findings/live/any_model_results.md); these tests keep
+what the reports must say."""
 import gzip
 import json
 import os

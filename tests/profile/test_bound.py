@@ -1,10 +1,11 @@
 """The step's bound and the findings for causes no narrower rule names (issue #26), on real H100 traces.
 
-tests/data/h100-plant26-*.trace.json.gz: benchmarks/diagnoses.py's plants of issue #26 (one H100 80GB HBM3,
-one call, 2026-11-23, the loader off the main thread), 2 steps each. Unprofiled ms/step measured in the same
-call: baseline 309.87, eager_model 555.02 (+245.15), odd_mlp_width 341.02 (+31.15), fp32_logits 316.29 (+6.42).
-tests/data/h100-fresh-*.trace.json.gz: plants made after the rules recompute and misaligned_shapes were written
-(benchmarks/diagnoses.py, 2026-11-24, two calls on one H100), 2 steps each.
+tests/data/h100-plant26-*.trace.json.gz: benchmarks/findings/planted/diagnoses.py's plants of issue #26 (one
+H100 80GB HBM3, one call, 2026-11-23, the loader off the main thread), 2 steps each. Unprofiled ms/step
+measured in the same call: baseline 309.87, eager_model 555.02 (+245.15), odd_mlp_width 341.02 (+31.15),
+fp32_logits 316.29 (+6.42). tests/data/h100-fresh-*.trace.json.gz: plants made after the rules recompute and
+misaligned_shapes were written (benchmarks/findings/planted/diagnoses.py, 2026-11-24, two calls on one H100),
+2 steps each.
 """
 import os
 

@@ -70,7 +70,8 @@ def test_operator_counts_that_really_differ_still_fail():
 
 def test_a_save_added_to_a_step_is_work_added_not_a_failure():
     """The Hugging Face Trainer's checkpoint save at step 10 (save_steps=5), profiled on the CPU
-    (benchmarks/new_user_cpu.py): 86 operators more than the others, each of theirs among them."""
+    (benchmarks/findings/live/new_user_cpu.py): 86 operators more than the others, each of theirs among
+    them."""
     from collections import Counter
     usual = Counter({"aten::mm": 600, "aten::addmm": 400, "aten::add_": 920})
     saved = usual + Counter({"aten::detach": 29, "detach": 29, "aten::view": 4, "aten::select": 4,
@@ -83,7 +84,8 @@ def test_a_save_added_to_a_step_is_work_added_not_a_failure():
 
 def test_an_lbfgs_loop_whose_work_grows_each_step_passes_its_operator_check(tmp_path):
     """L-BFGS's two-loop recursion runs over its history, one pair longer each inner iteration: every step runs
-    more of the same operators (5,101 to 6,701 in benchmarks/new_user_cpu.py's loop). Profiled for real."""
+    more of the same operators (5,101 to 6,701 in benchmarks/findings/live/new_user_cpu.py's loop). Profiled
+    for real."""
     import torch
 
     import profiling

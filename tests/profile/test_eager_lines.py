@@ -1,4 +1,5 @@
-"""profiling.profile.tables.eager_lines and eager_record: the lines of eager operators, from one more recorded step.
+"""tables/eager_lines, trace/eager_ops and capture/eager_record: the lines of eager operators, from one more
+recorded step.
 
 A real capture on the CPU (profiling.profile.capture.window.capture) of a small eager model defined here: an MLP, a
 custom autograd.Function, a loss, AdamW; 2 warm-up + 2 active steps, then the line-record step. Its "Lines"
@@ -15,6 +16,7 @@ import pytest
 from profiling.profile.report.render import to_markdown
 from profiling.profile.report.summary import summarize
 from profiling.profile.tables import eager_lines, lines
+from profiling.profile.trace import eager_ops
 from profiling.profile.trace.traceio import by_thread, index, parents
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -91,7 +93,7 @@ def placer(trace):
 def steps(trace, ix, p):
     """(the normal profiled step's window, the odd one's): the odd step has one more top-level operator."""
     main = p.eager.main
-    counts = [len(eager_lines.tops(main, p.calls.parent, start, end)) for start, end, _ in ix.steps]
+    counts = [len(eager_ops.tops(main, p.calls.parent, start, end)) for start, end, _ in ix.steps]
     normal, odd = sorted(range(2), key=lambda k: counts[k])
     assert counts[normal] == len(trace["autoresearch"]["eager_lines"]["ops"]) == counts[odd] - 1
     return ix.steps[normal][:2], ix.steps[odd][:2]
@@ -138,7 +140,7 @@ def test_a_step_that_differs_gets_no_wrong_line(captured):
     ix, p = placer(captured)
     placed = []
     for start, end in steps(captured, ix, p):
-        ops = eager_lines.tops(p.eager.main, p.calls.parent, start, end)
+        ops = eager_ops.tops(p.eager.main, p.calls.parent, start, end)
         placed.append([(str(op["name"]), p.place(op, op)[:2]) for op in ops])
     normal, odd = placed
     assert len(odd) == len(normal) + 1 and all(where is not None for _, (where, _) in normal)
@@ -264,8 +266,8 @@ def record_from_first_step(trace):
     parent = parents(threads)
     calls = lines.Calls(ix.graph_calls, threads, parent, lines.Provenance({}))
     start, end, _ = ix.steps[0]
-    key = max(threads, key=lambda k: len(eager_lines.tops(threads[k], parent, start, end)))
-    ops = [op for op in eager_lines.tops(threads[key], parent, start, end) if calls.call_of(op) is None]
+    key = max(threads, key=lambda k: len(eager_ops.tops(threads[k], parent, start, end)))
+    ops = [op for op in eager_ops.tops(threads[key], parent, start, end) if calls.call_of(op) is None]
     return {"version": 1, "tid": key[1], "lines": [["train.py", k + 1, str(op["name"])] for k, op in enumerate(ops)],
             "ops": [[str(op["name"]), k] for k, op in enumerate(ops)], "backward": []}
 
@@ -290,9 +292,9 @@ def test_h100_eager_kernels_are_placed_through_the_autograd_thread(name, least, 
 
 @pytest.mark.parametrize("name, least", [("h100-plant33-eager_attention", 90), ("h100-plant33-eager_model", 90)])
 def test_a_real_h100_record_places_the_eager_work_and_costs_the_profiled_step_nothing(name, least):
-    """Recorded by train.py --profile on an H100 (benchmarks/diagnoses.py, 2026-11-25): the attention module
-    excluded from torch.compile (98.9% placed), the model uncompiled (100%); the profiled steps within 3% of
-    the unprofiled ones, the record being one more step after them."""
+    """Recorded by train.py --profile on an H100 (benchmarks/findings/planted/diagnoses.py, 2026-11-25): the
+    attention module excluded from torch.compile (98.9% placed), the model uncompiled (100%); the profiled
+    steps within 3% of the unprofiled ones, the record being one more step after them."""
     from profiling.profile.report.summary import load_trace
     s = summarize(load_trace(os.path.join(ROOT, "tests", "data", f"{name}.trace.json.gz")))
     table = s["lines"]

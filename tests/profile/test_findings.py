@@ -1,7 +1,8 @@
 """profiling.profile.findings: the causes the profile names, each kind on a real H100 trace of a planted slowdown.
 
-The fixtures h100-plant-<case>.trace.json.gz come from benchmarks/diagnoses.py on an H100 (2026-11-23), cut
-to their first profiled steps by tests/data/trim_trace.py; benchmarks/diagnoses_results.md has the runs.
+The fixtures h100-plant-<case>.trace.json.gz come from benchmarks/findings/planted/diagnoses.py on an H100
+(2026-11-23), cut to their first profiled steps by tests/data/trim_trace.py;
+benchmarks/findings/planted/diagnoses_results.md has the runs.
 """
 import json
 import os
@@ -234,13 +235,14 @@ def test_a_paced_sampler_stretches_its_period_to_what_its_samples_cost_the_main_
 
 
 def test_every_diagnoses_plant_still_applies_to_train_py():
-    """benchmarks/diagnoses.py plants each slowdown by exact text replacement in a copy of train.py: every
-    replaced text is still in train.py once, and the planted file is valid Python importing what it uses."""
+    """benchmarks/findings/planted/diagnoses.py plants each slowdown by exact text replacement in a copy of
+    train.py: every replaced text is still in train.py once, and the planted file is valid Python importing
+    what it uses."""
     import ast
     import importlib.util
 
     root = ROOT
-    path = os.path.join(root, "benchmarks", "diagnoses.py")
+    path = os.path.join(root, "benchmarks", "findings", "planted", "diagnoses.py")
     spec = importlib.util.spec_from_file_location("diagnoses", path)
     diagnoses = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(diagnoses)
@@ -257,11 +259,12 @@ def test_every_diagnoses_plant_still_applies_to_train_py():
 
 
 def test_a_sync_that_waited_for_nothing_is_not_the_loaders_cause(data_summary):
-    """h100-slowhost-sync_per_step: one `.item()` per step (benchmarks/diagnoses.py's sync_per_step) on an H100
-    whose host was slow, while the loader ran on the main thread (before issue #25). Each `.item()` waited about
-    12 us: the loader had already drained the GPU's queue, so the sync hid no GPU work and removing it recovers
-    nothing (the same run without it, h100-slowhost-baseline, idles 92.9 ms/step in the same loader). The finding
-    is the loader's idle, named by its line; no host_sync prices the loader's time (43.9 ms before issue #48)."""
+    """h100-slowhost-sync_per_step: one `.item()` per step (benchmarks/findings/planted/diagnoses.py's
+    sync_per_step) on an H100 whose host was slow, while the loader ran on the main thread (before issue #25).
+    Each `.item()` waited about 12 us: the loader had already drained the GPU's queue, so the sync hid no GPU
+    work and removing it recovers nothing (the same run without it, h100-slowhost-baseline, idles 92.9 ms/step
+    in the same loader). The finding is the loader's idle, named by its line; no host_sync prices the loader's
+    time (43.9 ms before issue #48)."""
     s = data_summary("h100-slowhost-sync_per_step")
     f = s["findings"][0]
     assert f["kind"] == "gpu_waits_on_host" and "prepare.py:502 encode" in f["evidence"]
@@ -270,10 +273,11 @@ def test_a_sync_that_waited_for_nothing_is_not_the_loaders_cause(data_summary):
 
 
 def test_root_cause_first_the_sync_that_exposed_hidden_host_work(data_summary):
-    """h100-plant26-sync_exposes_host and -hidden_host_work (benchmarks/diagnoses.py, one H100 call, loader off
-    the main thread): 50 ms of Python per micro-batch costs nothing alone (unprofiled 306.45 ms/step against the
-    baseline's 309.42); with a `.item()` after each backward it costs 97.56 ms/step (406.98), because the sync
-    drains the GPU's queue before it. The finding is the sync, its gain the combined idle, within 30%."""
+    """h100-plant26-sync_exposes_host and -hidden_host_work (benchmarks/findings/planted/diagnoses.py, one
+    H100 call, loader off the main thread): 50 ms of Python per micro-batch costs nothing alone (unprofiled
+    306.45 ms/step against the baseline's 309.42); with a `.item()` after each backward it costs 97.56 ms/step
+    (406.98), because the sync drains the GPU's queue before it. The finding is the sync, its gain the
+    combined idle, within 30%."""
     hidden = data_summary("h100-plant26-hidden_host_work")
     assert not [f for f in hidden["findings"] if f["ms_per_step"] >= 0.01 * hidden["step_ms"]]
     s = data_summary("h100-plant26-sync_exposes_host")

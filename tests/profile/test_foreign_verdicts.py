@@ -1,6 +1,7 @@
-"""Issue #48's verdicts on the public corpus (tests/data/foreign, benchmarks/foreign_results.md): the rules that led
-with a wrong top finding, each checked on the traces that showed it. Every assertion names the trace's own
-evidence (the events read in Python when judging), so a rule that drifts back fails here."""
+"""Issue #48's verdicts on the public corpus (tests/data/foreign,
+benchmarks/findings/corpus/foreign_results.md): the rules that led with a wrong top finding, each checked on
+the traces that showed it. Every assertion names the trace's own evidence (the events read in Python when
+judging), so a rule that drifts back fails here."""
 import os
 
 import pytest

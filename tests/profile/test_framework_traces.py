@@ -1,6 +1,7 @@
 """Real H100 traces of the framework examples, profiled through their one-line callbacks (issue #41;
-benchmarks/frameworks_results.md): Lightning runs forward and backward inside `optimizer.step(closure)`, yet the
-optimizer is only its own kernels; a Hugging Face Trainer run's lines are the model's (modeling_llama.py), not
+benchmarks/findings/live/frameworks_results.md): Lightning runs forward and backward inside
+`optimizer.step(closure)`, yet the optimizer is only its own kernels; a Hugging Face Trainer run's lines are
+the model's (modeling_llama.py), not
 `trainer.train()`; both carry samples and tokens per optimizer step."""
 import os
 

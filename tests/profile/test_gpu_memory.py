@@ -1,5 +1,5 @@
-"""profiling.profile.tables.gpu_memory: GPU memory at the peak by category, from a snapshot in torch's own format
-(torch.cuda.memory._snapshot()), built here by hand; what fits; the report's section; on CUDA, a real step."""
+"""trace/allocator and tables/gpu_memory: GPU memory at the peak by category, from a snapshot in torch's own
+format (torch.cuda.memory._snapshot()), built here by hand; what fits; the report's section; on CUDA, a real step."""
 import copy
 import os
 import re
@@ -7,7 +7,9 @@ import re
 import pytest
 
 from profiling.profile.tables import gpu_memory
-from profiling.profile.tables.gpu_memory import fits, max_depth, reduce
+from profiling.profile.tables.gpu_memory import fits, max_depth
+from profiling.profile.trace import allocator
+from profiling.profile.trace.allocator import reduce
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
@@ -63,7 +65,7 @@ def test_the_peak_by_category_from_the_blocks():
     assert (r["reserved_mb"], r["reserved_unallocated_mb"]) == (24, 3)   # both segments at the peak
     assert (r["device_mb"], r["other_mb"], r["events"]) == (80 * 1024, 512, 13)
     assert "no torch.optim optimizer" in r["note"]                       # the state, untagged, said so
-    assert r["lines"][0] == {"where": gpu_memory.BEFORE, "mb": 12}     # parameter and state: no frames
+    assert r["lines"][0] == {"where": allocator.BEFORE, "mb": 12}     # parameter and state: no frames
     assert {"where": "run/train.py:30", "mb": 4} in r["lines"]         # the own line, not torch's
 
 
@@ -183,10 +185,10 @@ def test_the_lines_held_at_an_out_of_memory_failure():
     blocks[1]["frames"] = frames(50)                     # 8 MB at train.py:50
     snap["segments"][1]["blocks"].append({"address": B + M, "size": 2 * M, "state": "active_allocated",
                                           "frames": frames(60)})
-    assert gpu_memory.held_lines(snap, exclude=[(A, A + 4 * M)]) == [{"where": "run/train.py:50", "mb": 8.0},
+    assert allocator.held_lines(snap, exclude=[(A, A + 4 * M)]) == [{"where": "run/train.py:50", "mb": 8.0},
                                                                      {"where": "run/train.py:60", "mb": 2.0}]
-    assert gpu_memory.held_lines(snap)[1] == {"where": "(allocated before the history)", "mb": 4.0}
-    assert gpu_memory.held_lines(snapshot()) is None     # no history: no frames
+    assert allocator.held_lines(snap)[1] == {"where": "(allocated before the history)", "mb": 4.0}
+    assert allocator.held_lines(snapshot()) is None     # no history: no frames
 
 
 def test_the_record_is_small_json():
@@ -274,7 +276,7 @@ def test_with_the_caching_allocator_off_the_report_says_so_and_shows_no_zeros(h1
     from profiling.profile.report.summary import load_trace
     meta = load_trace(os.path.join(DATA, "h100-plant33-no_caching_allocator.trace.json.gz"))["autoresearch"]
     assert meta["peak_memory_mb"] == 0.0
-    record = gpu_memory.unmeasured(True, None)
+    record = allocator.unmeasured(True, None)
     s = _summary(h100_trace, peak_memory_mb=0.0, settings=meta["settings"], device_state=meta["device_state"],
                  gpu_memory=record)
     assert s["caching_allocator"] is False and s["peak_memory_mb"] is None
@@ -287,8 +289,8 @@ def test_with_the_caching_allocator_off_the_report_says_so_and_shows_no_zeros(h1
     assert "peak memory 44,991 MB (the caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING=1); the " \
            "allocator's statistics)" in to_markdown(counted)
     assert _summary(h100_trace, peak_memory_mb=1.0)["caching_allocator"] is None  # no settings record: unknown
-    assert gpu_memory.uncached("1") and gpu_memory.uncached("true") and not gpu_memory.uncached("0")
-    assert not gpu_memory.uncached(None) and not gpu_memory.uncached("")
+    assert allocator.uncached("1") and allocator.uncached("true") and not allocator.uncached("0")
+    assert not allocator.uncached(None) and not allocator.uncached("")
 
 
 def test_nvml_memory_in_the_device_state():
@@ -378,7 +380,8 @@ def test_memory_by_category_in_the_diff_and_the_regression():
 
 
 def test_a_real_h100_memory_record(tmp_path):
-    """train.py's default config on the H100 (2026-11-25, benchmarks/gpu_memory_results.md): `research profile
+    """train.py's default config on the H100 (2026-11-25, benchmarks/gpu_memory/gpu_memory_results.md):
+    `research profile
     --json` of its trace gives the categories, which add up to the allocated peak, `fits` (211 predicted; 211
     ran and 219 ran out of memory in the same device call) and the lines that hold the most, named by the
     user's line that called the compiled graph (never Inductor's generated file)."""

@@ -1,6 +1,7 @@
-"""Issue #48's H100 checks, on the traces benchmarks/host_side.py captured through the public API (2026-11-27;
-each fix applied in a fresh process and timed unprofiled: benchmarks/host_side_results.md). The measured step
-times are constants here; the claims are what today's rules make of the recorded traces."""
+"""Issue #48's H100 checks, on the traces benchmarks/findings/live/host_side.py captured through the public
+API (2026-11-27; each fix applied in a fresh process and timed unprofiled:
+benchmarks/findings/live/host_side_results.md). The measured step times are constants here; the claims are
+what today's rules make of the recorded traces."""
 import os
 
 import pytest
@@ -12,7 +13,8 @@ from profiling.profile.trace.traceio import load_trace
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
-# unprofiled ms/step, median of 3 reps (benchmarks/host_side/*.json): the trace's own call, so the same machine
+# unprofiled ms/step, median of 3 reps (benchmarks/findings/live/host_side/*.json): the trace's own call, so
+# the same machine
 WORKERS_0 = {"baseline": 325.42, "workers_8": 36.76, "pin_memory": 301.85}        # call 1
 WORKERS_2 = {"baseline": 141.26, "workers_8": 34.61}                              # call 3
 CONVNEXT = {"fp32": 100.75, "bf16_channels_last": 37.56, "cudnn_benchmark": 97.41}  # call 1
@@ -72,8 +74,9 @@ def test_a_compile_inside_the_window_is_reported_once_never_per_step():
 
 
 def test_two_gpus_under_lightning_ddp_claim_no_straggler_the_unprofiled_steps_do_not_show():
-    """Each rank's unprofiled step: 21.2 and 21.3 ms (benchmarks/host_side/h100x2-call4-lightning-ddp.json); the
-    profiled rank 0 works 8.5 ms/step more, its own profiler cost."""
+    """Each rank's unprofiled step: 21.2 and 21.3 ms
+    (benchmarks/findings/live/host_side/h100x2-call4-lightning-ddp.json); the profiled rank 0 works 8.5
+    ms/step more, its own profiler cost."""
     s = summarize_path(os.path.join(DATA, "h100x2-host-lightning-ddp"))
     assert "straggler" not in kinds(s)
     assert any("no straggler is claimed from the profiled skew" in n for n in s["notes"])

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from benchmarks import join_fixtures
+from benchmarks.same_output import join_fixtures
 from profiling.profile.report import render
 from profiling.profile.report.summary import load_trace, summarize
 from profiling.profile.trace import join
@@ -120,8 +120,8 @@ def test_no_steps_when_no_offset_fits_the_readings():
 @pytest.mark.parametrize("fixture", ["h100-plant26-eager_model", "h100-host-resnet18-workers0",
                                      "h100-fresh-checkpoint_mlp", "h100-plant-dense_mask"])
 def test_recorded_fixtures_read_the_same_through_the_join(fixture):
-    """A fully recorded trace replayed as a device-only capture (benchmarks/join_fixtures.py): the same
-    findings, step budget, regions and lines."""
+    """A fully recorded trace replayed as a device-only capture (benchmarks/same_output/join_fixtures.py): the
+    same findings, step budget, regions and lines."""
     name, share, top_before, top_after, moved, differ = join_fixtures.compare(
         os.path.join(DATA, f"{fixture}.trace.json.gz"))
     assert share == 1.0 and top_before == top_after and not moved and not differ

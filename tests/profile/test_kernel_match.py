@@ -1,8 +1,9 @@
 """profiling.profile.report.kernel_match: the changes table pairs kernels across recompiles, on real H100 traces.
 
 h100-plant-baseline is a clean default-config run; h100-plant-<case> is the same train.py with one planted
-change (benchmarks/diagnoses.py); h100-cudnn-window-gpt-5steps is an earlier compile of nearly the same
-train.py. Matched by raw name, a renumbered kernel shows as a pair: one gone, one new, of the same size.
+change (benchmarks/findings/planted/diagnoses.py); h100-cudnn-window-gpt-5steps is an earlier compile of
+nearly the same train.py. Matched by raw name, a renumbered kernel shows as a pair: one gone, one new, of the
+same size.
 """
 import copy
 import os

@@ -70,7 +70,7 @@ def test_ending_inside_and_around_the_window_exits_as_without_the_profiler(tmp_p
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("AUTORESEARCH_LIFECYCLE_MATRIX") != "1",
                     reason="the whole 1-20 matrix (320 forked runs, ~4 min on a loaded 2-core CPU; results "
-                           "in benchmarks/lifecycle_results.md): AUTORESEARCH_LIFECYCLE_MATRIX=1")
+                           "in benchmarks/profiler_cost/lifecycle_results.md): AUTORESEARCH_LIFECYCLE_MATRIX=1")
 def test_every_step_count_from_1_to_20(tmp_path):
     check_matrix(tmp_path, ["loop", "with", "drop", "hf", "lightning"], "1-20")
 
@@ -129,7 +129,7 @@ def test_a_window_left_open_closes_itself(tmp_path, after):
     summary = json.loads((trace.parent / "summary.json").read_text())
     assert summary["steps"] == 2 and (trace.parent / "report.md").exists()
     # the process ends promptly: no profiler left to stop and no long trace to write at exit (2.2 s here against
-    # 7.2 s without the watchdog: benchmarks/lifecycle_results.md; the bound leaves a loaded CI host room)
+    # 7.2 s without the watchdog: benchmarks/profiler_cost/lifecycle_results.md; the bound leaves a loaded CI host room)
     assert exit_s < 6.0, exit_s
     if after == "backward":
         assert seen["grad_ok"]  # the backward's result is its own

@@ -2,8 +2,8 @@
 merely noisy is kept (issue #49's acceptance: "the per-step figures within 10% of the median of the like
 steps"; profiling/profile/trace/irregular.py's `_named`, trace/only_in_step.py). On real CPU traces: the
 Hugging Face Trainer's log-and-save step (tests/data/make_cpu_framework_traces.py hf-gpt2-save: a GPT-2 built
-from a GPT2Config, nothing downloaded; and cpu-hf-gpt2-save-undersampled, benchmarks/new_user_cpu.py's), Lightning's
-logging step and a plain loop's noisy steps."""
+from a GPT2Config, nothing downloaded; and cpu-hf-gpt2-save-undersampled,
+benchmarks/findings/live/new_user_cpu.py's), Lightning's logging step and a plain loop's noisy steps."""
 import copy
 import importlib.util
 import os
@@ -191,7 +191,8 @@ def test_one_chance_sample_measures_no_work(hf_save):
 
 def without_samples_in(t, k):
     """The trace with no host sample in profiled step k (0-based): a save holding the GIL, which the sampler
-    thread cannot sample (HF's safetensors write in benchmarks/new_user_cpu_results.md's run 3)."""
+    thread cannot sample (HF's safetensors write in benchmarks/findings/live/new_user_cpu_results.md's run
+    3)."""
     host = t["autoresearch"]["host_samples"]
     host["samples"] = [row for row in host["samples"] if row[0] != k]
     return t
@@ -228,10 +229,11 @@ def test_a_stalled_step_running_the_same_operators_is_kept():
 
 
 def test_a_real_save_step_the_samples_undermeasured_goes_as_work_added():
-    """benchmarks/new_user_cpu.py's HF loop on the quiet 2-core CPU (2026-11-27, run 1 of 5, kept as
-    cpu-hf-gpt2-save-undersampled): the log-and-save step ran 21.0 ms against 10.3-11.9 (1.9x, under 2x); 7 host
-    samples fell in it, too few in the save's frames to measure half its extra time, so it stayed in the mean
-    (1.153x the like steps' median). It ran every operator of the others and 86 more: now left out."""
+    """benchmarks/findings/live/new_user_cpu.py's HF loop on the quiet 2-core CPU (2026-11-27, run 1 of 5,
+    kept as cpu-hf-gpt2-save-undersampled): the log-and-save step ran 21.0 ms against 10.3-11.9 (1.9x, under
+    2x); 7 host samples fell in it, too few in the save's frames to measure half its extra time, so it stayed
+    in the mean (1.153x the like steps' median). It ran every operator of the others and 86 more: now left
+    out."""
     s = summarize(trace("cpu-hf-gpt2-save-undersampled.trace.json.gz"))
     (row,) = steps_of(s)
     assert (row["position"], row["why"]) == (2, "named") and "and 86 more" in row["text"]

@@ -92,8 +92,9 @@ def test_the_flag_on_the_command_line(live, tmp_path):
 
 
 # The two example models' own plain traces (examples/*_train.py --plain-trace: torch.profiler with stacks, shapes
-# and modules, no metadata of ours), recorded on the H100 on 2026-11-25 (benchmarks/models_results.md), one step
-# each; their unprofiled ms/step measured in the same device call.
+# and modules, no metadata of ours), recorded on the H100 on 2026-11-25
+# (benchmarks/findings/live/models_results.md), one step each; their unprofiled ms/step measured in the same
+# device call.
 PLAIN = {"gpt2": ("h100-gpt2-clean-plain.trace.json.gz", 36.57), "llama": ("h100-llama-clean-plain.trace.json.gz", 32.90)}
 
 

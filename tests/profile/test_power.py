@@ -1,6 +1,6 @@
 """An idle finding's gain net of the clock (profiling/profile/findings/power.py), on H100 traces of the clock cases
-(benchmarks/diagnoses.py, d35, 2026-11-25; tests/data/h100-clock-<case>, the first 2 of 5 profiled steps): the
-slowdowns below are the unprofiled ms/step minus the same call's baseline's (304.94)."""
+(benchmarks/findings/planted/diagnoses.py, d35, 2026-11-25; tests/data/h100-clock-<case>, the first 2 of 5
+profiled steps): the slowdowns below are the unprofiled ms/step minus the same call's baseline's (304.94)."""
 import pytest
 
 from profiling.profile.findings import power

@@ -157,8 +157,8 @@ def graph_frames(path, line, function="forward"):
 
 
 def memory_lines(snapshot, placement):
-    from profiling.profile.tables import gpu_memory
-    return {r["where"] for r in gpu_memory.reduce(snapshot, {}, where=gpu_memory.placed(placement))["lines"]}
+    from profiling.profile.trace import allocator
+    return {r["where"] for r in allocator.reduce(snapshot, {}, where=allocator.placed(placement))["lines"]}
 
 
 def test_memory_lines_of_a_cached_graph_name_the_copys_file_and_shifted_lines(tmp_path, monkeypatch):

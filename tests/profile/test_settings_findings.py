@@ -1,7 +1,8 @@
-"""Issue #33's plants on the H100 (benchmarks/diagnoses.py, 2026-11-25; tests/data/h100-plant33-<case>, the
-first 2 of 5 profiled steps): a process setting, the host inside CUDA calls, a kernel the compiler inserted.
-The top finding names the setting or call and claims within 30% of the measured slowdown (unprofiled ms/step
-minus the same call's baseline's; benchmarks/diagnoses_results.md)."""
+"""Issue #33's plants on the H100 (benchmarks/findings/planted/diagnoses.py, 2026-11-25;
+tests/data/h100-plant33-<case>, the first 2 of 5 profiled steps): a process setting, the host inside CUDA
+calls, a kernel the compiler inserted. The top finding names the setting or call and claims within 30% of the
+measured slowdown (unprofiled ms/step minus the same call's baseline's;
+benchmarks/findings/planted/diagnoses_results.md)."""
 import os
 
 import pytest
@@ -119,8 +120,9 @@ def test_syncs_inside_compiled_graphs_without_a_settings_record_name_the_candida
     assert "nan_asserts" in top["fix"]
 
 
-# Issue #33's last plants (benchmarks/diagnoses.py, H100, 2026-11-25, .bench/d34; tests/data/h100-plant34-<case>,
-# the first 2 of 5 profiled steps): the slowdown is the case's unprofiled ms/step minus the same call's baseline's
+# Issue #33's last plants (benchmarks/findings/planted/diagnoses.py, H100, 2026-11-25, .bench/d34;
+# tests/data/h100-plant34-<case>, the first 2 of 5 profiled steps): the slowdown is the case's unprofiled
+# ms/step minus the same call's baseline's
 SYNC_KERNELS_MS, SDP_EFFICIENT_MS = 62.29, 39.63
 
 

@@ -2,8 +2,9 @@
 
 kineto finalizes CUPTI after a session only where TEARDOWN_CUPTI=1; otherwise CUPTI's callbacks stay on every CUDA
 launch for the rest of the process (pytorch/pytorch#144455). Measured on the H100
-(benchmarks/capture_cost_results.md section 4): an eager 12-layer GPT ran 19-22 ms a step before a bare
-torch.profiler session with CUDA activity and 31-43 ms after it, and as fast as before with the variable set.
+(benchmarks/profiler_cost/capture_cost_results.md section 4): an eager 12-layer GPT ran 19-22 ms a step before
+a bare torch.profiler session with CUDA activity and 31-43 ms after it, and as fast as before with the
+variable set.
 
 kineto reads the variable when a session is configured and when one ends, tears CUPTI down from a thread of its
 own, finalizes it in the next CUDA call's callback, and then, unless the variable still says "1", subscribes

@@ -2,7 +2,7 @@
 timing. Operator input shapes (a CPU-only profile with record_shapes; profiling/profile/capture/shapes.py lends them to the
 profiled steps' operators) and the Python lines of the host syncs (CUDA's sync debug mode). Recorded in the
 profiled steps, they slowed a loop that syncs every step: on GPT-2's (H100) leaving out the shapes took 15-40
-points and the sync mode 23 off a +31-53% excess (benchmarks/profiler_cost_results.md).
+points and the sync mode 23 off a +31-53% excess (benchmarks/profiler_cost/profiler_cost_results.md).
 Imports torch (capture.py's helper)."""
 import contextlib
 import linecache
@@ -18,7 +18,7 @@ from profiling.profile.trace.traceio import exported_events
 
 class DetailStep:
     """One untimed step after the window, recorded for what costs the timed steps most and needs no timing
-    (benchmarks/profiler_cost_results.md): operator input shapes (a CPU-only profile with record_shapes, lent
+    (benchmarks/profiler_cost/profiler_cost_results.md): operator input shapes (a CPU-only profile with record_shapes, lent
     to the profiled steps' operators by profiling/profile/capture/shapes.py) and the Python lines of host syncs (CUDA's
     sync debug mode, SyncRecorder). begin() before the step, end() after it: {"shapes": signatures}, or with
     `operators` (device-only timed steps) {"events": the step's every event, CPU and CUDA}, for the join."""
@@ -52,7 +52,7 @@ class DetailStep:
 def without_launch_records():
     """Inductor's Triton launcher without its profiler record around every launch, for the profiled steps:
     it costs the host a Python dict and a `_RecordFunctionFast` per kernel (a compiled GPT-2 loop on the H100:
-    +11% with torch.profiler alone, +0.7% without it; benchmarks/profiler_cost_results.md). Only that module
+    +11% with torch.profiler alone, +0.7% without it; benchmarks/profiler_cost/profiler_cost_results.md). Only that module
     sees the profiler as off: the compiled graph's call annotation and CUDA's launch records stay, and the
     shape step, which keeps the records, lends them back (profiling/profile/capture/shapes.py). A torch without that
     module's `autograd_profiler` keeps its records."""

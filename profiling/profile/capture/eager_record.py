@@ -4,7 +4,7 @@ torch.profiler's own stacks (`with_stack=True`) are no use here: they inflate th
 (DESIGN.md pitfall 12), and a `python_function` event names its function's first line, not the line that
 called the operator. So the capture runs one more step of training with a line tracer (`sys.settrace`, own
 files only) that wraps the operators each Python line calls in a profiler annotation
-(`autoresearch line N`), under a second, short, CPU-only profile; eager_lines.reduce keeps of that trace only
+(`autoresearch line N`), under a second, short, CPU-only profile; eager_ops.reduce keeps of that trace only
 the step's top-level eager operators and their lines (the trace metadata's `eager_lines`, which
 profiling/profile/tables/lines.py reads). The timed trace is untouched.
 
@@ -18,8 +18,8 @@ break and a warning on `_RecordFunctionFast` before the skip).
 
 Cost: once per profile, one step with a tracer (a trace call per Python call and an annotation per own line)
 and the reading of its trace: on the 2-core CPU with the cpu preset, 0.31-0.37 s for a 169-213 ms step, and
-about 1 s more in all (benchmarks/eager_lines_cost_results.md). AUTORESEARCH_EAGER_LINES=0 turns it off (no
-extra step).
+about 1 s more in all (benchmarks/profiler_cost/eager_lines_cost_results.md). AUTORESEARCH_EAGER_LINES=0 turns
+it off (no extra step).
 """
 import linecache
 import os
@@ -27,8 +27,7 @@ import sys
 import threading
 import time
 
-from profiling.profile.tables import eager_lines
-from profiling.profile.trace import whose
+from profiling.profile.trace import eager_ops, whose
 from profiling.profile.trace.traceio import exported_events
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # profiling/: never a line
@@ -46,7 +45,7 @@ def enabled():
 
 def record(step_fn, sync, root=None):
     """Run step_fn once more under the line tracer and a CPU-only profile; return the `eager_lines` record
-    (profiling/profile/tables/eager_lines.py), or None when turned off. sync: waits for the device (the step's kernels
+    (profiling/profile/trace/eager_ops.py), or None when turned off. sync: waits for the device (the step's kernels
     finish before the next timed step)."""
     if not enabled():
         return None
@@ -82,7 +81,7 @@ class Recorder:
         self.tracer.stop()
         self.sync()
         self.prof.__exit__(None, None, None)
-        result = eager_lines.reduce(exported_events(self.prof), self.tracer.lines(), threading.get_native_id())
+        result = eager_ops.reduce(exported_events(self.prof), self.tracer.lines(), threading.get_native_id())
         result["seconds"] = round(time.perf_counter() - self.t0, 3)
         return result
 
@@ -171,7 +170,7 @@ class LineTracer:
         i = self.ids.get(key)
         if i is None:
             i = self.ids[key] = len(self.ids)
-        self.open = self.annotation(f"{eager_lines.SPAN}{i}")
+        self.open = self.annotation(f"{eager_ops.SPAN}{i}")
         self.open.__enter__()
 
     def lines(self):

@@ -2,7 +2,7 @@
 
 The step trains as usual; around it the capture records the allocator's history
 (`torch.cuda.memory._record_memory_history`, Python frames only) and tags the storages of known tensors, each
-with how many allocations had been made when it was tagged (profiling/profile/tables/gpu_memory.py matches a tag
+with how many allocations had been made when it was tagged (profiling/profile/trace/allocator.py matches a tag
 only to the block live then):
     parameters        the model's (given to the Profiler) at the start, and the optimizer's param_groups
     gradients         every param's .grad just before optimizer.step() (torch's global step pre-hook: any
@@ -11,7 +11,7 @@ only to the block live then):
     activations       tensors saved for backward (a saved_tensors_hooks pack hook that returns its tensor as is;
                       only when no such hook is active already: the user's own hooks are left alone, and then
                       activations count as temporaries, said in the record's note)
-Then it takes the snapshot, stops the history, reduces the snapshot at once (gpu_memory.reduce) and drops it:
+Then it takes the snapshot, stops the history, reduces the snapshot at once (allocator.reduce) and drops it:
 no pickle is written or read. Without CUDA nothing is recorded: `record_missing()` says why.
 
 Cost: one step with the history on (a few µs per allocation), a stats read per saved tensor, and the reduction
@@ -32,7 +32,7 @@ import os
 import torch
 
 from profiling.profile.capture import provenance
-from profiling.profile.tables import gpu_memory
+from profiling.profile.trace import allocator
 
 MAX_ENTRIES = 100_000
 _history = False   # record_history() ran: the history stays on around the memory step
@@ -45,13 +45,13 @@ def record_missing():
 def caching_off(environ=None):
     """Whether PyTorch's caching allocator is off in this process (PYTORCH_NO_CUDA_MEMORY_CACHING, read
     once by torch when CUDA starts; any value but empty or 0 turns it off)."""
-    return gpu_memory.uncached((os.environ if environ is None else environ).get(gpu_memory.NO_CACHING))
+    return allocator.uncached((os.environ if environ is None else environ).get(allocator.NO_CACHING))
 
 
 def allocator_peak_mb():
     """torch.cuda.max_memory_allocated in MB, None where it reads 0 (no CUDA memory allocated, or the
     allocator's statistics do not count: the caching allocator off): never a 0 MB peak."""
-    peak = torch.cuda.max_memory_allocated() / gpu_memory.MB if torch.cuda.is_available() else 0
+    peak = torch.cuda.max_memory_allocated() / allocator.MB if torch.cuda.is_available() else 0
     return round(peak, 1) if peak > 0 else None
 
 
@@ -92,7 +92,7 @@ class MemoryStep:
 
     def __init__(self, parameters=()):
         self.parameters = list(parameters)
-        self.tags = {c: [] for c in gpu_memory.TAGGED}
+        self.tags = {c: [] for c in allocator.TAGGED}
         self.handles, self.saved, self.note = [], None, None
 
     def _tag(self, category, tensors):
@@ -148,12 +148,12 @@ class MemoryStep:
         made = _allocations() - self.start
         free, total = torch.cuda.mem_get_info()
         other = max(0, total - free - torch.cuda.memory_reserved())
-        record = gpu_memory.reduce(snapshot, self.tags, device=torch.cuda.current_device(), device_total=total,
+        record = allocator.reduce(snapshot, self.tags, device=torch.cuda.current_device(), device_total=total,
                                    other=other, allocations=made,
-                                   where=gpu_memory.placed(provenance.placement()))
+                                   where=allocator.placed(provenance.placement()))
         del snapshot
         if not record["peak_allocated_mb"]:  # the allocator saw no block: never a table of 0 MB
-            return gpu_memory.unmeasured(caching_off(), allocator_peak_mb())
+            return allocator.unmeasured(caching_off(), allocator_peak_mb())
         record["allocator_peak_mb"] = allocator_peak_mb()
         if self.note:
             record["note"] = "; ".join(x for x in (record.get("note"), self.note) if x)
@@ -176,20 +176,20 @@ def _storages(tensors):
 
 def held_now(model, optimizer=None):
     """What is held at the failure: {categories: parameters, gradients, optimizer_state (MB, measured from the
-    tensors)}, lines: [{where, mb}] of the other blocks (gpu_memory.held_lines, frames mapped like the time
+    tensors)}, lines: [{where, mb}] of the other blocks (allocator.held_lines, frames mapped like the time
     lines), or None with `lines_missing` when the allocator's history is not recorded."""
     params = list(model.parameters()) if model is not None else []
     kinds = {"parameters": _storages(params), "gradients": _storages(p.grad for p in params),
              "optimizer_state": _storages(t for state in (optimizer.state.values() if optimizer else ())
                                           for t in state.values())}
-    now = {"categories": {k: round(sum(v.values()) / gpu_memory.MB, 1) for k, v in kinds.items()},
+    now = {"categories": {k: round(sum(v.values()) / allocator.MB, 1) for k, v in kinds.items()},
            "lines": None}
     if not torch.cuda.is_available():
         return now
     try:
         exclude = [(p, p + n) for v in kinds.values() for p, n in v.items()]
-        now["lines"] = gpu_memory.held_lines(torch.cuda.memory._snapshot(), exclude,
-                                             gpu_memory.placed(provenance.placement()),
+        now["lines"] = allocator.held_lines(torch.cuda.memory._snapshot(), exclude,
+                                             allocator.placed(provenance.placement()),
                                              device=torch.cuda.current_device())
     except Exception as e:  # noqa: BLE001 (private torch APIs)
         now["lines_missing"] = f"the allocator's snapshot failed ({type(e).__name__}: {str(e)[:100]})"

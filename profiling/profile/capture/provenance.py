@@ -26,7 +26,7 @@ would come back without it: `start` sets `torch.compiler.config.cache_key_tag`, 
 cache entries of their own. Neither is a source path or line number in the key: a graph from the cache
 brings the stacks of the run that compiled it (another checkout, the file before a line was added), which
 `result` maps to the running code (profiling/profile/capture/relocate.py). AUTORESEARCH_PROVENANCE=0 turns the whole
-thing off (to measure its cost: benchmarks/provenance_cost.py).
+thing off (to measure its cost: benchmarks/profiler_cost/provenance_cost.py).
 
 Cost, measured on a 2-core CPU compiling train.py's GPT (cpu preset), forward and backward: cold cache 52.8 s
 vs 51.8 s without (+2%; the handler's share, torch's own `structured_logging_overhead`, is 0.15 s), warm
@@ -165,7 +165,7 @@ def result():
 
 def placement():
     """Where this run's compiles recorded each source frame and where it is in the running code, for other
-    records of the same compiled graphs (the GPU memory step's allocator frames: gpu_memory.placed), so both
+    records of the same compiled graphs (the GPU memory step's allocator frames: allocator.placed), so both
     map a cached graph's frames alike: {"frames": {(path, line, function): (running path, line)} of the frames
     that moved, "files": {recorded path no running file has: (running path, its frames' usual line shift)}};
     {} without a collector or a moved frame."""

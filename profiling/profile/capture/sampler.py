@@ -18,16 +18,16 @@ any machine, later.
 
 Cost: one sample walks the main thread's frames under the GIL (each code object's kind and label worked out
 once). Where the host is the bottleneck it still shows: on the H100, a compiled ResNet-50 (863 launches in a 25 ms
-step) ran +29% profiled with it against +16% without (benchmarks/profiler_cost_results.md, call 3). So the
-sampler times each of its own samples and stretches its period until they take at most OWN_SHARE of the time
-(issue #50), where the capture asks for it (device-only steps on CUDA: there the sampler is much of what the
-capture costs; a CPU run's profiler costs microseconds an operator, and its one-off steps are named from 2 ms
-samples): a deep stack is sampled less often, a shallow one every INTERVAL_S. Its own time is its thread's
-CPU time (a thread the OS set aside costs the main thread nothing) plus the GIL's two hand-offs; the main thread
-pays about MAIN_PAYS times that (benchmarks/sampler_cost.py: paced on its own time alone, at 2%, the sampler
-made host-bound steps 4.2-5.2% longer on the H100's host and 4.4% here; per sample the main thread lost 0.6-2.6x
-the sampler's count, median 1.8 over 11 loops and machines: the walk holds the GIL, and each hand-off wakes a
-thread and evicts its caches).
+step) ran +29% profiled with it against +16% without (benchmarks/profiler_cost/profiler_cost_results.md, call
+3). So the sampler times each of its own samples and stretches its period until they take at most OWN_SHARE of
+the time (issue #50), where the capture asks for it (device-only steps on CUDA: there the sampler is much of
+what the capture costs; a CPU run's profiler costs microseconds an operator, and its one-off steps are named
+from 2 ms samples): a deep stack is sampled less often, a shallow one every INTERVAL_S. Its own time is its
+thread's CPU time (a thread the OS set aside costs the main thread nothing) plus the GIL's two hand-offs; the
+main thread pays about MAIN_PAYS times that (benchmarks/profiler_cost/sampler_cost.py: paced on its own time
+alone, at 2%, the sampler made host-bound steps 4.2-5.2% longer on the H100's host and 4.4% here; per sample
+the main thread lost 0.6-2.6x the sampler's count, median 1.8 over 11 loops and machines: the walk holds the
+GIL, and each hand-off wakes a thread and evicts its caches).
 """
 import linecache
 import sys
@@ -116,9 +116,9 @@ class StackSampler:
     def _labels_of(self, frame):
         """The labels of this stack: its INNERMOST frames, then own frames (whose.py) further out. Each code
         object's kind and each (code, line)'s label are worked out once: the walk holds the GIL, and the main
-        thread waits for it (benchmarks/profiler_cost_results.md); a first walk of a Lightning stack took
-        0.9 ms against 0.02 ms once cached, so the capture starts the thread a step early to fill the caches
-        (profiling/profile/capture/window.py)."""
+        thread waits for it (benchmarks/profiler_cost/profiler_cost_results.md); a first walk of a Lightning
+        stack took 0.9 ms against 0.02 ms once cached, so the capture starts the thread a step early to fill
+        the caches (profiling/profile/capture/window.py)."""
         labels, depth, kinds, known = [], 0, self._kinds, self._labels
         while frame is not None and len(labels) < MAX_FRAMES:
             code = frame.f_code

@@ -3,12 +3,12 @@
 torch.profiler's `record_shapes=True` costs the host a few microseconds per operator, and a loop that syncs
 every step pays it in its step time: on the H100, a compiled GPT-2 124M loop that reads its loss every step ran
 +53% over its unprofiled steps with shapes, stacks and sync lines recorded and +13% without the shapes
-(benchmarks/profiler_cost_results.md). So the profiled steps record no shapes, and one more step after them is
-recorded with shapes on and nothing else timed; here each of its operators lends its shapes to the operators of
-the profiled steps that stand in the same place: the same thread, the same name, the same rank among the
-operators of that name in its step. A training step runs the same operators in the same order every time; where
-a step's count of a name differs from the shape step's (a data-dependent branch), that name gets no shapes in
-that step and the record says how many operators were left without.
+(benchmarks/profiler_cost/profiler_cost_results.md). So the profiled steps record no shapes, and one more step
+after them is recorded with shapes on and nothing else timed; here each of its operators lends its shapes to
+the operators of the profiled steps that stand in the same place: the same thread, the same name, the same
+rank among the operators of that name in its step. A training step runs the same operators in the same order
+every time; where a step's count of a name differs from the shape step's (a data-dependent branch), that name
+gets no shapes in that step and the record says how many operators were left without.
 
 Inductor's Triton launcher wraps every kernel launch in a profiler record of its own while a profiler runs (a
 Python dict and a `_RecordFunctionFast` per launch): on the H100 it made a compiled GPT-2 loop +11% slower with

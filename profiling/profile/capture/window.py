@@ -28,7 +28,7 @@ from profiling.profile.trace import settings as recorded
 
 # The window's warm-up grows while its steps run under SETTLE_SHARE of the unprofiled step: the pause that opens
 # it (settings, the profiler's start) lets a DataLoader's workers refill their queue, and an H100 ResNet-18 with 2
-# workers then profiled 42 ms steps against ~95 steady (benchmarks/host_side_results.md); at most SETTLE_STEPS
+# workers then profiled 42 ms steps against ~95 steady (benchmarks/findings/live/host_side_results.md); at most SETTLE_STEPS
 # more steps and SETTLE_S seconds from the window's opening.
 SETTLE_SHARE = 0.7
 SETTLE_STEPS = 20

@@ -115,8 +115,9 @@ def slow_convolution(tl, ctx, found):
                 + f"; gain: their time over {CONV_HEALTHY_RATIO:g}x their bound; cudnn.benchmark: "
                 + {True: "on", False: "off (cuDNN takes its heuristic's algorithm, no search)"}.get(
                     benchmark, "not recorded in this trace"))
-    # in the order they recovered on the H100 ConvNeXt-T in float32 (benchmarks/host_side_results.md): bf16 with
-    # channels_last 63.2 of 100.8 ms, bf16 alone 54.8, cudnn.benchmark 3.3, channels_last alone 0.6
+    # in the order they recovered on the H100 ConvNeXt-T in float32
+    # (benchmarks/findings/live/host_side_results.md): bf16 with channels_last 63.2 of 100.8 ms, bf16 alone
+    # 54.8, cudnn.benchmark 3.3, channels_last alone 0.6
     fix = ("run these convolutions in bf16 under torch.autocast with the model and its inputs in channels_last "
            "(model.to(memory_format=torch.channels_last), inputs too), where cuDNN's depthwise kernels are fast; "
            "then let cuDNN search its algorithms for these shapes: torch.backends.cudnn.benchmark = True before the "

@@ -41,7 +41,8 @@ from profiling.profile.trace.timeline import input_types
 
 LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
 SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (a healthy H100 here:
-                             # 0.70, benchmarks/diagnoses_results.md; a shared one 0.30; braked: 140 of 989, 0.14)
+                             # 0.70, benchmarks/findings/planted/diagnoses_results.md; a shared one 0.30;
+                             # braked: 140 of 989, 0.14)
 HOST_BOUND_MIN_SHARE = 0.005  # of the step: a precision gain a host-bound step cuts below this is no finding (as
                               # waste.EAGER_MIN_SHARE)
 BEST_QUANTILE = 0.9    # a rate "at its best": what the fastest tenth of the calls reach
@@ -457,8 +458,9 @@ LIBRARY_REMEDIES = {
 }
 # why a library's mask sends SDPA to its math path (math_attention), and what its user can change; measured on the
 # H100 with BERT-base (transformers 5.17, torch 2.11, compiled): 59.5 ms/step, 38.6 with no mask, 40.8 with the
-# mask made contiguous (benchmarks/any_model_results.md); transformers 5.24 skips the all-true mask when no
-# attention_mask is given, also under torch.compile (masking_utils._ignore_bidirectional_mask_sdpa)
+# mask made contiguous (benchmarks/findings/live/any_model_results.md); transformers 5.24 skips the all-true
+# mask when no attention_mask is given, also under torch.compile
+# (masking_utils._ignore_bidirectional_mask_sdpa)
 LIBRARY_MATH_REMEDIES = {
     "transformers": "under torch.compile some versions keep this mask even when no sequence is padded, expanded to "
                     "[B, 1, T, T] with a stride-0 last dimension, and every fused CUDA kernel of SDPA refuses a mask "

@@ -3,9 +3,10 @@ Stdlib only.
 
 A GPU that idles part of the step draws less than its power limit and runs at higher clocks than a busy one
 can hold (an H100 at its 700 W limit: 1,515-1,770 MHz busy, 1,845-1,965 with a quarter of the step idle;
-benchmarks/diagnoses_results.md). Remove the idle and the power rises, the power limit pulls the clock down,
-and the compute-bound kernels (GEMMs, attention) slow: the step gains less than the idle it loses. From the
-GPU state the live capture records (NVML: clock, power and power limit; profiling/profile/trace/device_state.py):
+benchmarks/findings/planted/diagnoses_results.md). Remove the idle and the power rises, the power limit pulls
+the clock down, and the compute-bound kernels (GEMMs, attention) slow: the step gains less than the idle it
+loses. From the GPU state the live capture records (NVML: clock, power and power limit;
+profiling/profile/trace/device_state.py):
 
     power busy throughout  = P * b' / b       P: the mean power over the profiled steps (NVML's energy
                                               counter), else NVML's power after them; b: the device's
@@ -19,8 +20,8 @@ No correction where the GPU would stay under its limit busy throughout (a small 
 GPT-2 at 322 W), or without a GPU state (an older or foreign trace; the gain is then the idle, an upper
 bound). The model ignores the power the idle itself draws (so it errs toward a larger correction) and
 memory-bound kernels' small clock dependence. Checked on fresh H100 plants it was not written against (d35,
-d36 in benchmarks/diagnoses_results.md): the idle findings' claims went from -31..+39% of the measured
-slowdown to -8..+16%, but for a plant whose profiled steps ran faster than its unprofiled ones.
+d36 in benchmarks/findings/planted/diagnoses_results.md): the idle findings' claims went from -31..+39% of the
+measured slowdown to -8..+16%, but for a plant whose profiled steps ran faster than its unprofiled ones.
 """
 from profiling.profile.trace import device_state
 

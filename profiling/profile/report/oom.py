@@ -27,7 +27,8 @@ and by line (profiling/runner.py finds the run; capture/memory.py held_now measu
 import os
 import re
 
-from profiling.profile.tables.gpu_memory import MARGIN, advice, generated
+from profiling.profile.tables.gpu_memory import MARGIN, advice
+from profiling.profile.trace.allocator import generated
 
 UNITS = {"B": 1 / 2**20, "bytes": 1 / 2**20, "KiB": 1 / 2**10, "MiB": 1.0, "GiB": 2**10, "TiB": 2**20}
 

@@ -18,7 +18,7 @@ import json
 from tabulate import tabulate
 
 from profiling.profile.report.summary import diff, noise_ms
-from profiling.profile.tables.gpu_memory import NO_CACHING
+from profiling.profile.trace.allocator import NO_CACHING
 from profiling.profile.trace import device_state, settings
 from profiling.profile.trace.traceio import num
 
@@ -283,7 +283,7 @@ MEMORY_LABELS = {"optimizer_state": "optimizer state", "activations": "activatio
 
 
 def _gpu_memory(s):
-    """The memory step's record (profiling/profile/tables/gpu_memory.py): the allocated peak by category, the
+    """The memory step's record (profiling/profile/trace/allocator.py): the allocated peak by category, the
     reserve around it, the lines holding the most, and what fits. GPU profiles only."""
     g = s.get("gpu_memory")
     if not g or s.get("kind") == "cpu":

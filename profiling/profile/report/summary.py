@@ -47,7 +47,7 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       statistics and snapshot read nothing); None: CPU or not
                                                       recorded
     gpu_memory                                        GPU memory at the memory step's peak
-                                                      (profiling/profile/tables/gpu_memory.py): {peak_allocated_mb,
+                                                      (profiling/profile/trace/allocator.py): {peak_allocated_mb,
                                                       reserved_mb, reserved_unallocated_mb, device_mb, other_mb,
                                                       categories: {name: mb}, lines: [{where, mb}], events,
                                                       allocator_peak_mb, note?, micro_batch (measured at),
@@ -125,7 +125,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
         "parameters": {"blocks.0.mlp.c_fc.weight": [2048, 512], ...}, # name -> shape: the region table
         "micro_batches": 2,              # forward/backward passes per optimizer step
         "micro_batch": 128,              # sequences per forward/backward (what fits)
-        "gpu_memory": {...},             # the memory step's record (profiling/profile/tables/gpu_memory.py), or
+        "gpu_memory": {...},             # the memory step's record (profiling/profile/trace/allocator.py), or
                                          # {"missing": why}
         "host_samples": {...},           # the main thread's Python stack every 2 ms (profiling/profile/capture/sampler.py)
         "syncs": [{"where": "train.py:702", "line": "...", "count": 2}],  # CUDA sync debug mode's warnings
@@ -159,7 +159,7 @@ from profiling.profile.tables import (
     regions,
     roofline,
 )
-from profiling.profile.trace import device_state, device_work, hardware, irregular, settings
+from profiling.profile.trace import allocator, device_state, device_work, hardware, irregular, settings
 from profiling.profile.trace.classify import CATEGORIES, classify_cpu_op, classify_kernel, unique_names
 from profiling.profile.trace.timeline import Timeline
 from profiling.profile.trace.traceio import (
@@ -490,15 +490,15 @@ def _peak_memory(kind, meta):
         out["peak_memory_source"] = "allocator"
     if kind != "cuda":
         return out
-    env = settings.value(meta.get("settings"), "env." + gpu_memory.NO_CACHING)
-    out["caching_allocator"] = not gpu_memory.uncached(env) if meta.get("settings") else None
+    env = settings.value(meta.get("settings"), "env." + allocator.NO_CACHING)
+    out["caching_allocator"] = not allocator.uncached(env) if meta.get("settings") else None
     if not out["peak_memory_mb"]:
         out["memory_in_use_mb"] = device_state.memory_mb(meta.get("device_state"))
     return out
 
 
 def _gpu_memory(meta):
-    """The memory step's record (profiling/profile/tables/gpu_memory.py) with `fits` where the micro-batch is known;
+    """The memory step's record (profiling/profile/trace/allocator.py) with `fits` where the micro-batch is known;
     None when the trace has none."""
     record = meta.get("gpu_memory")
     if not isinstance(record, dict):

@@ -201,7 +201,7 @@ def split(ix, meta):
 
 NAMED_RATIO = 1.3   # over the others' median: a step whose own work names a save, an eval or a log goes from here,
                     # under OUTLIER_RATIO: HF's log-and-save step ran 1.45-1.77x on a loaded 2-core CPU and stayed in
-                    # the mean, lifting it 10-12% (benchmarks/new_user_cpu_results.md)
+                    # the mean, lifting it 10-12% (benchmarks/findings/live/new_user_cpu_results.md)
 WORK_SHARE = 0.5    # of its time over that median, the named work took at least this much (HF's save: 0.7-1.4 of
                     # it): a noisy step's one chance sample of a logging frame is no log-and-save step
 

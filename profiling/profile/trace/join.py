@@ -2,15 +2,16 @@
 
 Recording every operator on the CPU is what torch.profiler costs a host-bound loop: on the H100 a 12-layer eager
 transformer ran +60% with CPU and CUDA activity and +18% with CUDA activity alone (a compiled one: +45% and +25%;
-benchmarks/profiler_cost_results.md). So the timed steps record the device only (kernels, copies, memsets and the
-runtime calls that launch them), and one untimed step after them records everything (operators, annotations,
-shapes). A training step launches the same kernels in the same order every time; here each timed step gets a copy
-of the untimed step's host events, placed by its launches: every runtime call of the untimed step is paired with
-the timed step's call of the same name and kernel, in launch order, thread by thread, and an operator's start and
-end move with the launches around them (linearly between two paired launches). A paired launch and its kernels
-take the copied operator's External id, so every table reads the joined trace as it reads a fully recorded one.
-Where the sequences differ (data-dependent control flow, a step unlike the others) the unpaired launches keep no
-operator, and `join` says what share of the device time that leaves unjoined.
+benchmarks/profiler_cost/profiler_cost_results.md). So the timed steps record the device only (kernels,
+copies, memsets and the runtime calls that launch them), and one untimed step after them records everything
+(operators, annotations, shapes). A training step launches the same kernels in the same order every time; here
+each timed step gets a copy of the untimed step's host events, placed by its launches: every runtime call of
+the untimed step is paired with the timed step's call of the same name and kernel, in launch order, thread by
+thread, and an operator's start and end move with the launches around them (linearly between two paired
+launches). A paired launch and its kernels take the copied operator's External id, so every table reads the
+joined trace as it reads a fully recorded one. Where the sequences differ (data-dependent control flow, a step
+unlike the others) the unpaired launches keep no operator, and `join` says what share of the device time that
+leaves unjoined.
 
 A CUDA-only trace has no ProfilerStep annotations (they are CPU events): the capture marks each step's start
 with a CUDA event record and notes its host time; `add_steps` finds those runtime calls by their spacing.

@@ -5,8 +5,8 @@ Read from what the capture recorded (the trace's operators, annotations and with
 sampler's stacks, profiling/profile/capture/sampler.py), never from the user's script. A frame, operator or
 annotation that ran only in step k names a save, an eval or a log by KIND_WORDS. How long that work took:
 the share of step k's host samples whose stack holds such a frame times the step's time (HF's checkpoint save
-in benchmarks/new_user_cpu.py: 3 of the 9 samples of a 22.0 ms step, against 12.6 ms for the others), or the
-most time the trace gives one such frame or annotation. Stdlib only.
+in benchmarks/findings/live/new_user_cpu.py: 3 of the 9 samples of a 22.0 ms step, against 12.6 ms for the
+others), or the most time the trace gives one such frame or annotation. Stdlib only.
 """
 from profiling.profile.trace import traceio
 
@@ -26,7 +26,8 @@ KIND_WORDS = ((COMPILE, ("torch/_dynamo/", "torch/_inductor/", "fake_tensor.py",
 # "evaluate" would call a log-and-save step an eval
 WRAPPERS = ("maybe_log_save_evaluate",)
 MIN_SAMPLES = 2   # host samples of the named work, at least: one sample in a frame is chance (2 ms each,
-                  # sampler.INTERVAL_S); HF's save had 3 in each run of benchmarks/new_user_cpu_results.md
+                  # sampler.INTERVAL_S); HF's save had 3 in each run of
+                  # benchmarks/findings/live/new_user_cpu_results.md
 
 
 def by_step(steps, events):
