@@ -351,7 +351,7 @@ class Profiler:
         if self.timed_outliers:
             self.metadata["timed_outliers"] = self.timed_outliers
         rising = irregular.rising(each)
-        if rising:
+        if rising and self.settle:  # timed again after them (CUDA only): said in the report
             self.metadata.setdefault("settling", []).append([round(x, 2) for x in each])
         return rising
 

@@ -76,7 +76,7 @@ def timed(each):
 def notes(meta):
     """The header's notes: timed steps left out, a loop that ended before the profile was done."""
     out = []
-    rows = [r for r in meta.get("timed_outliers") or () if isinstance(r, dict)]
+    rows = [r for r in meta.get("timed_outliers") or () if isinstance(r, dict) and not meta.get("steps_vary")]
     each = meta.get("timed_step_ms_each") or ()
     for r in rows:
         out.append(f"timed step {r.get('step')} of {len(each) or '?'} took {r.get('ms'):.1f} ms against a median "
@@ -104,17 +104,28 @@ def notes(meta):
     return out
 
 
-def profiled_check(each, ix):
+def profiled_check(each, ix, meta=None):
     """The check on the profiled steps' times, after `split`: the one-off steps it left out (each named with its
-    kind and what ran only in it), else that the like steps are alike. each: ms per like step."""
+    kind and what ran only in it); steps that ran the same operators at sizes that change (`steps_vary`); else
+    whether the like steps are alike."""
     steps = [r for r in ix.one_off if r.get("step")]
     if steps:  # ok: the profile itself is sound (a failed check opens the report as a fault of the profiler's);
         return {"name": CHECK, "ok": True, "outliers": len(steps),  # the one-off is the run's, on a line of its own
                 "detail": "; ".join(r["text"] for r in steps)}
+    vary = (meta or {}).get("steps_vary")
+    if isinstance(vary, dict) and vary.get("low_ms"):
+        return {"name": CHECK, "ok": True, "varies": True,
+                "detail": f"not alike by design: the steps ran the same operators in {_ms(vary['low_ms'])} to "
+                          f"{_ms(vary['high_ms'])} ({vary['high_ms'] / vary['low_ms']:.1f}x): inputs whose size "
+                          "changes between steps; every per-step figure is their mean, and a price per step is "
+                          "that of a mean step"}
     out, median = outliers(each)
     if median is None:
         return {"name": CHECK, "ok": True,
                 "detail": f"{len(each)} step{'s' * (len(each) != 1)}: too few to judge"}
+    if out:
+        return {"name": CHECK, "ok": True, "detail": f"{len(out)} of {len(each)} steps over {OUTLIER_RATIO:g}x the "
+                f"median ({median:.2f} ms), kept: too many of them to leave out"}
     return {"name": CHECK, "ok": True, "detail": f"none over {OUTLIER_RATIO:g}x the median ({median:.2f} ms) of "
             f"{len(each)} steps"}
 
@@ -181,6 +192,7 @@ def split(ix, meta):
     host = [(b - a) / 1e3 for a, b, _ in ix.steps]
     why = {} if ix.whole or len(ix.steps) < 2 else one_offs(each, work, inside, ix.iterations and host)
     _keep_loader_waits(ix, why, each, windows or [st[:2] for st in ix.steps], meta)
+    _keep_same_work(ix, why, each, per_step, meta)
     labels = [] if ix.whole else _named(ix, meta, each, work, why)  # what ran only in each step, when it was read
     if not why:
         return per_step, windows, attributed, meta
@@ -296,6 +308,47 @@ def _keep_loader_waits(ix, why, each, windows, meta):
                 f"profiled step {k + 1} took {each[k]:.1f} ms against a median of {median:.1f} ms, {wait:.1f} ms of "
                 "it waiting for the DataLoader's next batch: kept as the step's own cost (the input pipeline's "
                 "batches arrive unevenly), not left out as a one-off")
+
+
+GREW_SHARE = 0.5   # a slow step's operators' (or kernels') own time grew at least this share as much as the step
+
+
+def _keep_same_work(ix, why, each, per_step, meta):
+    """Keep, as the loop's own work, an outlier step that ran the operators of the like steps (no more, no fewer
+    than ADDED_MIN_OPS apart) and whose operators' own time (the kernels' on a GPU timeline) grew with it: the
+    same work on larger inputs (a sequence length or a batch that changes between steps; issue #56: a loop of 32
+    to 512 tokens lost both 512-token steps as "unnamed" one-offs and reported 53 ms/step against a mean of
+    217). A step that stalled (a pause, a save holding the GIL) took longer while its operators did not. Said in
+    the metadata's notes; `steps_vary` tells the checks that the steps' times spread by design."""
+    outs = [k for k, reason in why.items() if reason == "outlier"]
+    if not outs:
+        return
+    ops = _op_counts(ix)
+    if per_step is not None:
+        busy = [sum(float(e.get("dur") or 0) for e, _ in evs) for evs in per_step]
+    else:
+        busy = [sum(d for d in per.values()) for per in only_in_step.by_step(ix.steps, ix.cpu_ops)]
+    like = [k for k in range(len(each)) if k not in why]
+    if not like:
+        return
+    ref = sorted(like, key=lambda k: sum(ops[k].values()))[len(like) // 2]  # the like step of median count
+    step_median, busy_median = statistics.median(each[k] for k in like), statistics.median(busy[k] for k in like)
+    kept = []
+    for k in outs:
+        same = sum((ops[k] - ops[ref]).values()) < ADDED_MIN_OPS and sum((ops[ref] - ops[k]).values()) < ADDED_MIN_OPS
+        grew = busy_median > 0 and busy[k] / busy_median - 1 >= GREW_SHARE * (each[k] / step_median - 1)
+        if same and sum(ops[k].values()) and grew:
+            del why[k]
+            kept.append(k)
+    if kept:
+        low, high = min(each), max(each)
+        meta["steps_vary"] = {"steps": [k + 1 for k in kept], "low_ms": round(low, 3), "high_ms": round(high, 3)}
+        meta.setdefault("notes_loader_waits", []).append(
+            f"profiled step{'s' * (len(kept) > 1)} {', '.join(str(k + 1) for k in kept)} took "
+            f"{', '.join(_ms(each[k]) for k in kept)} against a median of {_ms(step_median)}, running the same "
+            "operators as the other steps, each of them longer: the same work on larger inputs (a sequence length "
+            "or a batch that changes between steps), kept in every per-step figure, which is the mean of steps "
+            f"from {_ms(low)} to {_ms(high)}")
 
 
 def _overlap(spans, window):
