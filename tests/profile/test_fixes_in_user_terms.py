@@ -67,3 +67,29 @@ def test_a_foreign_report_never_names_this_projects_train_py(name):
     s = summarize(load_trace(os.path.join(data, f"{name}.json.gz")))
     assert s["findings"]
     assert not [f["kind"] for f in s["findings"] if "train.py" in f["fix"] + f["evidence"]]
+
+
+def test_a_trainers_settings_are_named_only_where_its_loop_ran():
+    """Issue #57 item 4: a GPT-2 of transformers trained in a plain loop has transformers' model frames in its host
+    samples, not its Trainer's: its input-pipeline fix names the DataLoader, not TrainingArguments."""
+    from types import SimpleNamespace
+
+    from profiling.profile.findings.input import _framework
+    model = ["train_job.py:40 main", "transformers/models/gpt2/modeling_gpt2.py:603 forward"]
+    trainer = ["transformers/trainer.py:1576 train", "transformers/trainer.py:2480 _inner_training_loop"]
+    lightning = ["lightning/pytorch/loops/fit_loop.py:205 run", "train_job.py:12 training_step"]
+
+    def tl(*stacks, framework=None):
+        return SimpleNamespace(meta={"framework": framework, "host_samples": {"stacks": list(stacks)}})
+    assert _framework(tl(model)) is None
+    assert _framework(tl(model, trainer)) == "transformers"
+    assert _framework(tl(model, framework="transformers 5.17.0")) == "transformers"  # the callback's record
+    assert _framework(tl(lightning)) == "lightning"
+
+
+def test_a_cpu_report_never_says_train_py_compiles_there(data_trace):
+    """train.py compiles on CUDA only: its CPU report's eager fix says compile, not "as train.py does by default"."""
+    trace = data_trace("cpu-gpt-2steps")
+    trace["autoresearch"]["trainer"] = "train.py"
+    (f,) = [f for f in summarize(trace)["findings"] if f["kind"] == "eager_code"]
+    assert "torch.compile the model" in f["fix"] and "train.py" not in f["fix"], f["fix"]

@@ -100,7 +100,7 @@ def eager_code(tl, ctx, found):
                 + ("; the model is compiled (its graphs are in the trace)" if compiled else
                    "; no compiled graph in the trace") + "; gain: each chain fused into one pass as long as its "
                 "longest operator")
-    fix = _eager_fix(tl, shown or ["the model"], compiled) + (" (on the CPU, Inductor compiles C++: it needs a C++ "
+    fix = _eager_fix(tl, shown or ["the model"], compiled, cpu=True) + (" (on the CPU, Inductor compiles C++: it needs a C++ "
                                                               "compiler)")
     f = finding("eager_code", gain, ctx, evidence, fix)
     return f if compiled else attribute(tl, f, "eager_code")

@@ -380,9 +380,10 @@ def launch_bound(tl, ctx, found):
                 f"ms/step; GPU idle between kernels {idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}")
     bigger = ("raise DEVICE_BATCH_SIZE (fewer micro-batches per step)" if trainer_is_train_py(tl.meta) else
               "a larger micro-batch (fewer, longer kernels per step)")
+    fuse = ("keep the model compiled (torch.compile fuses the small ones)" if tl.ix.graph_calls else
+            "torch.compile the model (it fuses the small ones; no compiled graph is in this trace)")
     return finding("launch_bound", idle_ms(gaps, ctx), ctx, evidence,
-                    f"fewer, larger kernels: {bigger}, keep the model compiled (torch.compile fuses the small "
-                    "ones)" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
+                    f"fewer, larger kernels: {bigger}, {fuse}" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
 
 
 def _launching(tl, g, many):

@@ -101,13 +101,20 @@ def _workers(tl, gaps):
     return False if any("_utils/fetch.py" in str(f) or "_utils/collate.py" in str(f) for f in frames) else None
 
 
+TRAINERS = (("transformers", ("transformers",), ("transformers/trainer",)),
+            ("lightning", ("lightning", "pytorch_lightning"),
+             ("lightning/pytorch/loops/", "lightning/pytorch/trainer/", "pytorch_lightning/loops/",
+              "pytorch_lightning/trainer/")))
+
+
 def _framework(tl):
-    """"transformers", "lightning" or None: the trainer whose settings the fix names (the live capture's
-    record, else the host samples' frames)."""
+    """"transformers", "lightning" or None: the trainer whose settings the fix names (the live capture's record,
+    else the host samples' frames of that trainer's own loop: a GPT-2 of transformers trained in a plain loop
+    has transformers' model frames, not its Trainer's, and a plain DataLoader to fix; issue #57 item 4)."""
     recorded = str(tl.meta.get("framework") or "")
-    frames = {str(f).split("/", 1)[0] for s in (tl.meta.get("host_samples") or {}).get("stacks") or () for f in s}
-    for name, marks in (("transformers", ("transformers",)), ("lightning", ("lightning", "pytorch_lightning"))):
-        if recorded.startswith(marks) or frames & set(marks):
+    frames = {str(f) for s in (tl.meta.get("host_samples") or {}).get("stacks") or () for f in s}
+    for name, packages, loops in TRAINERS:
+        if recorded.startswith(packages) or any(f.startswith(loops) for f in frames):
             return name
     return None
 

@@ -130,8 +130,8 @@ def eager_code(tl, ctx, found):
     return f if compiled else attribute(tl, f, "eager_code")
 
 
-def _eager_fix(tl, parts, compiled):
-    """The remedies of the eager parts, largest first."""
+def _eager_fix(tl, parts, compiled, cpu=False):
+    """The remedies of the eager parts, largest first. cpu: a CPU run's (train.py compiles on CUDA only)."""
     fixes = []
     for part in parts:
         own = next((fix for name, _, fix in EAGER_PARTS if name == part), None)
@@ -143,7 +143,8 @@ def _eager_fix(tl, parts, compiled):
                          "the function they run in")
         else:
             fixes.append("torch.compile the model (or the function these operators run in)"
-                         + (", as train.py does by default" if trainer_is_train_py(tl.meta) else "")
+                         + (", as train.py does by default on CUDA" if trainer_is_train_py(tl.meta) and not cpu
+                            else "")
                          + "; keep the graph whole (fullgraph=True finds what breaks it)")
     return "; ".join(fixes)
 
