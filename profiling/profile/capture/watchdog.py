@@ -38,10 +38,10 @@ import time
 import weakref
 
 POLL_S = 0.05         # how often the thread looks: a stopped loop is closed within this of its limit
-# Once the loop's frame has left its loop, or returned with no new call of its function running, nothing steps
-# again but a later call (a loop in `train_epoch`, called again after an eval between epochs): a short wait.
-# Longer costs: all that runs until the close is recorded (tiny eval forwards on the loaded 2-core CPU: 630k
-# events a second), and stopping torch.profiler reads it all back.
+# Once the loop's frame has left its loop, or returned while its caller runs outside any loop around that call,
+# nothing steps again: a short wait, for the frames to settle. Longer costs: all that runs until the close is
+# recorded (tiny eval forwards on the loaded 2-core CPU: 630k events a second), and stopping torch.profiler
+# reads it all back.
 LEFT_STEPS, LEFT_FLOOR_S = 3, 0.25
 # CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR: frames off the stack while they wait
 GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
