@@ -134,9 +134,9 @@ class SlowBackward(torch.autograd.Function):
 
 def left_open(steps, after, out):
     """A loop that stops stepping after `steps` steps, inside the window, without close(); then, for up to
-    EVAL_S seconds (AFTER_CLOSE_S after the watchdog's close): "evals" (eval forwards in the same function: the watchdog's no-step limit), "return" (the
-    loop's function returned first: its function rule), "backward" (a Python backward called by autograd's
-    engine) or "hook" (eval forwards whose forward hook runs Python). Prints a JSON line of what it saw after:
+    EVAL_S seconds (AFTER_CLOSE_S after the watchdog's close): "evals" (eval forwards in the same function, past
+    the loop that stepped), "return" (the loop's function returned first), "backward" (a Python backward called
+    by autograd's engine) or "hook" (eval forwards whose forward hook runs Python). Prints a JSON line of what it saw after:
     whether the profiler, the sampler and the watchdog still run, the settings put back, the close's
     thread."""
     from profiling import api
