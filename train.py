@@ -424,7 +424,8 @@ def check_batch_sizes(ranks):
 # ---------------------------------------------------------------------------
 
 EXCLUDED_STEPS = 10  # the first steps (compilation) are not counted against the time budget
-PROFILE_AT = 5       # profile from this step on: compiled, with a few unprofiled steps timed before it
+PROFILE_AT = 5       # profile from this step on, once the unprofiled steps timed before it are steady (compiled,
+                     # warmed up; at EXCLUDED_STEPS whatever they are): their time is the report's reference
 
 
 def main(argv=None):
@@ -498,11 +499,11 @@ def train(run, train_step, flops_per_token):
         run.record["loss_curve"] = run.loss_curve()
 
     while True:
-        if run.profiling and step == PROFILE_AT:
+        if run.profile_due(step, clock.times, PROFILE_AT, EXCLUDED_STEPS):
             finish_step(*pending)
             pending = None
             print()
-            ran = run.profile(train_step, step, clock.times[2:] or clock.times)  # 0-1: compile, warm up
+            ran = run.profile(train_step, step, clock.times)  # the steady steps' time is the reference
             step, excluded = step + ran, max(EXCLUDED_STEPS, step + ran)
             clock.restart()
             if run.profile_only:

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ from profiling import runfile
 from profiling.errors import UserError
 from profiling.profile.capture import provenance, settings
 from profiling.profile.report import oom
-from profiling.profile.trace import hardware
+from profiling.profile.trace import hardware, irregular
 from profiling.research import experiments, gate, history
 
 # What train.py sets on purpose (train_and_evaluate, train): TF32 GEMMs on CUDA, and the gc collected, frozen
@@ -136,6 +137,29 @@ def sample_curve(points, fractions):
             break
         out.append(round(points[j][1], 6))
     return {"fractions": fractions[:len(out)], "loss": out}
+
+
+STEADY_STEPS = 3     # steady timed steps the profile waits for: its unprofiled reference
+SETTLE_RATIO = 1.25  # a step over this x the median of the steps after it is a cold or warm-up one (compiling,
+                     # a loader filling its queue: a CPU run's first steps took 4,501, 2,013 then 379 ms)
+
+
+def steady_steps(times):
+    """The steady tail of the loop's step times (any unit): the steps after the last one slower than
+    SETTLE_RATIO x the median of those after it (a cold step, a warm-up one). A reference made of those is no
+    reference: the CPU's 3 steps of 4,501, 2,013 and 379 ms gave 2,297.50 against a profiled 434.05 ms."""
+    start = 0
+    for i in range(len(times) - 1):
+        if times[i] > SETTLE_RATIO * statistics.median(times[i + 1:]):
+            start = i + 1
+    return list(times[start:])
+
+
+def unprofiled_reference(times):
+    """(ms, the steady steps in ms) from the loop's step times in seconds: the steady tail (steady_steps), its
+    outliers left out as the API leaves out its timed ones (profiling/profile/trace/irregular.py)."""
+    each = [1000 * t for t in steady_steps(times)]
+    return irregular.timed(each)[0], each
 
 
 class StepClock:
@@ -352,7 +376,7 @@ class Run:
                            loss_curve=None, profile=None)
         self.summary = dict.fromkeys(runfile.SUMMARY_FIELDS)
         self.summary.update(depth=hyperparameters.get("DEPTH"), world_size=n)
-        self.gate, self.points, self.model_meta, self.holders = None, [], {}, []
+        self.gate, self.points, self.model_meta, self.holders, self.profiled = None, [], {}, [], False
         if not self.args.profile:
             self.write("crash", "did not finish: killed, timed out, or crashed before writing its summary")
 
@@ -526,6 +550,15 @@ class Run:
         """TRAIN_PY_SETTINGS as train.py makes them on this device (matmul precision on CUDA only)."""
         return {k: v for k, v in TRAIN_PY_SETTINGS.items() if self.cuda or k != "float32_matmul_precision"}
 
+    def profile_due(self, step, times, first, last):
+        """Whether the loop profiles at `step` (once, unless --no-profile): from step `first` on, as soon as the
+        loop's step times so far (`times`, seconds) end in STEADY_STEPS steady ones (steady_steps), at step
+        `last` whatever they are. Under torchrun rank 0 decides for all."""
+        if not self.profiling or self.profiled or step < first:
+            return False
+        due = step >= last or len(steady_steps(times)) >= STEADY_STEPS
+        return self.ranks.from_first(due) if self.ranks.world_size > 1 else due
+
     def profile(self, train_step, first_step, step_times):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, then
         one more that records the lines of the eager operators (profiling/profile/capture/eager_record.py), on CUDA one
@@ -534,17 +567,19 @@ class Run:
         the steps it ran, W + A + 1 (+ 1 on CUDA; - 1 with AUTORESEARCH_EAGER_LINES=0): they train the model
         like any other."""
         from profiling.api import profile_steps
-        a = self.args
+        a, self.profiled = self.args, True
+        unprofiled_ms, steady = unprofiled_reference(step_times)
         steps = itertools.count(first_step)
         model, n = dict(self.model_meta), self.ranks.world_size
         if n > 1:  # a rank's trace: its own GPU, its share of the step's tokens and FLOPs
             model.update(tokens_per_step=model["tokens_per_step"] // n, flops_per_step=model["flops_per_step"] / n)
         meta = dict(commit=self.record["commit"], trainer="train.py",  # the findings may name its knobs
                     settings=settings.snapshot(self.train_py_settings()),
+                    timed_step_ms_each=[round(x, 4) for x in steady],  # the reference's steps: the CPU's check
                     **model)  # tokens_per_step, micro_batches, flops_per_step, parameters
         result = profile_steps(
             lambda: train_step(next(steps), 0.0), None, warmup_steps=0, timed_steps=0,
-            unprofiled_step_ms=1000 * sum(step_times) / len(step_times), profiler_warmup_steps=a.warmup_steps,
+            unprofiled_step_ms=unprofiled_ms, profiler_warmup_steps=a.warmup_steps,
             active_steps=a.active_steps, metadata=meta, reference=self.profile_reference() if self.ranks.first
             else None, ranks=self.ranks if n > 1 else None, out_dir=None,
             micro_batch=self.record["hyperparameters"].get("DEVICE_BATCH_SIZE"), ops=a.profile_ops)

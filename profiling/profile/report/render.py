@@ -67,18 +67,58 @@ def to_json(summary):
     return json.dumps(summary, indent=2, allow_nan=False)
 
 
-def _failed(check):
-    """A failed check's line at the top: CHECK FAILED, or a note where the failure is explained (the CPU
-    profiler's cost per operator: summary._check_step_time)."""
+def _failed(check, summary):
+    """A failed check's line at the top: CHECK FAILED, then what it means for the figures below and what to do
+    (one indented line each); or a note where the failure is explained (the CPU profiler's cost per operator:
+    summary._check_step_time)."""
     if check.get("explained"):
         return f"note: {check['name']}: {check['detail']}; {check['explained']}"
-    return f"CHECK FAILED: {check['name']}: {check['detail']}"
+    means, do = _step_time_advice(check, summary) if check["name"] == STEP_CHECK else next(
+        (v for k, v in CHECK_ADVICE.items() if check["name"].endswith(k)), (None, None))
+    return "\n".join([f"CHECK FAILED: {check['name']}: {check['detail']}"]
+                     + ([f"  means: {means}", f"  do: {do}"] if means else []))
+
+
+STEP_CHECK = "profiled vs unprofiled step time"
+CHECK_ADVICE = {  # the end of a check's name: (what it means for the figures below, what to do); README's table
+    "per step": ("the profiled steps did not run the same work, so the per-step figures below average unlike "
+                 "steps", "a step that ran something once (an eval, a save, a compile) is named on a `one-off` "
+                 "line; a loop whose work changes from step to step needs more profiled steps (--active-steps)"),
+    "bogus timestamps": ("those device events are left out of every figure below", "record again if there are many"),
+    "without a launch": ("the trace lost records: the figures below miss their time", "profile fewer or shorter "
+                         "steps"),
+    "without a device event": ("the trace lost records: the figures below miss their time", "profile fewer or "
+                               "shorter steps"),
+    "cover device time": ("that much device time is in no category: the step budget's `other` row holds it",
+                          "read the top kernels section for what it is"),
+}
+
+
+def _step_time_advice(c, s):
+    """(means, do) for a failed step-time check: which figures below still hold, and how to get a sound one."""
+    u, step, cpu = s.get("unprofiled_step_ms"), s["step_ms"], s.get("kind") == "cpu"
+    load = c.get("load") or {}
+    busy = (f" (load average {load['load_average']:g} on {load['cores']} cores as the window opened)"
+            if num(load.get("load_average")) and load.get("cores") else "")
+    again = f"profile again when the machine is otherwise idle{busy}"
+    if not num(u) or u <= 0 or u >= step:  # the profiled steps ran faster: the reference is not one
+        return (f"the unprofiled step{f' ({_ms(u)} ms)' if num(u) and u > 0 else ''} is no reference for "
+                "these steps: the machine's load or the loop changed between them (other jobs on the host, cold "
+                "or warm-up steps timed); the figures below are the profiled steps' own and hold for them",
+                again + "; in your own loop, more warm-up steps before the window (warmup_steps)")
+    below = ("the header shows the unprofiled step; the operator times below are the profiled ones, each with the "
+             "profiler's cost in it" if cpu else "the header, step budget and MFU show the unprofiled step (the GPU "
+             "idle cut to fit it); the kernel times are as profiled, which profiling does not change")
+    return (f"the profiled step took {_ms(step - u)} ms more (the profiler's cost, or the machine's load "
+            f"changing between them): {below}",
+            "compare runs by the unprofiled figure; " + again
+            + ("" if cpu else "; on a launch-bound loop a `profiler_overhead` finding prices the profiler's share"))
 
 
 def to_markdown(summary, previous=None, top=10):
     """The report as Markdown. `previous`: an earlier summary to compare with (section 4), or None."""
     cpu = summary.get("kind") == "cpu"
-    lines = [_failed(c) for c in summary.get("checks", []) if not c["ok"]]
+    lines = [_failed(c, summary) for c in summary.get("checks", []) if not c["ok"]]
     if cpu:
         lines.append(CPU_NOTE)
     lines += [f"note: {note}" for note in summary.get("notes") or ()]
@@ -86,9 +126,7 @@ def to_markdown(summary, previous=None, top=10):
     if lines:
         lines.append("")
     view = _unprofiled_view(summary)
-    title = f"# Profile: {_ms(view['step_ms'])} ms/step" + (" (CPU)" if cpu else "")
-    if view is not summary:
-        title += f" (unprofiled; profiled {_ms(summary['step_ms'])}: see the note under the step budget)"
+    title = _title(summary, view, cpu)
     state = device_state.text(summary.get("device_state"))
     known = settings.text(summary.get("settings"))
     lines += [title, _header(summary)] + [x for x in (state, known, _recorded(summary)) if x] + [""]
@@ -105,6 +143,20 @@ def to_markdown(summary, previous=None, top=10):
 # ---------------------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------------------
+
+def _title(s, view, cpu):
+    """`# Profile: N ms/step`: the unprofiled step where profiling lengthened it (its check failed), as the
+    README says; on a CPU the title alone (its operator times stay the profiled ones)."""
+    u, step = s.get("unprofiled_step_ms"), s["step_ms"]
+    check = next((c for c in s.get("checks", []) if c["name"] == STEP_CHECK), None)
+    if cpu and check and not check["ok"] and num(u) and 0 < u < step:
+        return (f"# Profile: {_ms(u)} ms/step (CPU, unprofiled; profiled {_ms(step)}: the operator times below "
+                "are the profiled ones)")
+    title = f"# Profile: {_ms(view['step_ms'])} ms/step" + (" (CPU)" if cpu else "")
+    if view is not s:
+        title += f" (unprofiled; profiled {_ms(step)}: see the note under the step budget)"
+    return title
+
 
 def _unprofiled_view(s):
     """The summary as the unprofiled step saw it, when profiling distorted the step (its check failed with the

@@ -76,9 +76,11 @@ The summary (plain JSON data; `render.to_json` writes it as is):
                                                       ms/step descending (CPU profile: operators by self
                                                       time, no roofline fields)
     not_counted                                       device events left out, by reason
-    checks                                            [{name, ok, detail, explained?}]: `explained`, on
-                                                      a failed CPU step-time check, says the profiler's
-                                                      cost per operator accounts for the excess
+    checks                                            [{name, ok, detail, explained?, load?}]: `explained`,
+                                                      on a failed CPU step-time check, says the profiler's
+                                                      cost per operator accounts for the excess; `load`,
+                                                      on a failed step-time check, the host's {load_average,
+                                                      cores} as the window opened (where recorded)
     findings                                          the causes that cost the most (profiling/profile/findings/):
                                                       [{kind, ms_per_step, pct_of_step, evidence, fix}]
     regions                                           where the step goes in the model (profiling/profile/tables/regions.py):
@@ -581,7 +583,8 @@ def _check_step_time(step_ms, meta, cpu_ops=None):
     change = step_ms / ref - 1
     timed = [x for x in meta.get("timed_step_ms_each") or () if num(x) and x > 0]
     if (cpu_ops is not None or meta.get("steps_vary")) and len(timed) >= 2:
-        return _check_cpu_spread(name, step_ms, ref, timed, cpu_ops or 0, keep_all=bool(meta.get("steps_vary")))
+        return _with_load(_check_cpu_spread(name, step_ms, ref, timed, cpu_ops or 0,
+                                            keep_all=bool(meta.get("steps_vary"))), meta)
     c = _check(name, abs(change) <= STEP_TOLERANCE, f"{step_ms:.2f} ms profiled vs {ref:.2f} ms "
                f"unprofiled ({100 * change:+.1f}%, limit ±{100 * STEP_TOLERANCE:.0f}%)")
     excess = step_ms - ref
@@ -589,6 +592,14 @@ def _check_step_time(step_ms, meta, cpu_ops=None):
         c["explained"] = (f"{cpu_ops:,} operators/step x {1e3 * excess / cpu_ops:.1f} us = the {excess:.2f} ms "
                           f"excess, within the CPU profiler's fixed cost per operator (~{CPU_US_PER_OP:g} us "
                           "measured): on the CPU this check cannot hold")
+    return _with_load(c, meta)
+
+
+def _with_load(c, meta):
+    """The check with the host's load as the window opened (a CPU capture records it), for a failure's advice."""
+    threads = meta.get("cpu_threads") or {}
+    if not c["ok"] and num(threads.get("load_average")) and threads.get("cores"):
+        c["load"] = {"load_average": threads["load_average"], "cores": threads["cores"]}
     return c
 
 
