@@ -6,8 +6,9 @@ imports it; the rest of the package stays torch-free.
     return run.execute(lambda: train_and_evaluate(run))            # exit code; run.json and the summary
 
 Inside, train.py calls run.start() (data, header lines, the gate), run.describe_model(), run.distribute()
-and run.grad_sync() around the model, run.agree() and run.track() for each step, run.profile() at one step of
-the loop, and fills run.summary.
+and run.grad_sync() around the model, run.agree() and run.track() for each step, run.profile() at the step
+run.profile_due() picks (once the steps timed before it are steady: their time is the report's reference), and
+fills run.summary.
 
 Under torchrun (`torchrun --standalone --nproc_per_node=N train.py`) the Run is one of N ranks: it joins the
 process group (NCCL on CUDA, gloo on the CPU), wraps the model in DistributedDataParallel, and keeps the
