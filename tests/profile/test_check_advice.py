@@ -83,3 +83,17 @@ def test_the_check_records_the_load_as_the_window_opened(data_trace):
     trace["autoresearch"]["unprofiled_step_ms"] = 1.0  # far from the step: fails
     c = next(c for c in summarize(trace)["checks"] if c["name"] == STEP_CHECK)
     assert not c["ok"] and c["load"] == {"load_average": 3.5, "cores": 2}
+
+
+def test_a_cpu_limit_counts_the_host_samplers_measured_cost(data_trace):
+    """train.py's CPU step on a quiet 2-core host: timed 475-514 ms, profiled 597 ms, of which its 6,303 operators
+    cost ~50 ms and the 2 ms host sampler 138 ms of its own time over 5 steps (x2 for the main thread: 55 ms)."""
+    from profiling.profile.report import summary
+    meta = {"host_samples": {"own_ms": 138.163, "samples": [[k, 1000 * k, 0] for k in range(5)]}}
+    assert summary._sampler_ms(meta) == pytest.approx(2 * 138.163 / 5)
+    assert summary._sampler_ms({}) == 0.0 and summary._sampler_ms({"host_samples": {"own_ms": 5}}) == 0.0
+    timed = [475.28, 495.5, 480.9, 513.94]
+    without = summary._check_cpu_spread(STEP_CHECK, 596.93, 491.6, timed, 6303)
+    assert not without["ok"]
+    c = summary._check_cpu_spread(STEP_CHECK, 596.93, 491.6, timed, 6303, summary._sampler_ms(meta))
+    assert c["ok"] and "operators/step and the host sampler's 55.27 ms/step above it" in c["detail"]
