@@ -157,10 +157,12 @@ def steady_steps(times):
 
 
 def unprofiled_reference(times):
-    """(ms, the steady steps in ms) from the loop's step times in seconds: the steady tail (steady_steps), its
-    outliers left out as the API leaves out its timed ones (profiling/profile/trace/irregular.py)."""
+    """(ms, the steady steps in ms, the outliers left out) from the loop's step times in seconds: the steady tail
+    (steady_steps), its outliers left out as the API leaves out its timed ones (profiling/profile/trace/irregular.py:
+    the report's header names them)."""
     each = [1000 * t for t in steady_steps(times)]
-    return irregular.timed(each)[0], each
+    ms, outliers = irregular.timed(each)
+    return ms, each, outliers
 
 
 class StepClock:
@@ -569,7 +571,7 @@ class Run:
         like any other."""
         from profiling.api import profile_steps
         a, self.profiled = self.args, True
-        unprofiled_ms, steady = unprofiled_reference(step_times)
+        unprofiled_ms, steady, outliers = unprofiled_reference(step_times)
         steps = itertools.count(first_step)
         model, n = dict(self.model_meta), self.ranks.world_size
         if n > 1:  # a rank's trace: its own GPU, its share of the step's tokens and FLOPs
@@ -577,6 +579,7 @@ class Run:
         meta = dict(commit=self.record["commit"], trainer="train.py",  # the findings may name its knobs
                     settings=settings.snapshot(self.train_py_settings()),
                     timed_step_ms_each=[round(x, 4) for x in steady],  # the reference's steps: the CPU's check
+                    **({"timed_outliers": outliers} if outliers else {}),
                     **model)  # tokens_per_step, micro_batches, flops_per_step, parameters
         result = profile_steps(
             lambda: train_step(next(steps), 0.0), None, warmup_steps=0, timed_steps=0,

@@ -22,10 +22,11 @@ def test_steady_steps_and_noise_stay():
 
 
 def test_the_reference_is_the_steady_steps_mean_in_ms_outliers_left_out():
-    ms, each = runner.unprofiled_reference([4.501, 2.013, 0.379, 0.381, 0.380])
-    assert each == pytest.approx([379, 381, 380]) and ms == pytest.approx(380)
-    ms, each = runner.unprofiled_reference([0.380, 0.381, 0.382, 0.379, 2.0])  # a last slow step (a gc pause)
+    ms, each, outliers = runner.unprofiled_reference([4.501, 2.013, 0.379, 0.381, 0.380])
+    assert each == pytest.approx([379, 381, 380]) and ms == pytest.approx(380) and outliers == []
+    ms, each, outliers = runner.unprofiled_reference([0.380, 0.381, 0.382, 0.379, 2.0])  # a last slow step: gc
     assert len(each) == 5 and ms == pytest.approx(380.5)  # kept in the list, left out of the mean
+    assert [(r["step"], r["ms"]) for r in outliers] == [(5, 2000.0)]  # the header names it
 
 
 def run(profiling=True, profiled=False):
