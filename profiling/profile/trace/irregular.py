@@ -257,7 +257,8 @@ def _named(ix, meta, each, work, why):
     enough to read it)."""
     per, ops = [], None
     ix.added = {}
-    for k in sorted((k for k in range(len(each)) if work[k] and k not in why), key=lambda k: -each[k]):
+    judged = [k for k in range(len(each)) if work[k] and k not in why and k not in getattr(ix, "same_work", ())]
+    for k in sorted(judged, key=lambda k: -each[k]):
         rest = [each[i] for i in range(len(each)) if work[i] and i not in why and i != k]
         median = statistics.median(rest) if rest else None
         if median is None or each[k] <= NAMED_RATIO * median or each[k] - median < OUTLIER_MIN_MS:
@@ -310,20 +311,25 @@ def _keep_loader_waits(ix, why, each, windows, meta):
                 "batches arrive unevenly), not left out as a one-off")
 
 
-GREW_SHARE = 0.5   # the typical operator of a slow step grew at least this share as much as the step did
+# the typical operator of a slow step grew at least as the step's growth to this power (half of it on a log
+# scale): fixed-size operators (an optimizer's) and per-call costs keep part of every operator's time constant
+# (a small encoder's 512-token steps: 8.9-9.2x the 32-token ones, the median operator 4.4-4.6x; a tiny MLP's
+# stalled step 2.86x, its median operator 1.02x)
+GREW_POWER = 0.5
 
 
 def _keep_same_work(ix, why, each, per_step, meta):
     """Keep, as the loop's own work, an outlier step that ran the operators (kernels, on a GPU timeline) of the
     like steps, no more and no fewer than ADDED_MIN_OPS apart, and whose typical operator (the median over the
-    names) took longer in proportion: the same work on larger inputs (a sequence length or a batch that changes
-    between steps; issue #56: a loop of 32 to 512 tokens lost both 512-token steps as "unnamed" one-offs and
+    names) took longer with it (GREW_POWER): the same work on larger inputs (a sequence length or a batch that
+    changes between steps; issue #56: a loop of 32 to 512 tokens lost both 512-token steps as "unnamed" one-offs and
     reported 53 ms/step against a mean of 217; there the median operator grew 2.8-3.5x with steps 2.9-5.4x). A
     step that stalled took longer in a few operators while most kept their time (a tiny MLP's step of 51.6 ms
     against 18.1 and 15.2: its median operator 1.02x). Said in the metadata's notes; `steps_vary` tells the
     checks that the steps' times spread by design."""
     outs = [k for k, reason in why.items() if reason == "outlier"]
     like = [k for k in range(len(each)) if k not in why]
+    ix.same_work = set()
     if not outs or not like:
         return
     if per_step is not None:
@@ -345,9 +351,10 @@ def _keep_same_work(ix, why, each, per_step, meta):
         if not same or not names:
             continue
         grew = statistics.median(times[k][n] / statistics.median(times[i][n] for i in like) for n in names)
-        if grew - 1 >= GREW_SHARE * (each[k] / step_median - 1):
+        if grew >= (each[k] / step_median) ** GREW_POWER:
             del why[k]
             kept.append(k)
+    ix.same_work = set(kept)  # like steps: `_named` does not judge them again
     if kept:
         low, high = min(each), max(each)
         meta["steps_vary"] = {"steps": [k + 1 for k in kept], "low_ms": round(low, 3), "high_ms": round(high, 3)}
