@@ -19,7 +19,8 @@ break and a warning on `_RecordFunctionFast` before the skip).
 Cost: once per profile, one step with a tracer (a trace call per Python call and an annotation per own line)
 and the reading of its trace: on the 2-core CPU with the cpu preset, 0.31-0.37 s for a 169-213 ms step, and
 about 1 s more in all (benchmarks/profiler_cost/eager_lines_cost_results.md). AUTORESEARCH_EAGER_LINES=0 turns
-it off (no extra step).
+it off (no extra step). A DataLoader's next batch is made untraced (`_untraced_loader`, issue #55): its Dataset
+is the user's Python too, and traced line by line it made the step 20x slower.
 """
 import linecache
 import os
