@@ -150,6 +150,7 @@ from collections import Counter
 
 from profiling.errors import UserError
 from profiling.profile import findings
+from profiling.profile.findings.cpu import CPU_US_PER_OP
 from profiling.profile.report import kernel_match
 from profiling.profile.tables import (
     attention_kind,
@@ -185,12 +186,8 @@ __all__ = ["META_KEY", "check_trace", "diff", "load_summary", "load_trace", "sum
 VERSION = 1
 META_KEY = "autoresearch"
 STEP_TOLERANCE = 0.03   # profiled vs unprofiled step time
-# The CPU profiler's own cost per operator it records (record_shapes=True, as the capture records): 7.3 and 7.6
-# us (21 once, under load), measured on this project's shared 2-core CPU machine with torch 2.11 as a loop of
-# 2,000 torch.add on 8 floats, profiled against not (median of 5 runs each). A small model's CPU step records
-# thousands of operators (tests/data/cpu-gpt-2steps: 4,671, +17.9 ms profiled = 3.8 us each): a CPU excess
-# within the step's operators x this is the profiler's fixed cost, not a distortion of the program.
-CPU_US_PER_OP = 8.0
+# The CPU profiler's own cost per operator it records (findings/cpu.py CPU_US_PER_OP): a CPU excess within the
+# step's operators x this is the profiler's fixed cost, not a distortion of the program.
 # The main thread's loss per host stack sample over the sampler's own time (profiling/profile/capture/sampler.py's
 # MAIN_PAYS, measured: median 1.8x). On the CPU the sampler runs every 2 ms: train.py's CPU step of ~500 ms
 # lost 19-28 ms of sampler time a step, x this 38-55 ms, on top of its 6,303 operators x CPU_US_PER_OP.
