@@ -14,13 +14,16 @@ A CPU run has no GPU to idle, no launches and no kernels: the GPU rules have no 
 Host syncs cost nothing on a CPU run (the host is the device: `.item()` waits for no queue), so that rule does not
 run either. Each rule has the shape of contract.py; `CpuSteps` is the little of a Timeline they read.
 """
+import math
+from collections import Counter
+
 from profiling.profile.findings.contract import finding, rule, top
 from profiling.profile.findings.settings import attribute
 from profiling.profile.findings.waste import EAGER_CATEGORIES, EAGER_MIN_SHARE, FUSED_OPTIMIZERS, _eager_fix, _part
 from profiling.profile.tables.roofline import GEMM_OPS, gemm_flops
 from profiling.profile.trace.classify import classify_cpu_op
 from profiling.profile.trace.timeline import COMPILED
-from profiling.profile.trace.traceio import by_thread, outer_names, parents
+from profiling.profile.trace.traceio import by_thread, find, outer_names, parents
 
 # One core's float32 GEMM, as a floor no healthy CPU misses: 16x64 @ 64x64 (131 kFLOP) took 3.3 us with 1
 # thread and 5.9 us with 2 on this project's shared 2-core machine (torch 2.11, median of 300): 40 GFLOP/s
@@ -58,7 +61,15 @@ CPU_US_PER_OP = 8.0
 # 98 parameter tensors of a 24-block width-64 MLP, opt.step() alone, median of 50): 5.33 ms tensor by tensor,
 # 3.57 ms foreach, 1.14 ms fused; the whole step 11.9 ms against 5.1 fused.
 PER_TENSOR_OPS = 3         # operators a step in the optimizer's update per parameter tensor, at least
-FUSED_US_PER_TENSOR = 12.0  # what a fused update still costs a tensor (1.14 ms / 98, above)
+# What a fused AdamW update still costs there: 1.14 ms for 98 tensors of 104k elements, 1.04 ms for 50 tensors of
+# 798k elements (a 12-block width-256 MLP): 11 us a tensor and 0.6 ns an element fit both.
+FUSED_US_PER_TENSOR = 11.0
+FUSED_NS_PER_ELEMENT = 0.6
+# What the update tensor by tensor costs at most on a healthy host, a cap on its price: 5.33 ms for 980 calls
+# (5.4 us a call, above), and a pass over the tensor's elements per call (about 10 a tensor: 10 x 0.6 ns). A host
+# whose threads wait for cores stretches every call (a Lightning MLP's 61 calls on 6,922 elements: 31 ms a step).
+UNFUSED_US_PER_CALL = 5.4
+UNFUSED_NS_PER_ELEMENT = 6.0
 FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")  # fused=True on the CPU as on CUDA (torch >= 2.4)
 OPTIMIZER_MARK = "Optimizer.step#"
 
@@ -87,38 +98,47 @@ def _eager(chain, cat):
 
 @rule("per_tensor_optimizer", needs=("parameters",))
 def per_tensor_optimizer(tl, ctx, found):
-    """The optimizer's step updates the parameters tensor by tensor (issue #56: a mechanism, not an effect): its
-    annotation holds PER_TENSOR_OPS operator calls a parameter tensor or more and no foreach or fused one. Priced
-    as the annotation's time (the Python loop over the tensors is the update's cost too: AdamW over 98 tensors,
-    5.6 ms profiled and 5.3 unprofiled, its calls' own time 3.2), scaled as the unprofiled step is to the
-    profiled one, less what a fused update still costs."""
+    """The optimizer's step updates the parameters tensor by tensor (issue #56: a mechanism, not an effect): in its
+    own windows (the `Optimizer.step#` annotations less any closure they run: Lightning's, L-BFGS's), an in-place
+    operator called a whole multiple of the parameter tensors a step, PER_TENSOR_OPS calls a tensor or more, and no
+    foreach or fused operator. Priced as those windows' time (the Python loop over the tensors is the update's cost
+    too: AdamW over 98 tensors, 5.6 ms profiled and 5.3 unprofiled, its calls' own time 3.2), scaled as the
+    unprofiled step is to the profiled one, less what a fused update still costs."""
     marks = [m for m in tl.ix.optimizer_marks if str(m.get("name", "")).startswith(OPTIMIZER_MARK)]
-    tensors = len(tl.meta.get("parameters") or {})
-    if not marks or not tensors:
+    shapes = tl.meta.get("parameters") or {}
+    tensors = len(shapes)
+    windows = tl.ix.optimizer  # sorted, disjoint: the closures cut out (tables/closures.py)
+    if not marks or not tensors or not windows:
         return None
-    inside = [op for op in tl.ix.cpu_ops if any(m["ts"] <= op["ts"] < m["ts"] + m.get("dur", 0)
-                                                and op.get("tid") == m.get("tid") for m in marks)]
+    starts = [a for a, _ in windows]
+    inside = [op for op in tl.ix.cpu_ops if find(windows, starts, op["ts"]) is not None]
     ids = {id(op) for op in inside}
     outer = [op for op in inside if id(tl.parent.get(id(op))) not in ids]  # the update's own calls, not their parts
     n = tl.n
     per_step = len(outer) / n
-    if per_step < PER_TENSOR_OPS * tensors or any(str(op.get("name", "")).startswith(
-            ("aten::_foreach_", "aten::_fused_")) for op in inside):
+    calls = Counter(str(op.get("name", "")) for op in outer)
+    per_tensor = [name for name, c in calls.items() if name.endswith("_") and c % (n * tensors) == 0]
+    if (per_step < PER_TENSOR_OPS * tensors or not per_tensor
+            or any(str(op.get("name", "")).startswith(("aten::_foreach_", "aten::_fused_")) for op in inside)):
         return None
-    region = sum(m.get("dur", 0) for m in marks) / n / 1e3
+    region = sum(b - a for a, b in windows) / n / 1e3
     unprofiled = ctx.get("unprofiled")
     scale = min(1.0, unprofiled / ctx["step"]) if unprofiled else 1.0  # the profiler's own share of the step out
-    fused = tensors * FUSED_US_PER_TENSOR / 1e3
-    ms = region * scale - fused
+    elements = sum(math.prod(shape) for shape in shapes.values() if isinstance(shape, list))
+    fused = tensors * FUSED_US_PER_TENSOR / 1e3 + elements * FUSED_NS_PER_ELEMENT / 1e6
+    healthy = per_step * UNFUSED_US_PER_CALL / 1e3 + elements * UNFUSED_NS_PER_ELEMENT / 1e6
+    ms = min(region * scale, healthy) - fused
     if ms < MIN_SHARE * ctx["step"]:
         return None
     label = str(marks[0].get("name", ""))
     cls = label[len(OPTIMIZER_MARK):].split(".")[0] or "the optimizer"
     evidence = (f"`{label}` took {region:.1f} ms/step for {per_step:.0f} operator calls over {tensors} parameter "
-                f"tensors ({per_step / tensors:.1f} a tensor, none a foreach or fused one): the update runs tensor by "
-                "tensor, a Python loop and a few calls each; priced as its time"
-                + (f" at the unprofiled step's scale (x{scale:.2f})" if scale < 1 else "")
-                + f" less what a fused update still costs (~{FUSED_US_PER_TENSOR:g} us a tensor, {fused:.1f} ms)")
+                f"tensors ({per_step / tensors:.1f} a tensor, e.g. `{per_tensor[0]}` x{calls[per_tensor[0]] / n:.0f}; "
+                "none a foreach or fused one): the update runs tensor by tensor, a Python loop and a few calls each; "
+                "priced as its time" + (f" at the unprofiled step's scale (x{scale:.2f})" if scale < 1 else "")
+                + (f", at most what its calls take on a healthy host ({healthy:.1f} ms)" if healthy < region * scale
+                   else "")
+                + f" less what a fused update still costs ({tensors} tensors of {elements:,} elements: {fused:.1f} ms)")
     fix = (f"{cls}(..., fused=True): one update over all the tensors (or foreach=True)" if cls in FUSABLE else
            f"{cls}(..., foreach=True) where it takes it, else an optimizer with a fused update (Adam, AdamW, SGD)")
     return finding("per_tensor_optimizer", ms, ctx, evidence, fix)
