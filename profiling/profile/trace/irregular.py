@@ -94,7 +94,7 @@ def notes(meta):
                    "ran under 70% of the unprofiled step (batches a DataLoader's workers prefetched meanwhile, or a "
                    "host running ahead of the emptied GPU queue), so they were left unrecorded until the step time "
                    "came back")
-    out += [n for n in (meta.get("notes_loader_waits") or []) + (meta.get("notes_named_kept") or [])
+    out += [n for key in ("notes_loader_waits", "notes_same_work", "notes_named_kept") for n in meta.get(key) or ()
             if isinstance(n, str)]
     ended = meta.get("ended_early")
     if isinstance(ended, dict):
@@ -358,7 +358,7 @@ def _keep_same_work(ix, why, each, per_step, meta):
     if kept:
         low, high = min(each), max(each)
         meta["steps_vary"] = {"steps": [k + 1 for k in kept], "low_ms": round(low, 3), "high_ms": round(high, 3)}
-        meta.setdefault("notes_loader_waits", []).append(
+        meta.setdefault("notes_same_work", []).append(
             f"profiled step{'s' * (len(kept) > 1)} {', '.join(str(k + 1) for k in kept)} took "
             f"{', '.join(_ms(each[k]) for k in kept)} against a median of {_ms(step_median)}, running the same "
             "operators as the other steps, most of them longer in proportion: the same work on larger inputs (a "
