@@ -27,6 +27,7 @@ The host's speed drifts within a process on these machines (a loop's unprofiled 
 On the CPU (no GPU) it runs too, smaller, in float32: a check of the script, not a measurement.
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -120,13 +121,14 @@ def run_api(case, out_dir, profiled=True):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = iter(torch.utils.data.DataLoader(data, batch_size=batch, num_workers=0))
     device = "cuda" if cuda else "cpu"
-    times, marks = [], {}
+    times, marks, data = [], {}, []
 
     def train(steps, prof=None):
         """The loop: a step, its loss read, prof.step(); `case` happens in the step after the profiled ones."""
         last = time.perf_counter()
         for _ in range(steps):
             b = next(loader)
+            data.append(time.perf_counter() - last)
             with torch.autocast(device, torch.bfloat16, enabled=cuda):
                 loss = model(input_ids=b["input_ids"].to(device), labels=b["labels"].to(device)).loss
             loss.backward()
@@ -157,6 +159,7 @@ def run_api(case, out_dir, profiled=True):
         caught = str(e)
         marks["done"] = len(times)
         train(AFTER)  # the program goes on without the profiler
+    marks["data"] = data  # each step's wait for its batch (the Dataset's Python), beside its whole time
     return prof.report, prof.folder, times, marks, caught
 
 
@@ -257,6 +260,10 @@ def one(form, case):
             "after_vs_before": round(median_ms(after) / median_ms(before), 4) if before and after else None,
             "n_before": len(before), "n_after": len(after), "window_step": opened, "case_step": marks.get("case"),
             "done_step": done, "steps_ms": [round(1e3 * t, 2) for t in times], "left_on": leftovers(),
+            "data_before_ms": median_ms(marks["data"][max(SETTLE, opened - NEAR):opened]) if "data" in marks else None,
+            "data_after_ms": median_ms(marks["data"][done + SETTLE:]) if "data" in marks else None,
+            "python_objects": len(gc.get_objects()), "os_threads": len(os.listdir("/proc/self/task"))
+            if os.path.isdir("/proc/self/task") else None,
             "seconds": round(time.perf_counter() - start, 1)}
 
 

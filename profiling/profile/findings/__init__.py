@@ -45,14 +45,14 @@ Costs (`ms_per_step`: what fixing the cause would save, estimated):
 - Kernel time against a rate measured in the same trace where there is one (the bf16 GEMMs, the fused
   attention calls), else a fraction of the device's peak (kernels.py names them).
 """
-from profiling.profile.findings import (calls, comm, convs, cpu, idle, kernels, ledger, over, power, settings,
-                                       unplaced, waste)
+from profiling.profile.findings import (calls, comm, convs, cpu, idle, kernels, ledger, lines, over, power,
+                                       settings, unplaced, waste)
 from profiling.profile.findings import input as input_pipeline  # not the builtin's name here
 from profiling.profile.findings.contract import run, unknown
 from profiling.profile.trace import hardware
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
-RULES = (input_pipeline.input_bound, idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
+RULES = (input_pipeline.input_bound, lines.host_line, idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
          waste.eager_code, unplaced.sort_scatter, kernels.math_attention, convs.slow_convolution,
          kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
          kernels.attention_fallback, kernels.attention_backend,

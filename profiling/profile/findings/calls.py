@@ -103,10 +103,26 @@ def alloc_churn(tl, ctx, found):
                 f"{scaled(ctx)}; made by {made}" + (f"; at {line}" if line else "")
                 + ("" if own else "; recorded with Python stacks (with_stack=True) and no unprofiled step: priced at "
                    "the GPU idle while the host was inside the calls (the stacks do not slow a free), not after them"))
+    if _autotuning(tl, a):
+        return finding("alloc_churn", ms, ctx, evidence + (
+            "; cuDNN benchmark is on and the allocations are the convolutions' own: cudnn.benchmark times every "
+            "algorithm (each with a workspace of its own) for each input shape it has not seen, so a new shape every "
+            "step searches every step"), "torch.backends.cudnn.benchmark = False where the input shapes change "
+            "from step to step (or bucket them: pad to a few fixed sizes, so the search runs once a size)")
     return attribute(tl, finding("alloc_churn", ms, ctx, evidence,
                    "let the caching allocator keep its memory: no torch.cuda.empty_cache() (or other memory "
                    "release) inside the training loop, PYTORCH_NO_CUDA_MEMORY_CACHING unset; if memory is short, "
                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True instead of emptying the cache"), "alloc_churn")
+
+
+def _autotuning(tl, a):
+    """Whether the churn is cuDNN's autotuner: cudnn.benchmark on (the live capture's settings) and most of the
+    allocation calls made inside convolutions."""
+    values = (tl.meta.get("settings") or {}).get("values") or {}
+    if values.get("cudnn.benchmark") is not True:
+        return False
+    conv = sum(count for chain, count in a["chains"] if "conv" in made_by(chain, "").lower())
+    return 2 * conv > sum(count for _, count in a["chains"])
 
 
 @rule("cuda_sync", needs=NEEDS["cuda_sync"])

@@ -7,6 +7,7 @@ import re
 import statistics
 from collections import Counter
 
+from profiling.profile.findings import lines
 from profiling.profile.findings.contract import (
     claim,
     evidence,
@@ -375,9 +376,12 @@ def launch_bound(tl, ctx, found):
     launch_ms = sum(e["dur"] for e in tl.ix.launches.values() if LAUNCH_CALLS.match(str(e.get("name", "")))
                     and tl.step_of(e["ts"]) is not None)  # the steps' own: not a start-up launch before them
     mb = ctx["micro_batches"]
+    where = lines.idle_lines(tl, gaps)
     evidence = (f"{events:.0f} device events/step" + (f" ({mb} micro-batches of {events / mb:.0f})" if mb else "")
                 + f", median {statistics.median(durs):.1f} us; host launch calls {launch_ms / ctx['n'] / 1e3:.1f} "
-                f"ms/step; GPU idle between kernels {idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}")
+                f"ms/step; GPU idle between kernels {idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}"
+                + (f"; it waits on the launches of {where}: kernels too small for the host to keep ahead of them, no "
+                   "one mistake on those lines recognized" if where else ""))
     bigger = ("raise DEVICE_BATCH_SIZE (fewer micro-batches per step)" if trainer_is_train_py(tl.meta) else
               "a larger micro-batch (fewer, longer kernels per step)")
     fuse = ("keep the model compiled (torch.compile fuses the small ones)" if tl.ix.graph_calls else

@@ -241,6 +241,7 @@ def device_table(tl, graph_calls, meta, step_ms, moved=frozenset()):
     if not _usable(meta):
         return _compiled_before(_missing(meta.get("provenance"), meta), meta)
     placer = Placer(meta, graph_calls, tl.threads, tl.parent, tl.ix.steps)
+    tl.placer = placer  # the host's lines (profiling/profile/findings/lines.py) place by it too
     windows = backward_windows(tl.threads)
     totals, device_us = Totals(), 0.0
     for evs in tl.per_step:

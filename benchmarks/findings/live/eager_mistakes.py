@@ -1,0 +1,563 @@
+"""Mistakes real eager training loops make, each profiled and each fix timed (issue #56).
+
+Twelve loops, each one common mistake (from forum threads, issues and tutorials) in an otherwise healthy
+CUDA loop, and its fix. For each case, one fresh process runs the mistake: warm-up, its unprofiled step timed,
+then the profile (profiling.Profiler's defaults) whose trace and report come back; a second fresh process
+times the fix. The claim of the report's top finding is then held against what the fix recovered
+(`report` below, on any machine, from the traces brought back).
+
+    mistake                 the loop does                                        the fix
+    ema_state_dict          timm ModelEmaV2's update: a Python loop over          torch._foreach_lerp_ over
+                            state_dict() values, ema = ema*d + (1-d)*p            the parameters
+    param_group_each        layer-wise lr decay with one param group per tensor   one group per lr (per layer)
+    grad_norm_loop          the gradient norm for the log: sum over parameters    torch.nn.utils.get_total_norm
+                            of (g**2).sum(), then .item()                         (foreach), .item() as before
+    per_sample_loss         a loss per sample in a Python loop, stacked, mean     one cross_entropy over the batch
+    item_per_sample         accuracy counted with .item() per sample              (pred == y).sum() on the device,
+                                                                                  read once a step
+    empty_cache             torch.cuda.empty_cache() after every step             not called
+    host_gather             the batch gathered on the host from a CPU tensor      the set kept on the GPU, indexed
+                            set (torch.stack of rows), then .cuda()               there
+    lstm_cell_loop          nn.LSTMCell stepped over the sequence in Python       nn.LSTM (cuDNN) over it at once
+    heads_loop              attention as a ModuleList of heads, each called in    the heads' weights in one
+                            a Python loop (the way tutorials write it)            matmul, all heads at once
+    fp32                    a transformer trained in float32                      bf16 autocast
+    mask_on_host            a causal mask built on the CPU in each attention      built once, a buffer on the GPU
+                            forward, then .to(device)
+    cudnn_benchmark_varlen  a Conv1d net on a new input length every step with    cudnn.benchmark off
+                            cudnn.benchmark=True
+
+    python3 benchmarks/findings/live/eager_mistakes.py run OUT [--cases ...]     # the GPU (one call)
+    uv run python benchmarks/findings/live/eager_mistakes.py report OUT            # anywhere: the table
+
+`run` writes OUT/results.jsonl (a line per process: case, variant, ms/step of each timed rep) and, for each
+mistake, the profile's folder (trace, report.md, summary.json) as <case>/ in OUT/profiles-N.tar (four cases
+each; `tar xf` them before `report`). On a CPU it runs small.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+WARMUP, STEPS, REPS, REP_S = 10, 20, 5, 4.0
+
+
+def _torch():
+    import torch
+    return torch, torch.nn, torch.nn.functional
+
+
+def blocks(depth, width, heads=8):
+    """A pre-norm transformer encoder (torch's own layer), as many small tensors as a real one."""
+    torch, nn, _ = _torch()
+    layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+    return nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+
+
+class Lm:
+    """A token model: embedding, blocks, head. `step()` trains one batch."""
+
+    def __init__(self, dev, depth=8, width=256, vocab=8192, batch=16, seq=128, dtype_bf16=True, lr_groups=None):
+        torch, nn, F = _torch()
+        torch.manual_seed(0)
+        self.dev, self.batch, self.seq, self.vocab, self.bf16 = dev, batch, seq, vocab, dtype_bf16
+        self.model = nn.Sequential(nn.Embedding(vocab, width), blocks(depth, width), nn.LayerNorm(width),
+                                   nn.Linear(width, vocab)).to(dev)
+        self.opt = torch.optim.AdamW(lr_groups(self.model) if lr_groups else self.model.parameters(), lr=1e-4)
+        self.x = torch.randint(0, vocab, (batch, seq), device=dev)
+        self.y = torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def loss(self):
+        torch, _, F = _torch()
+        with torch.autocast(self.dev, torch.bfloat16, enabled=self.bf16):
+            logits = self.model(self.x)
+        return F.cross_entropy(logits.float().view(-1, self.vocab), self.y.view(-1))
+
+    def update(self, loss):
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The cases: build(variant, dev) -> (step function, model, tokens per step)
+# ---------------------------------------------------------------------------------------------------------
+
+def ema_state_dict(variant, dev):
+    torch, _, _ = _torch()
+    import copy
+    lm = Lm(dev, depth=12)
+    ema = copy.deepcopy(lm.model).requires_grad_(False)
+    decay = 0.999
+    ema_params, params = list(ema.parameters()), list(lm.model.parameters())
+
+    def step():
+        lm.update(lm.loss())
+        with torch.no_grad():
+            if variant == "mistake":
+                for ema_v, model_v in zip(ema.state_dict().values(), lm.model.state_dict().values()):
+                    ema_v.copy_(ema_v * decay + (1.0 - decay) * model_v)
+            else:
+                torch._foreach_lerp_(ema_params, params, 1.0 - decay)
+    return step, lm.model, lm.batch * lm.seq
+
+
+def param_group_each(variant, dev):
+    torch, _, _ = _torch()
+    base, decay = 1e-4, 0.9
+
+    def depth_of(name):
+        parts = name.split(".")
+        return int(parts[2]) + 1 if parts[0] == "1" and len(parts) > 2 and parts[2].isdigit() else (
+            0 if parts[0] == "0" else 13)
+
+    def groups(model):
+        named = list(model.named_parameters())
+        if variant == "mistake":
+            return [{"params": [p], "lr": base * decay ** (13 - depth_of(n))} for n, p in named]
+        by = {}
+        for n, p in named:
+            by.setdefault(depth_of(n), []).append(p)
+        return [{"params": ps, "lr": base * decay ** (13 - d)} for d, ps in sorted(by.items())]
+    lm = Lm(dev, depth=12, lr_groups=groups)
+
+    def step():
+        lm.update(lm.loss())
+    return step, lm.model, lm.batch * lm.seq
+
+
+def grad_norm_loop(variant, dev):
+    torch, _, _ = _torch()
+    lm = Lm(dev, depth=12)
+    params = list(lm.model.parameters())
+    log = []
+
+    def step():
+        loss = lm.loss()
+        loss.backward()
+        if variant == "mistake":
+            norm = torch.sqrt(sum((p.grad ** 2).sum() for p in lm.model.parameters()))
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        log.append(norm.item())
+        lm.opt.step()
+        lm.opt.zero_grad(set_to_none=True)
+    return step, lm.model, lm.batch * lm.seq
+
+
+def _classifier(dev, classes=100, batch=512, width=512):
+    torch, nn, _ = _torch()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, width), nn.GELU(), nn.Linear(width, width), nn.GELU(),
+                          nn.Linear(width, classes)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, 256, device=dev)
+    y = torch.randint(0, classes, (batch,), device=dev)
+    return model, opt, x, y
+
+
+def per_sample_loss(variant, dev):
+    torch, _, F = _torch()
+    model, opt, x, y = _classifier(dev)
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = model(x)
+        if variant == "mistake":
+            loss = torch.stack([F.cross_entropy(logits[i].float(), y[i]) for i in range(len(y))]).mean()
+        else:
+            loss = F.cross_entropy(logits.float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, None
+
+
+def item_per_sample(variant, dev):
+    torch, _, F = _torch()
+    model, opt, x, y = _classifier(dev)
+    seen = {"correct": 0}
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        pred = logits.argmax(-1)
+        if variant == "mistake":
+            seen["correct"] += sum(int(p.item() == t.item()) for p, t in zip(pred, y))
+        else:
+            seen["correct"] += int((pred == y).sum().item())
+    return step, model, None
+
+
+def empty_cache(variant, dev):
+    torch, _, _ = _torch()
+    lm = Lm(dev, depth=6, width=512, batch=32, seq=256)
+
+    def step():
+        lm.update(lm.loss())
+        if variant == "mistake" and dev == "cuda":
+            torch.cuda.empty_cache()
+    return step, lm.model, lm.batch * lm.seq
+
+
+def host_gather(variant, dev):
+    torch, nn, F = _torch()
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (20000, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (20000,))
+
+    def conv(cin, cout, stride=1):
+        return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+    model = nn.Sequential(*conv(3, 64), *conv(64, 128, 2), *conv(128, 128), *conv(128, 256, 2), *conv(256, 256),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10))
+    model = model.to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    on_device = (images.to(dev), labels.to(dev))
+    g = torch.Generator().manual_seed(0)
+
+    def step():
+        idx = torch.randint(0, len(images), (256,), generator=g)
+        if variant == "mistake":
+            xb = torch.stack([images[i] for i in idx]).to(dev).float().div_(255)
+            yb = torch.stack([labels[i] for i in idx]).to(dev)
+        else:
+            idx = idx.to(dev, non_blocking=True)
+            xb, yb = on_device[0][idx].float().div_(255), on_device[1][idx]
+        with torch.autocast(dev, torch.bfloat16):
+            loss = F.cross_entropy(model(xb.contiguous(memory_format=torch.channels_last)), yb)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, None
+
+
+def lstm_cell_loop(variant, dev):
+    torch, nn, F = _torch()
+    torch.manual_seed(0)
+    vocab, width, batch, seq = 4096, 512, 64, 64
+    emb, head = nn.Embedding(vocab, width).to(dev), nn.Linear(width, vocab).to(dev)
+    cell = nn.LSTMCell(width, width).to(dev)
+    lstm = nn.LSTM(width, width, batch_first=True).to(dev)
+    with torch.no_grad():  # the same weights either way
+        lstm.weight_ih_l0.copy_(cell.weight_ih), lstm.weight_hh_l0.copy_(cell.weight_hh)
+        lstm.bias_ih_l0.copy_(cell.bias_ih), lstm.bias_hh_l0.copy_(cell.bias_hh)
+    rnn = cell if variant == "mistake" else lstm
+    model = nn.ModuleList([emb, rnn, head])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, vocab, (batch, seq), device=dev)
+    y = torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def step():
+        e = emb(x)
+        if variant == "mistake":
+            h = c = torch.zeros(batch, width, device=dev)
+            outs = []
+            for t in range(seq):
+                h, c = cell(e[:, t], (h, c))
+                outs.append(h)
+            out = torch.stack(outs, 1)
+        else:
+            out, _ = lstm(e)
+        loss = F.cross_entropy(head(out).view(-1, vocab), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, batch * seq
+
+
+def heads_loop(variant, dev):
+    torch, nn, F = _torch()
+    torch.manual_seed(0)
+    vocab, width, heads, depth, batch, seq = 8192, 384, 6, 6, 32, 256
+    size = width // heads
+
+    class Head(nn.Module):  # one attention head, as a ModuleList of them is often written
+        def __init__(self):
+            super().__init__()
+            self.key, self.query, self.value = (nn.Linear(width, size, bias=False) for _ in range(3))
+
+        def forward(self, x):
+            k, q, v = self.key(x), self.query(x), self.value(x)
+            w = (q @ k.transpose(-2, -1)) * size ** -0.5
+            w = w.masked_fill(causal[:x.shape[1], :x.shape[1]], float("-inf")).softmax(-1)
+            return w @ v
+
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads, self.proj = nn.ModuleList(Head() for _ in range(heads)), nn.Linear(width, width)
+
+        def forward(self, x):
+            if variant == "mistake":
+                return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
+            b, t, _ = x.shape  # the same heads' weights, all at once
+            w = lambda name: torch.cat([getattr(h, name).weight for h in self.heads])
+            q, k, v = (F.linear(x, w(n)).view(b, t, heads, size).transpose(1, 2) for n in ("query", "key", "value"))
+            a = ((q @ k.transpose(-2, -1)) * size ** -0.5).masked_fill(causal[:t, :t], float("-inf")).softmax(-1)
+            return self.proj((a @ v).transpose(1, 2).reshape(b, t, width))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2, self.attn = nn.LayerNorm(width), nn.LayerNorm(width), Heads()
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.ReLU(), nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            x = x + self.attn(self.n1(x))
+            return x + self.mlp(self.n2(x))
+
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=dev).triu(1)
+    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(depth)], nn.LayerNorm(width),
+                          nn.Linear(width, vocab)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    x = torch.randint(0, vocab, (batch, seq), device=dev)
+    y = torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, batch * seq
+
+
+def fp32(variant, dev):
+    lm = Lm(dev, depth=8, width=768, batch=16, seq=512, dtype_bf16=variant != "mistake")
+
+    def step():
+        lm.update(lm.loss())
+    return step, lm.model, lm.batch * lm.seq
+
+
+def mask_on_host(variant, dev):
+    torch, nn, F = _torch()
+    torch.manual_seed(0)
+    vocab, width, heads, depth, batch, seq = 8192, 256, 8, 12, 16, 512
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)), persistent=False)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, heads, -1).permute(2, 0, 3, 1, 4)
+            if variant == "mistake":
+                mask = torch.tril(torch.ones(t, t, dtype=torch.bool)).to(x.device)
+            else:
+                mask = self.mask[:t, :t]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return self.out(y.transpose(1, 2).reshape(b, t, width))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2, self.attn = nn.LayerNorm(width), nn.LayerNorm(width), Attention()
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            x = x + self.attn(self.n1(x))
+            return x + self.mlp(self.n2(x))
+
+    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(depth)], nn.LayerNorm(width),
+                          nn.Linear(width, vocab)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, vocab, (batch, seq), device=dev)
+    y = torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, batch * seq
+
+
+def cudnn_benchmark_varlen(variant, dev):
+    torch, nn, F = _torch()
+    torch.backends.cudnn.benchmark = variant == "mistake"
+    torch.manual_seed(0)
+    chans = 256
+    layers = [nn.Conv1d(80, chans, 5, padding=2), nn.GELU()]
+    for _ in range(6):
+        layers += [nn.Conv1d(chans, chans, 5, padding=2), nn.BatchNorm1d(chans), nn.GELU()]
+    model = nn.Sequential(*layers, nn.Conv1d(chans, 32, 1)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+
+    def step():
+        frames = int(torch.randint(200, 1600, (1,), generator=g))  # an utterance batch of a new length
+        x = torch.randn(16, 80, frames, device=dev)
+        y = torch.randint(0, 32, (16, frames), device=dev)
+        with torch.autocast(dev, torch.bfloat16):
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, None
+
+
+CASES = {f.__name__: f for f in (ema_state_dict, param_group_each, grad_norm_loop, per_sample_loss, item_per_sample,
+                                 empty_cache, host_gather, lstm_cell_loop, heads_loop, fp32, mask_on_host,
+                                 cudnn_benchmark_varlen)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One process: time a variant, profile the mistake
+# ---------------------------------------------------------------------------------------------------------
+
+def sync(dev):
+    torch, _, _ = _torch()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(step, dev, reps=REPS, steps=STEPS, cap_s=REP_S):
+    """ms/step of each rep: `steps` steps between two syncs, fewer where they would take over cap_s."""
+    out = []
+    for _ in range(reps):
+        sync(dev)
+        t, n = time.perf_counter(), 0
+        while n < steps and (n < 3 or time.perf_counter() - t < cap_s):
+            step()
+            n += 1
+        sync(dev)
+        out.append(round((time.perf_counter() - t) / n * 1e3, 3))
+    return out
+
+
+def one(case, variant, out, profile):
+    torch, _, _ = _torch()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    step, model, tokens = CASES[case](variant, dev)
+    for _ in range(WARMUP):
+        step()
+    row = {"case": case, "variant": variant, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+           "ms": timed(step, dev)}
+    if profile:
+        sys.path.insert(0, ROOT)
+        import profiling
+        work = os.path.join(tempfile.gettempdir(), "eager-mistakes", case)
+        prof = profiling.Profiler(model, tokens_per_step=tokens, out_dir=work)
+        while not prof.done:
+            step()
+            prof.step()
+        shutil.copytree(prof.folder, os.path.join(out, case), dirs_exist_ok=True)
+        top = (prof.summary or {}).get("findings") or []
+        row["top"] = [{k: f.get(k) for k in ("kind", "ms_per_step", "evidence", "fix")} for f in top[:3]]
+        row["profiled_ms"] = (prof.summary or {}).get("step_ms")
+        row["ms_after"] = timed(step, dev, reps=1)
+    return row
+
+
+def run(out, cases, timeout, budget):
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "results.jsonl")
+    start = time.perf_counter()
+    for case in cases:
+        if time.perf_counter() - start > budget:
+            print(f"budget of {budget:g} s spent: {case} and after not run", flush=True)
+            break
+        for variant in ("mistake", "fix"):
+            t = time.perf_counter()
+            cmd = [sys.executable, os.path.abspath(__file__), "one", case, variant, out] + (
+                ["--profile"] if variant == "mistake" else [])
+            try:
+                p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+                row = json.loads(lines[-1]) if p.returncode == 0 and lines else {
+                    "case": case, "variant": variant, "failed": p.returncode, "stderr": p.stderr[-2000:]}
+            except subprocess.TimeoutExpired:
+                row = {"case": case, "variant": variant, "failed": "timeout"}
+            row["seconds"] = round(time.perf_counter() - t, 1)
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps({k: row.get(k) for k in ("case", "variant", "ms", "profiled_ms", "failed", "seconds")}),
+                  flush=True)
+            if row.get("top"):
+                print("   top:", row["top"][0]["kind"], row["top"][0]["ms_per_step"], flush=True)
+    for k in range(0, len(cases), 4):  # few files, each under 16 MiB: a device call returns no more
+        with tarfile.open(os.path.join(out, f"profiles-{k // 4 + 1}.tar"), "w") as tar:
+            for case in cases[k:k + 4]:
+                if os.path.isdir(os.path.join(out, case)):
+                    tar.add(os.path.join(out, case), arcname=case)
+                    shutil.rmtree(os.path.join(out, case))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The table, from what a run brought back (the claims re-read from the traces with today's rules)
+# ---------------------------------------------------------------------------------------------------------
+
+def rows(out):
+    by = {}
+    with open(os.path.join(out, "results.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            by.setdefault(r["case"], {})[r["variant"]] = r
+    return by
+
+
+def report(out):
+    sys.path.insert(0, ROOT)
+    from profiling.profile.report.ranks import summarize_path
+    lines = ["| case | mistake ms/step | fix ms/step | gain | top finding | claim | claim / gain |",
+             "|---|--:|--:|--:|---|--:|--:|"]
+    for case, r in rows(out).items():
+        m, fx = r.get("mistake", {}), r.get("fix", {})
+        if "ms" not in m or "ms" not in fx:
+            lines.append(f"| {case} | failed | | | | | |")
+            continue
+        before, after = statistics.median(m["ms"]), statistics.median(fx["ms"])
+        traces = glob.glob(os.path.join(out, case, "*.json.gz"))
+        top = (summarize_path(traces[0])["findings"] or [None])[0] if traces else None
+        top = top or {"kind": "-", "ms_per_step": 0.0}
+        gain = before - after
+        lines.append(f"| {case} | {before:.1f} | {after:.1f} | {gain:.1f} | {top['kind']} | "
+                     f"{top['ms_per_step']:.1f} | {top['ms_per_step'] / gain if gain > 0 else float('nan'):.2f} |")
+    print("\n".join(lines))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="every case: the mistake timed and profiled, the fix timed")
+    r.add_argument("out")
+    r.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    r.add_argument("--timeout", type=float, default=150, help="seconds a process may run")
+    r.add_argument("--budget", type=float, default=480, help="seconds after which no case starts")
+    o = sub.add_parser("one", help=argparse.SUPPRESS)
+    o.add_argument("case", choices=list(CASES))
+    o.add_argument("variant", choices=("mistake", "fix"))
+    o.add_argument("out")
+    o.add_argument("--profile", action="store_true")
+    t = sub.add_parser("report", help="the table of claims against gains, from a run's folder")
+    t.add_argument("out")
+    a = p.parse_args(argv)
+    if a.cmd == "run":
+        run(a.out, a.cases, a.timeout, a.budget)
+    elif a.cmd == "one":
+        print(json.dumps(one(a.case, a.variant, a.out, a.profile)))
+    else:
+        report(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

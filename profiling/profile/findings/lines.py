@@ -1,0 +1,212 @@
+"""Pure: the host's cost placed on the lines of the user's code, and the mechanism a line shows (issue #56).
+Stdlib only.
+
+An eager loop whose host launches or syncs too much leaves the GPU idle between its kernels. The effect rules
+(launch_bound, host_sync, eager_code) price that idle; this one says which line of the user's code it waits on
+and what that line does, from the trace's own events:
+
+- each GPU idle gap goes to one line: the line whose sync the host was blocked in as the GPU went idle, else the
+  line whose operator launched the kernel that ends the gap (a backward kernel's line is its forward operator's:
+  profiling/profile/tables/eager_lines.py). The line is the innermost frame of the user's code (whose.py).
+- what a line does, from the operators the line-record step saw it call, in order (the trace metadata's
+  `eager_lines`), the kernels and copies its operators launched in the profiled steps, and its syncs:
+    per_parameter_loop  a block of a few operators repeated once per parameter tensor (an EMA or a norm in a
+                        Python loop over the parameters, an optimizer with one param group per tensor or with
+                        foreach=False): one foreach or fused call over all the tensors does the same work
+    python_loop         a block of a few operators repeated LOOP_MIN times or more in a row (per sample, per
+                        time step, per head): the same work as one call over a stacked or batched tensor
+    host_tensor         operators that run on the host (they launch nothing) and a pageable host-to-device copy
+                        of what they made, every step: made once on the device, or kept there
+  A line with none of these is left to the effect rules (whose evidence then names the lines the idle waits on).
+- the price: the GPU idle the line's gaps hold (at the unprofiled run's scale): the time the step loses waiting on
+  that line's host work, which the remedy removes; never more than the step's idle.
+"""
+from collections import Counter
+
+from profiling.profile.findings.contract import idle_ms, rule, scaled, top
+from profiling.profile.findings.contract import finding as make
+from profiling.profile.trace.eager_ops import top_of
+
+LOOP_MIN = 16      # a block repeated this many times in a row on one line is a Python loop
+MAX_BODY = 16      # operators in a loop's body at most (a stack of layers repeats blocks of 20 and more, and
+                   # runs from a library's loop, not a line of the user's)
+MIN_SHARE = 0.03   # of the step: a line's idle under this is not a finding of its own
+SYNC_CALLS = ("aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero", "aten::cpu")
+HOST_COPY = "Pageable"  # a copy from pageable host memory (a tensor made on the host: `Memcpy HtoD (Pageable...`)
+VIEWS = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::empty", "aten::empty_strided", "aten::view",
+         "aten::select", "aten::slice", "aten::detach", "aten::alias", "aten::lift_fresh", "aten::contiguous",
+         "aten::unbind", "aten::as_strided", "aten::reshape", "aten::clone", "aten::_has_compatible_shallow_copy_type")
+
+
+class Line:
+    """One line of the user's code: the operators it called in the recorded step (in order), the device events its
+    operators launched in the profiled steps (by the line's own operator that launched them), the pageable copies
+    among them, and the GPU idle gaps that wait on it."""
+
+    __slots__ = ("copies", "gaps", "key", "launched", "ops", "text")
+
+    def __init__(self, key, text):
+        self.key, self.text = key, text
+        self.ops, self.gaps = [], []
+        self.launched, self.copies = Counter(), 0
+
+    @property
+    def label(self):
+        return f"{self.key[0]}:{self.key[1]}"
+
+
+def lines_of(tl):
+    """{(file, line): Line} of a device trace with a line record, or {} (memoized on the timeline)."""
+    if getattr(tl, "_host_lines", None) is not None:
+        return tl._host_lines
+    placer = getattr(tl, "placer", None)
+    eager = placer.eager if placer is not None else None
+    out = {}
+    if eager is not None:
+        record = tl.meta.get("eager_lines") or {}
+        for name, i in record.get("ops") or ():
+            if isinstance(i, int) and 0 <= i < len(eager.lines):
+                key = eager.lines[i]
+                out.setdefault(key, Line(key, eager.text.get(key, ""))).ops.append(str(name))
+        memo = {}
+        for evs in tl.per_step:
+            for e, launch in evs:
+                op = tl.op_of(launch)
+                line = _line(tl, placer, op, launch, out)
+                if line is not None:
+                    outer = top_of(op, tl.parent, memo)[0]  # the line's own call (None: a backward's)
+                    line.launched[str(outer.get("name", "")) if outer else "backward"] += 1
+                    line.copies += HOST_COPY in str(e.get("name", ""))
+        for g in tl.gaps:
+            sync = tl.sync_at(g)
+            at = sync[0] if sync else g.launch
+            line = _line(tl, placer, tl.enclosing(at) if sync else tl.op_of(at), at, out)
+            if line is not None:
+                line.gaps.append(g)
+    tl._host_lines = out
+    return out
+
+
+def _line(tl, placer, op, anchor, out):
+    if op is None:
+        return None
+    lines, _, eager = placer.place(op, anchor)
+    if not lines or not eager:
+        return None
+    key = lines[0]
+    return out.setdefault(key, Line(key, placer.eager.text.get(key, "")))
+
+
+def loop(names):
+    """(body, times): the block of at most MAX_BODY operator names repeated the most times in a row in `names`, the
+    block that covers the most operators so; (None, 0) where none repeats LOOP_MIN times."""
+    best, n = (None, 0), len(names)
+    for p in range(1, min(MAX_BODY, n // LOOP_MIN) + 1):
+        run, start = 0, 0
+        for i in range(n - p):
+            if names[i] == names[i + p]:
+                run += 1
+                times = run // p + 1
+                if times >= LOOP_MIN and times * p > best[1] * len(best[0] or ()):
+                    best = (tuple(names[start:start + p]), times)
+            else:
+                run, start = 0, i + 1
+    return best
+
+
+def mechanism(line, tensors, n):
+    """(kind, what it does in words, the remedy) for a line, or None."""
+    body, times = loop(line.ops)
+    # the recorded step's sync operators on device tensors (one on a host tensor, an index in a host loop, waits
+    # for nothing); counted from the operators: the trace's sync calls miss a copy that found the GPU done
+    host = not (set(body or ()) & set(line.launched))
+    syncs = 0 if host else sum(o in SYNC_CALLS for o in line.ops)
+    launches = sum(line.launched.values()) / n
+    backward = line.launched.get("backward", 0) / n
+    if body:
+        ops = ", ".join(f"`{b}`" for b in dict.fromkeys(body))
+        calls = f"{len(line.ops)} operator calls a step, a block of {len(body)} ({ops}) {times} times in a row"
+        synced = (f"; {syncs} of them host syncs (each waits for the GPU to finish all it was given)"
+                  if syncs >= 1 else "")
+        if tensors and times % tensors == 0 and times >= tensors:
+            each = "once per parameter tensor" if times == tensors else f"{times // tensors}x per parameter tensor"
+            if any(o.startswith("aten::_foreach_") for o in body):
+                return ("per_parameter_loop", f"{calls}: a foreach update run {each} ({tensors} tensors), that is "
+                        "one param group per tensor" + synced,
+                        "group the parameters: one param group per distinct setting (lr, weight decay), not one per "
+                        "tensor, so the optimizer's foreach or fused update runs over each group at once")
+            return ("per_parameter_loop", f"{calls}: {each} ({tensors} tensors), {launches:.0f} kernel launches a "
+                    "step" + synced, _per_parameter_fix(line.text))
+        return ("python_loop", f"{calls}: a Python loop, " + (
+            "on the host (its operators launch no kernel), " if host else "") + f"{launches:.0f} kernel launches a "
+            "step" + (f" ({backward:.0f} of them its backward)" if backward else "") + synced,
+            _loop_fix(body, syncs, host))
+    made = [o for o in dict.fromkeys(line.ops) if o not in line.launched and o not in VIEWS]
+    if line.copies and made:
+        return ("host_tensor", f"{', '.join(f'`{o}`' for o in made[:3])} run on the host (they launch no kernel) and "
+                f"{line.copies / n:.0f} pageable host-to-device cop{'y' if line.copies == n else 'ies'} a step take "
+                "what they made to the GPU, every step",
+                "make it on the device, once: a tensor that is the same every step as a buffer built at init "
+                "(register_buffer) or cached; data indexed per step kept on the GPU and indexed there "
+                "(device=... where it is created)")
+    return None
+
+
+def _per_parameter_fix(text):
+    if "clip_grad" in text:
+        return "clip_grad_norm_(..., foreach=True): one norm over all the gradients"
+    if ".step(" in text:
+        return "the optimizer with fused=True (Adam, AdamW, SGD) or foreach=True: one update over all the tensors"
+    return ("one call over all the tensors instead of a Python loop over them: torch._foreach_* on the tensor lists "
+            "(an EMA: torch._foreach_lerp_(ema_params, params, 1 - decay); a norm: "
+            "torch.nn.utils.get_total_norm(grads))")
+
+
+def _loop_fix(body, syncs, host):
+    if any("lstm_cell" in b or "gru_cell" in b or "rnn_" in b for b in body):
+        return "nn.LSTM / nn.GRU over the whole sequence (one cuDNN call) instead of the cell in a Python loop"
+    if syncs >= 1:
+        return ("compute it over the whole tensor on the device (e.g. (pred == y).sum()) and read the result once, "
+                "not an .item() per element")
+    if host:
+        return ("keep the data on the GPU and index it there with a tensor of indices (one gather), not row by row "
+                "on the host")
+    return ("vectorize the loop: one call over the stacked or batched tensor (the batch dimension, all heads at "
+            "once, a loss with reduction over the batch) instead of one call per element")
+
+
+@rule("host_line", needs=("device", "own_idle"))
+def host_line(tl, ctx, found):
+    """The line of the user's code whose host work holds the most GPU idle, where its mechanism is recognized
+    (module docstring): the first such line by idle, its gaps claimed."""
+    by_line = lines_of(tl)
+    if not by_line:
+        return None
+    tensors, n = len(tl.meta.get("parameters") or ()), tl.n
+    ranked = sorted(by_line.values(), key=lambda line: -sum(g.us for g in line.gaps if g.cause is None))
+    for line in ranked:
+        gaps = [g for g in line.gaps if g.cause is None]
+        ms = idle_ms(gaps, ctx)
+        if ms < MIN_SHARE * ctx["step"]:
+            return None
+        recognized = mechanism(line, tensors, n)
+        if recognized is None:
+            continue
+        kind, what, fix = recognized
+        for g in gaps:
+            g.cause = kind
+        evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on this line's host work {ms:.1f} ms/step "
+                    f"({len(gaps) / n:.0f} idle gaps){scaled(ctx)}")
+        return make(kind, ms, ctx, evidence, f"at {line.label}: {fix}")
+    return None
+
+
+def idle_lines(tl, gaps, k=2):
+    """'file:line (share%) `text`' of the lines the GPU idle in these gaps waited on most, or ''."""
+    by_line = lines_of(tl)
+    if not by_line:
+        return ""
+    ids = {id(g) for g in gaps}
+    us = {line: sum(g.us for g in line.gaps if id(g) in ids) for line in by_line.values()}
+    total = sum(g.us for g in gaps) or 1.0
+    return ", ".join(f"{line.label} ({100 * v / total:.0f}%) `{line.text}`" for line, v in top(us, k) if v > 0)

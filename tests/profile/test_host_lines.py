@@ -1,0 +1,86 @@
+"""The host's cost on the user's lines, and the mechanism a line shows (issue #56; profiling/profile/findings/lines.py).
+
+Fixtures: real H200 traces of benchmarks/findings/live/eager_mistakes.py's loops (2026-11-28), each a common eager
+mistake profiled through profiling.Profiler, two profiled steps kept (tests/data/trim_trace.py); the cuDNN one
+whole. What their fixes recovered, timed unprofiled in fresh processes, is in
+benchmarks/findings/live/eager_mistakes_results.md.
+"""
+import functools
+import os
+
+import pytest
+
+from profiling.profile.findings.lines import LOOP_MIN, MAX_BODY, loop
+from profiling.profile.report.ranks import summarize_path
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "data")
+
+
+@functools.lru_cache(maxsize=None)
+def findings(case):
+    s = summarize_path(os.path.join(DATA, f"h200-eager-{case}.trace.json.gz"))
+    return {f["kind"]: f for f in s["findings"]}, [f["kind"] for f in s["findings"]]
+
+
+def test_a_block_repeated_in_a_row_is_a_loop_and_a_stack_of_layers_is_not():
+    body = ["aten::select", "aten::to", "aten::cross_entropy_loss"]
+    assert loop(body * 512 + ["aten::stack", "aten::mean"]) == (tuple(body), 512)
+    assert loop(["aten::item"] * 1024) == (("aten::item",), 1024)
+    assert loop(body * (LOOP_MIN - 1)) == (None, 0)  # too few times
+    layer = [f"aten::op{i}" for i in range(MAX_BODY + 4)]  # a layer's many operators, 24 layers
+    assert loop(layer * 24) == (None, 0)
+
+
+@pytest.mark.parametrize("case, kind, line, words, fix", [
+    ("ema-state-dict", "per_parameter_loop", "`ema_v.copy_(ema_v * decay + (1.0 - decay) * model_v)`",
+     "once per parameter tensor (149 tensors)", "torch._foreach_lerp_(ema_params, params, 1 - decay)"),
+    ("param-group-each", "per_parameter_loop", "`self.opt.step()`", "one param group per tensor",
+     "one param group per distinct setting"),
+    ("item-per-sample", "python_loop", "zip(pred, y))`", "1024 of them host syncs", "read the result once"),
+    ("lstm-cell-loop", "python_loop", "`h, c = cell(e[:, t], (h, c))`", "`aten::lstm_cell`) 64 times in a row",
+     "nn.LSTM / nn.GRU over the whole sequence"),
+    ("host-gather", "python_loop", " for i in idx]).to(dev)", "on the host (its operators "
+     "launch no kernel)", "keep the data on the GPU and index it there"),
+    ("mask-on-host", "host_tensor", "`mask = torch.tril(torch.ones(t, t, dtype=torch.bool)).to(x.device)`",
+     "`aten::ones`, `aten::tril` run on the host", "register_buffer"),
+])
+def test_each_mistake_is_named_at_its_line_with_its_mechanism_and_remedy(case, kind, line, words, fix):
+    found, _ = findings(case)
+    assert kind in found, found.keys()
+    f = found[kind]
+    assert line in f["evidence"] and words in f["evidence"], f["evidence"]
+    assert fix in f["fix"] and f["fix"].startswith("at eager_mistakes.py:"), f["fix"]
+    assert f["ms_per_step"] > 0
+
+
+@pytest.mark.parametrize("case", ["item-per-sample", "lstm-cell-loop"])
+def test_a_loop_that_holds_most_of_the_idle_comes_first(case):
+    """Where the mistake is most of the GPU's idle, its finding leads, ahead of the effect (launch_bound, host_sync)
+    that it causes; before, item-per-sample led with launch_bound (2.36 ms/step) and host_sync (1.46) where the
+    fix recovered 13.1."""
+    found, order = findings(case)
+    assert order[0] == "python_loop"
+    assert found["python_loop"]["ms_per_step"] > 5 * max(found[k]["ms_per_step"] for k in order[1:3])
+
+
+def test_launch_bound_names_the_lines_it_waits_on():
+    found, _ = findings("ema-state-dict")
+    assert "it waits on the launches of eager_mistakes.py:81" in found["launch_bound"]["evidence"]
+    assert "`logits = self.model(self.x)`" in found["launch_bound"]["evidence"]
+
+
+def test_the_gaps_a_mechanism_prices_are_not_priced_again():
+    """The optimizer's per-group launches are the finding's; launch_bound keeps the model's idle only."""
+    found, _ = findings("param-group-each")
+    assert "self.opt.step()" not in found["launch_bound"]["evidence"]
+    total = sum(f["ms_per_step"] for f in found.values())
+    s = summarize_path(os.path.join(DATA, "h200-eager-param-group-each.trace.json.gz"))
+    assert total <= s["step_ms"]
+
+
+def test_cudnn_benchmark_on_a_new_shape_each_step_is_named_as_the_autotuner():
+    found, order = findings("cudnn-benchmark-varlen")
+    assert order[0] == "alloc_churn"
+    f = found["alloc_churn"]
+    assert "cuDNN benchmark is on" in f["evidence"] and "torch.backends.cudnn.benchmark = False" in f["fix"]
+    assert "empty_cache" not in f["fix"]
