@@ -117,10 +117,11 @@ def loop(names):
 def mechanism(line, tensors, n):
     """(kind, what it does in words, the remedy) for a line, or None."""
     body, times = loop(line.ops)
-    # the recorded step's sync operators on device tensors (one on a host tensor, an index in a host loop, waits
-    # for nothing); counted from the operators: the trace's sync calls miss a copy that found the GPU done
+    # the recorded step's sync operators that copied from the device (one on a host tensor, as a single-tensor
+    # AdamW's step count or an index in a host loop, launches nothing and waits for nothing); counted from the
+    # operators: the trace's sync calls miss a copy that found the GPU done
     host = not (set(body or ()) & set(line.launched))
-    syncs = 0 if host else sum(o in SYNC_CALLS for o in line.ops)
+    syncs = sum(o in SYNC_CALLS and o in line.launched for o in line.ops)
     launches = sum(line.launched.values()) / n
     backward = line.launched.get("backward", 0) / n
     if body:
