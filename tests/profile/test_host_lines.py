@@ -39,6 +39,10 @@ def test_a_block_repeated_in_a_row_is_a_loop_and_a_stack_of_layers_is_not():
     ("item-per-sample", "python_loop", "zip(pred, y))`", "1024 of them host syncs", "read the result once"),
     ("lstm-cell-loop", "python_loop", "`h, c = cell(e[:, t], (h, c))`", "`aten::lstm_cell`) 64 times in a row",
      "nn.LSTM / nn.GRU over the whole sequence"),
+    ("host-gather", "python_loop", " for i in idx]).to(dev)", "on the host (its operators "
+     "launch no kernel)", "keep the data on the GPU and index it there"),
+    ("mask-on-host", "host_tensor", "`mask = torch.tril(torch.ones(t, t, dtype=torch.bool)).to(x.device)`",
+     "`aten::ones`, `aten::tril` run on the host", "register_buffer"),
 ])
 def test_each_mistake_is_named_at_its_line_with_its_mechanism_and_remedy(case, kind, line, words, fix):
     found, _ = findings(case)

@@ -79,7 +79,7 @@ def host_sync(tl, ctx, found):
     mine = {id(e) for e, _ in syncs}
     claimed = []
     for g in tl.gaps:
-        hit = tl.sync_at(g)
+        hit = tl.sync_at(g) if g.cause is None else None  # an earlier rule's gap (a loader wait, a line's loop) stays
         if hit and id(hit[0]) in mine and g.launch["ts"] >= hit[0]["ts"] + hit[0]["dur"] - 50.0:
             g.cause = "host_sync"
             claimed.append(g)
