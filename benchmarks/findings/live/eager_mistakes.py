@@ -48,6 +48,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WARMUP, STEPS, REPS, REP_S = 10, 20, 5, 4.0
+VARIANTS = ("mistake", "fix", "compiled")
 MECHANISMS = ("per_parameter_loop", "python_loop", "host_tensor")  # findings that name a line's mechanism
 
 
@@ -447,7 +448,9 @@ def timed(step, dev, reps=REPS, steps=STEPS, cap_s=REP_S):
 def one(case, variant, out, profile):
     torch, _, _ = _torch()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    step, model, tokens = CASES[case](variant, dev)
+    step, model, tokens = CASES[case]("mistake" if variant == "compiled" else variant, dev)
+    if variant == "compiled":  # the mistake kept, the model compiled: what launch_bound's remedy recovers
+        model.compile()
     for _ in range(WARMUP):
         step()
     row = {"case": case, "variant": variant, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
@@ -468,7 +471,7 @@ def one(case, variant, out, profile):
     return row
 
 
-def run(out, cases, timeout, budget):
+def run(out, cases, timeout, budget, variants=("mistake", "fix"), profile=True):
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "results.jsonl")
     start = time.perf_counter()
@@ -476,10 +479,10 @@ def run(out, cases, timeout, budget):
         if time.perf_counter() - start > budget:
             print(f"budget of {budget:g} s spent: {case} and after not run", flush=True)
             break
-        for variant in ("mistake", "fix"):
+        for variant in variants:
             t = time.perf_counter()
             cmd = [sys.executable, os.path.abspath(__file__), "one", case, variant, out] + (
-                ["--profile"] if variant == "mistake" else [])
+                ["--profile"] if variant == "mistake" and profile else [])
             try:
                 p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
                 lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
@@ -494,12 +497,12 @@ def run(out, cases, timeout, budget):
                   flush=True)
             if row.get("top"):
                 print("   top:", row["top"][0]["kind"], row["top"][0]["ms_per_step"], flush=True)
-    for k in range(0, len(cases), 4):  # few files, each under 16 MiB: a device call returns no more
+    made = [case for case in cases if os.path.isdir(os.path.join(out, case))]
+    for k in range(0, len(made), 4):  # few files, each under 16 MiB: a device call returns no more
         with tarfile.open(os.path.join(out, f"profiles-{k // 4 + 1}.tar"), "w") as tar:
-            for case in cases[k:k + 4]:
-                if os.path.isdir(os.path.join(out, case)):
-                    tar.add(os.path.join(out, case), arcname=case)
-                    shutil.rmtree(os.path.join(out, case))
+            for case in made[k:k + 4]:
+                tar.add(os.path.join(out, case), arcname=case)
+                shutil.rmtree(os.path.join(out, case))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -546,16 +549,19 @@ def main(argv=None):
     r.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     r.add_argument("--timeout", type=float, default=150, help="seconds a process may run")
     r.add_argument("--budget", type=float, default=480, help="seconds after which no case starts")
+    r.add_argument("--variants", nargs="+", choices=VARIANTS, default=["mistake", "fix"],
+                   help="compiled: the mistake kept, the model compiled (model.compile())")
+    r.add_argument("--no-profile", action="store_true", help="time only")
     o = sub.add_parser("one", help=argparse.SUPPRESS)
     o.add_argument("case", choices=list(CASES))
-    o.add_argument("variant", choices=("mistake", "fix"))
+    o.add_argument("variant", choices=VARIANTS)
     o.add_argument("out")
     o.add_argument("--profile", action="store_true")
     t = sub.add_parser("report", help="the table of claims against gains, from a run's folder")
     t.add_argument("out")
     a = p.parse_args(argv)
     if a.cmd == "run":
-        run(a.out, a.cases, a.timeout, a.budget)
+        run(a.out, a.cases, a.timeout, a.budget, a.variants, not a.no_profile)
     elif a.cmd == "one":
         print(json.dumps(one(a.case, a.variant, a.out, a.profile)))
     else:

@@ -43,12 +43,13 @@ class Line:
     operators launched in the profiled steps (by the line's own operator that launched them), the pageable copies
     among them, and the GPU idle gaps that wait on it."""
 
-    __slots__ = ("copies", "gaps", "key", "launched", "ops", "text")
+    __slots__ = ("copies", "gaps", "key", "launched", "ops", "text", "visits")
 
     def __init__(self, key, text):
         self.key, self.text = key, text
         self.ops, self.gaps = [], []
-        self.launched, self.copies = Counter(), 0
+        self.launched, self.copies, self.visits = Counter(), 0, []  # visits: (first, last) record index of each
+                                                                      # run of the step's operators on this line
 
     @property
     def label(self):
@@ -64,10 +65,17 @@ def lines_of(tl):
     out = {}
     if eager is not None:
         record = tl.meta.get("eager_lines") or {}
-        for name, i in record.get("ops") or ():
+        previous = None
+        for at, (name, i) in enumerate(record.get("ops") or ()):
             if isinstance(i, int) and 0 <= i < len(eager.lines):
                 key = eager.lines[i]
-                out.setdefault(key, Line(key, eager.text.get(key, ""))).ops.append(str(name))
+                line = out.setdefault(key, Line(key, eager.text.get(key, "")))
+                line.ops.append(str(name))
+                if key == previous:
+                    line.visits[-1] = (line.visits[-1][0], at)
+                else:
+                    line.visits.append((at, at))
+                previous = key
         memo = {}
         for evs in tl.per_step:
             for e, launch in evs:
@@ -190,7 +198,19 @@ def host_line(tl, ctx, found):
         ms = idle_ms(gaps, ctx)
         if ms < MIN_SHARE * ctx["step"]:
             return None
-        recognized = mechanism(line, tensors, n)
+        body = loop_body(tl, line, by_line)
+        recognized = None if body else mechanism(line, tensors, n)
+        if body is not None:
+            lines, caller, text = body
+            gaps = [g for other in lines for g in other.gaps if g.cause is None]
+            ms = idle_ms(gaps, ctx)
+            recognized = ("python_loop", (
+                f"with {', '.join(o.label.split(':')[1] for o in lines[1:])} a loop body of {len(lines)} lines run "
+                f"{len(line.visits)} times a step, called from {caller} `{text}`, {sum(len(o.ops) for o in lines)} "
+                f"operator calls and {sum(sum(o.launched.values()) for o in lines) / n:.0f} kernel launches a step"),
+                f"at {caller}: one call over all the loop's iterations instead of one per element (all heads in one "
+                "matmul with their weights concatenated; the whole batch at once), not a module called in a Python "
+                "comprehension")
         if recognized is None:
             continue
         kind, what, fix = recognized
@@ -198,8 +218,44 @@ def host_line(tl, ctx, found):
             g.cause = kind
         evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on this line's host work {ms:.1f} ms/step "
                     f"({len(gaps) / n:.0f} idle gaps){scaled(ctx)}")
-        return make(kind, ms, ctx, evidence, f"at {line.label}: {fix}")
+        return make(kind, ms, ctx, evidence, fix if body else f"at {line.label}: {fix}")
     return None
+
+
+GATHERS = ("torch.cat(", "torch.stack(", "sum(", " for ")  # a caller that gathers a loop's results
+
+
+def loop_body(tl, line, by_line):
+    """([the line, the other lines of its loop body], the caller's label, its text), or None: the lines entered as
+    many times a step as this one (LOOP_MIN or more), each between two of its visits, whose caller (the next frame
+    of the user's code outward in the host samples) gathers the results of a loop (a comprehension, torch.cat,
+    torch.stack, sum): heads or samples run one by one; a stack of layers, each feeding the next, is no such loop."""
+    visits = line.visits
+    if len(visits) < LOOP_MIN:
+        return None
+    lo, hi = visits[0][0], visits[1][0]
+    lines = [line] + [o for o in by_line.values() if o is not line and len(o.visits) == len(visits)
+                      and any(lo < a < hi for a, _ in o.visits)]
+    caller = _caller(tl, {o.label for o in lines})
+    if caller is None:
+        return None
+    text = ((tl.meta.get("host_samples") or {}).get("lines") or {}).get(caller, "")
+    if not any(g in text for g in GATHERS):
+        return None
+    return sorted(lines, key=lambda o: o.visits[0][0]), caller.rsplit(" ", 1)[0], text
+
+
+def _caller(tl, labels):
+    """The most sampled frame of the user's code just outside any of these lines ('file:line function'), or None."""
+    host = tl.meta.get("host_samples") or {}
+    own, counts = set(host.get("own") or ()), Counter()
+    for stack in host.get("stacks") or ():
+        at = [i for i, f in enumerate(stack) if f.rsplit(" ", 1)[0] in labels]
+        if at:
+            outer = next((f for f in stack[at[0] + 1:] if f in own and f.rsplit(" ", 1)[0] not in labels), None)
+            if outer:
+                counts[outer] += 1
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def idle_lines(tl, gaps, k=2):
