@@ -53,6 +53,18 @@ def test_each_mistake_is_named_at_its_line_with_its_mechanism_and_remedy(case, k
     assert f["ms_per_step"] > 0
 
 
+def test_a_loop_body_of_several_lines_is_one_loop_named_at_the_caller_that_gathers_it():
+    """Attention heads as a ModuleList called in a comprehension: each of Head.forward's four lines runs 36 times a
+    step (6 heads x 6 layers); one finding for the four, at the comprehension (the heads batched: -37.1 ms/step)."""
+    found, order = findings("heads-loop")
+    assert order[0] == "python_loop"
+    f = found["python_loop"]
+    assert "with 293, 294, 295 a loop body of 4 lines run 36 times a step" in f["evidence"]
+    assert "called from eager_mistakes.py:304 `return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))`" in \
+        f["evidence"] and "these lines' host work" in f["evidence"]
+    assert f["fix"].startswith("at eager_mistakes.py:304: one call over all the loop's iterations")
+
+
 @pytest.mark.parametrize("case", ["item-per-sample", "lstm-cell-loop"])
 def test_a_loop_that_holds_most_of_the_idle_comes_first(case):
     """Where the mistake is most of the GPU's idle, its finding leads, ahead of the effect (launch_bound, host_sync)

@@ -19,7 +19,7 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 """
 from collections import Counter
 
-from profiling.profile.findings import convs
+from profiling.profile.findings import convs, lines
 from profiling.profile.findings.contract import (
     capped,
     claim,
@@ -135,9 +135,10 @@ def fp32_matmul(tl, ctx, found):
     for e, op, g_us, *_ in fp32 + fp32_convs:
         kernels[short_name(str(e.get("name", "")))] += 1
         shapes[_dims(op)] += g_us
+    where = lines.device_lines(tl, [e for g in fp32 + fp32_convs for e in g[4]])
     evidence = ("; ".join(parts) + "; shapes " + ", ".join(s for s, _ in top(shapes, 2)) + "; kernel "
-                + ", ".join(f"`{k}`" for k, _ in top(kernels, 1)) + "; the float32 elementwise work around them "
-                "is not counted")
+                + ", ".join(f"`{k}`" for k, _ in top(kernels, 1)) + (f"; from {where}" if where else "")
+                + "; the float32 elementwise work around them is not counted")
     train = training(tl)
     fix = (("run these layers in bf16: inside torch.autocast(dtype=torch.bfloat16), with no .float() on their "
             "inputs") if half == "bf16" else ("run these layers in fp16 (this GPU has no bf16 tensor cores): inside "

@@ -216,7 +216,8 @@ def host_line(tl, ctx, found):
         kind, what, fix = recognized
         for g in gaps:
             g.cause = kind
-        evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on this line's host work {ms:.1f} ms/step "
+        whose = "these lines'" if body else "this line's"
+        evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on {whose} host work {ms:.1f} ms/step "
                     f"({len(gaps) / n:.0f} idle gaps){scaled(ctx)}")
         return make(kind, ms, ctx, evidence, fix if body else f"at {line.label}: {fix}")
     return None
@@ -267,3 +268,26 @@ def idle_lines(tl, gaps, k=2):
     us = {line: sum(g.us for g in line.gaps if id(g) in ids) for line in by_line.values()}
     total = sum(g.us for g in gaps) or 1.0
     return ", ".join(f"{line.label} ({100 * v / total:.0f}%) `{line.text}`" for line, v in top(us, k) if v > 0)
+
+
+def device_lines(tl, events, k=2):
+    """'file:line (share%) `text`' of the lines whose operators launched most of these device events' time (a
+    backward kernel on its forward operator's line), or ''."""
+    placer = getattr(tl, "placer", None)
+    if placer is None:
+        return ""
+    launches = getattr(tl, "_launch_of", None)
+    if launches is None:
+        launches = tl._launch_of = {id(e): launch for evs in tl.per_step for e, launch in evs}
+    us, texts = Counter(), {}
+    for e in events:
+        launch = launches.get(id(e))
+        if launch is None:
+            continue
+        lines, _, _ = placer.place(tl.op_of(launch), launch)
+        if lines:
+            key = lines[0]
+            us[key] += e["dur"]
+            texts[key] = placer.prov.text.get(key, "")
+    total = sum(e["dur"] for e in events) or 1.0
+    return ", ".join(f"{f}:{n} ({100 * v / total:.0f}%) `{texts[(f, n)]}`" for (f, n), v in us.most_common(k))
