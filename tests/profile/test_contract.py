@@ -26,7 +26,8 @@ FIRES = {
     "sort_scatter": "h100-plant33-deterministic", "attention_backend": "h100-plant34-sdp_efficient",
     "exposed_communication": "foreign/param-v100-dlrm-train-rank1-of-8.json.gz",
     "input_bound": "foreign/kineto-v100-resnet50-train.json.gz",
-    "slow_convolution": "h100-host-convnext-fp32", "conv_layout": "foreign/tracelens-mi210-gpu-only-no-steps.json.gz",
+    "slow_convolution": "h100-host-convnext-fp32", "per_parameter_loop": "h200-eager-ema-state-dict",
+    "python_loop": "h200-eager-item-per-sample", "host_tensor": "h200-eager-mask-on-host", "conv_layout": "foreign/tracelens-mi210-gpu-only-no-steps.json.gz",
 }
 # rules whose finding a recorded setting turns into kind `setting` (findings/settings.py)
 SETTING = {"host_sync": "h100-plant33-anomaly_mode", "blocking_launch": "h100-plant33-launch_blocking",

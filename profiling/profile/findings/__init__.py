@@ -52,7 +52,7 @@ from profiling.profile.findings.contract import run, unknown
 from profiling.profile.trace import hardware
 
 # The order rules run in: a rule sees what earlier ones claimed (root causes before what they expose).
-RULES = (input_pipeline.input_bound, lines.host_line, idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
+RULES = (input_pipeline.input_bound, *lines.RULES, idle.host_sync, idle.graph_break, calls.blocking_launch, calls.alloc_churn, calls.cuda_sync,
          waste.eager_code, unplaced.sort_scatter, kernels.math_attention, convs.slow_convolution,
          kernels.fp32_matmul, waste.fp32_intermediate, kernels.slow_device,
          kernels.attention_fallback, kernels.attention_backend,

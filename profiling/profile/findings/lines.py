@@ -184,43 +184,51 @@ def _loop_fix(body, syncs, host):
             "once, a loss with reduction over the batch) instead of one call per element")
 
 
-@rule("host_line", needs=("device", "own_idle"))
-def host_line(tl, ctx, found):
-    """The line of the user's code whose host work holds the most GPU idle, where its mechanism is recognized
-    (module docstring): the first such line by idle, its gaps claimed."""
-    by_line = lines_of(tl)
-    if not by_line:
-        return None
-    tensors, n = len(tl.meta.get("parameters") or ()), tl.n
-    ranked = sorted(by_line.values(), key=lambda line: -sum(g.us for g in line.gaps if g.cause is None))
-    for line in ranked:
-        gaps = [g for g in line.gaps if g.cause is None]
-        ms = idle_ms(gaps, ctx)
-        if ms < MIN_SHARE * ctx["step"]:
-            return None
-        body = loop_body(tl, line, by_line)
-        recognized = None if body else mechanism(line, tensors, n)
-        if body is not None:
-            lines, caller, text = body
+def _line_rule(kind):
+    """The rule of one mechanism: the line of the user's code holding the most GPU idle among those whose mechanism
+    is `kind` (module docstring), its gaps claimed. Each mechanism a rule of its own (its kind the finding's)."""
+
+    @rule(kind, needs=("device", "own_idle"))
+    def match(tl, ctx, found):
+        by_line = lines_of(tl)
+        tensors, n = len(tl.meta.get("parameters") or ()), tl.n
+        for line in sorted(by_line.values(), key=lambda line: -sum(g.us for g in line.gaps if g.cause is None)):
+            if idle_ms([g for g in line.gaps if g.cause is None], ctx) < MIN_SHARE * ctx["step"]:
+                return None
+            body = loop_body(tl, line, by_line)
+            if body is not None:
+                lines, caller, text = body
+                recognized = ("python_loop", (
+                    f"with {', '.join(o.label.split(':')[1] for o in lines[1:])} a loop body of {len(lines)} lines "
+                    f"run {len(line.visits)} times a step, called from {caller} `{text}`, "
+                    f"{sum(len(o.ops) for o in lines)} operator calls and "
+                    f"{sum(sum(o.launched.values()) for o in lines) / n:.0f} kernel launches a step"),
+                    f"at {caller}: one call over all the loop's iterations instead of one per element (all heads in "
+                    "one matmul with their weights concatenated; the whole batch at once), not a module called in a "
+                    "Python comprehension")
+            else:
+                lines, recognized = [line], mechanism(line, tensors, n)
+                if recognized is not None:
+                    recognized = (recognized[0], recognized[1], f"at {line.label}: {recognized[2]}")
+            if recognized is None or recognized[0] != kind:
+                continue
+            _, what, fix = recognized
             gaps = [g for other in lines for g in other.gaps if g.cause is None]
             ms = idle_ms(gaps, ctx)
-            recognized = ("python_loop", (
-                f"with {', '.join(o.label.split(':')[1] for o in lines[1:])} a loop body of {len(lines)} lines run "
-                f"{len(line.visits)} times a step, called from {caller} `{text}`, {sum(len(o.ops) for o in lines)} "
-                f"operator calls and {sum(sum(o.launched.values()) for o in lines) / n:.0f} kernel launches a step"),
-                f"at {caller}: one call over all the loop's iterations instead of one per element (all heads in one "
-                "matmul with their weights concatenated; the whole batch at once), not a module called in a Python "
-                "comprehension")
-        if recognized is None:
-            continue
-        kind, what, fix = recognized
-        for g in gaps:
-            g.cause = kind
-        whose = "these lines'" if body else "this line's"
-        evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on {whose} host work {ms:.1f} ms/step "
-                    f"({len(gaps) / n:.0f} idle gaps){scaled(ctx)}")
-        return make(kind, ms, ctx, evidence, fix if body else f"at {line.label}: {fix}")
-    return None
+            for g in gaps:
+                g.cause = kind
+            whose = "these lines'" if body else "this line's"
+            evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on {whose} host work {ms:.1f} ms/step "
+                        f"({len(gaps) / n:.0f} idle gaps){scaled(ctx)}")
+            return make(kind, ms, ctx, evidence, fix)
+        return None
+    match.__name__ = kind
+    return match
+
+
+per_parameter_loop, python_loop, host_tensor = (_line_rule(k) for k in ("per_parameter_loop", "python_loop",
+                                                                        "host_tensor"))
+RULES = (per_parameter_loop, python_loop, host_tensor)
 
 
 GATHERS = ("torch.cat(", "torch.stack(", "sum(", " for ")  # a caller that gathers a loop's results
