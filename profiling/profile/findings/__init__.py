@@ -12,6 +12,9 @@ is missing, a match that returns a finding with evidence, gain and fix):
 
 - input.py: the GPU waiting on the input pipeline (the DataLoader's next batch); on a CPU trace, the training
   thread's own time in it
+- lines.py: the line of the user's code the GPU waits on, where its mechanism is recognized (a loop over the
+  parameters, a Python loop over samples or heads, tensors made on the host every step), at that line with the
+  remedy in its terms (issue #56); before the effect rules, which then name the lines they wait on
 - idle.py: the GPU waiting on the host (host syncs, graph breaks, launches, the host's other work)
 - calls.py: the host inside CUDA calls (launches that block, allocation churn, synchronizing calls, pageable
   copies)
@@ -32,7 +35,8 @@ through the same contract.
 Costs (`ms_per_step`: what fixing the cause would save, estimated):
 - GPU idle is split once, so no two findings claim the same gap (Gap.cause): first the gaps the DataLoader's
   next-batch spans cover (input_bound: a sync after a long wait for data exposes the loader, it is not the
-  cause), then those that begin while the host is blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break),
+  cause), then those a line's recognized mechanism holds (lines.py), then those that begin while the host is
+  blocked in a sync (host_sync), then those between the compiled model's fragments (graph_break),
   then the CUDA calls the host was inside, then the rest (gpu_waits_on_host: long gaps, by what the host was
   doing; launch_bound: the host cannot launch fast enough). When the profiled step is slower than the
   unprofiled one, the profiler's own host cost inflated the idle: idle-based costs are scaled to the
