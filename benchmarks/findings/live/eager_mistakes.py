@@ -48,7 +48,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WARMUP, STEPS, REPS, REP_S = 10, 20, 5, 4.0
-VARIANTS = ("mistake", "fix", "compiled")
+VARIANTS = ("mistake", "fix", "compiled", "batch2")
+BATCH_X = [1]  # "batch2": the Lm loops' batch doubled, the mistake kept (launch_bound's other remedy)
 MECHANISMS = ("per_parameter_loop", "python_loop", "host_tensor")  # findings that name a line's mechanism
 
 
@@ -70,6 +71,7 @@ class Lm:
     def __init__(self, dev, depth=8, width=256, vocab=8192, batch=16, seq=128, dtype_bf16=True, lr_groups=None):
         torch, nn, F = _torch()
         torch.manual_seed(0)
+        batch *= BATCH_X[0]
         self.dev, self.batch, self.seq, self.vocab, self.bf16 = dev, batch, seq, vocab, dtype_bf16
         self.model = nn.Sequential(nn.Embedding(vocab, width), blocks(depth, width), nn.LayerNorm(width),
                                    nn.Linear(width, vocab)).to(dev)
@@ -448,13 +450,18 @@ def timed(step, dev, reps=REPS, steps=STEPS, cap_s=REP_S):
 def one(case, variant, out, profile):
     torch, _, _ = _torch()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    step, model, tokens = CASES[case]("mistake" if variant == "compiled" else variant, dev)
+    BATCH_X[0] = 2 if variant == "batch2" else 1
+    step, model, tokens = CASES[case]("mistake" if variant in ("compiled", "batch2") else variant, dev)
     if variant == "compiled":  # the mistake kept, the model compiled: what launch_bound's remedy recovers
         model.compile()
-    for _ in range(WARMUP):
+    t = time.perf_counter()
+    step()
+    sync(dev)
+    first = time.perf_counter() - t  # the first step: a compile's time where the variant compiles
+    for _ in range(WARMUP - 1):
         step()
-    row = {"case": case, "variant": variant, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-           "ms": timed(step, dev)}
+    row = {"first_step_s": round(first, 2), "case": case, "variant": variant, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+           "ms": timed(step, dev), "batch_x": BATCH_X[0]}
     if profile:
         sys.path.insert(0, ROOT)
         import profiling
@@ -550,7 +557,8 @@ def main(argv=None):
     r.add_argument("--timeout", type=float, default=150, help="seconds a process may run")
     r.add_argument("--budget", type=float, default=480, help="seconds after which no case starts")
     r.add_argument("--variants", nargs="+", choices=VARIANTS, default=["mistake", "fix"],
-                   help="compiled: the mistake kept, the model compiled (model.compile())")
+                   help="compiled: the mistake kept, the model compiled (model.compile()); batch2: the mistake kept, "
+                   "the batch doubled (the cases built on Lm)")
     r.add_argument("--no-profile", action="store_true", help="time only")
     o = sub.add_parser("one", help=argparse.SUPPRESS)
     o.add_argument("case", choices=list(CASES))
