@@ -460,8 +460,8 @@ def one(case, variant, out, profile):
     first = time.perf_counter() - t  # the first step: a compile's time where the variant compiles
     for _ in range(WARMUP - 1):
         step()
-    row = {"first_step_s": round(first, 2), "case": case, "variant": variant, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-           "ms": timed(step, dev), "batch_x": BATCH_X[0]}
+    row = {"case": case, "variant": variant, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+           "first_step_s": round(first, 2), "ms": timed(step, dev), "batch_x": BATCH_X[0]}
     if profile:
         sys.path.insert(0, ROOT)
         import profiling
