@@ -96,3 +96,17 @@ def test_cudnn_benchmark_on_a_new_shape_each_step_is_named_as_the_autotuner():
     f = found["alloc_churn"]
     assert "cuDNN benchmark is on" in f["evidence"] and "torch.backends.cudnn.benchmark = False" in f["fix"]
     assert "empty_cache" not in f["fix"]
+
+
+def test_on_the_cpu_a_loop_is_priced_by_its_operators_time_and_eager_code_does_not_price_it_again():
+    """A loss per sample on the CPU (benchmarks/findings/live/eager_mistakes.py's per_sample_loss, this machine,
+    2026-11-28): 154 ms/step unprofiled, 6.3 with one cross_entropy over the batch. Before, the top finding was
+    eager_code at 20.9 ms/step, its chains inside the loop; now the loop's line, its operators' whole time."""
+    s = summarize_path(os.path.join(DATA, "cpu-per-sample-loss.trace.json.gz"))
+    kinds = [f["kind"] for f in s["findings"]]
+    assert kinds[0] == "python_loop" and "eager_code" not in kinds
+    f = s["findings"][0]
+    assert "a block of 4 (`aten::select`, `aten::to`, `aten::cross_entropy_loss`) 512 times in a row" in f["evidence"]
+    assert "kernel" not in f["evidence"] and "GPU" not in f["fix"]
+    assert 0.5 * (153.9 - 6.3) <= f["ms_per_step"] <= 1.5 * (153.9 - 6.3)
+    assert "a Python loop on one line" in s["not_run"]

@@ -110,7 +110,8 @@ def diagnose_cpu(ix, placed, summary, meta):
     if summary["step_ms"] < cpu.MIN_STEP_MS:
         return {"findings": [], "unknown": [], "skipped": [], "ledger": [], "not_run": CPU_NOT_RUN,
                 "no_findings": cpu.SHORT_STEP.format(summary["step_ms"])}
-    found, skipped = run(cpu.CPU_RULES, tl, ctx)
+    ctx["lines"] = summary.get("lines")  # the lines table: a loop's line priced by its operators' time
+    found, skipped = run(cpu.CPU_RULES[:1] + lines.CPU_RULES + cpu.CPU_RULES[1:], tl, ctx)
     loader = input_pipeline.cpu_input_bound(ix, summary["step_ms"])  # the training thread in the DataLoader
     if loader:  # it prices the thread's time in the loader's spans: no kernel or GPU gap another rule prices
         found = [dict(loader, _kernels={}, _gaps={})] + found
@@ -121,7 +122,7 @@ def diagnose_cpu(ix, placed, summary, meta):
 
 
 CPU_NOT_RUN = ("on a CPU run the rules that ran are the input pipeline, "
-               + ", ".join(cpu.LABELS.get(r.kind, r.kind) for r in cpu.CPU_RULES)
+               + ", ".join(cpu.LABELS.get(r.kind, r.kind) for r in cpu.CPU_RULES[:1] + lines.CPU_RULES + cpu.CPU_RULES[1:])
                + "; not run, for want of a GPU's timeline: " + "; ".join(cpu.CPU_SKIPPED))
 
 

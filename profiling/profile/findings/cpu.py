@@ -150,11 +150,14 @@ def eager_code(tl, ctx, found):
     one fused pass (waste.eager_code's gain, over operators' self times). The optimizer's chains are left to
     per_tensor_optimizer where it found the update tensor by tensor."""
     skip_optimizer = any(f["kind"] == "per_tensor_optimizer" for f in found)
+    loops, placer = ctx.get("loop_lines") or set(), getattr(tl.ix, "placer", None)  # a loop's line is priced whole
     runs, ops, parts, compiled = {}, {}, {}, False
     for op, us, cat in sorted(tl.placed, key=lambda x: x[0]["ts"]):
         chain = tl.chain(op)
         compiled = compiled or any(c.startswith(COMPILED) for c in chain)
         run = runs.setdefault(op.get("tid"), [[]])
+        if loops and placer is not None and (placer.place(op, op)[0] or (None,))[0] in loops:
+            continue
         if _eager(chain, cat) and not (skip_optimizer and _part(chain, cat) == "the optimizer"):
             run[-1].append(us)
             ops[chain[0]] = ops.get(chain[0], 0.0) + us
@@ -242,5 +245,6 @@ def cpu_threads(tl, ctx, found):
 # cpu_input_bound, which findings.diagnose_cpu runs before these.
 CPU_RULES = (per_tensor_optimizer, eager_code, cpu_threads)
 LABELS = {"per_tensor_optimizer": "an optimizer updating tensor by tensor",
+          "per_parameter_loop": "a loop over the parameters", "python_loop": "a Python loop on one line",
           "eager_code": "eager code and compilation", "cpu_threads": "threads waiting for cores",
           "input_pipeline": "the input pipeline"}

@@ -21,6 +21,7 @@ and what that line does, from the trace's own events:
 - the price: the GPU idle the line's gaps hold (at the unprofiled run's scale): the time the step loses waiting on
   that line's host work, which the remedy removes; never more than the step's idle.
 """
+import re
 from collections import Counter
 
 from profiling.profile.findings.contract import idle_ms, rule, scaled, top
@@ -64,18 +65,7 @@ def lines_of(tl):
     eager = placer.eager if placer is not None else None
     out = {}
     if eager is not None:
-        record = tl.meta.get("eager_lines") or {}
-        previous = None
-        for at, (name, i) in enumerate(record.get("ops") or ()):
-            if isinstance(i, int) and 0 <= i < len(eager.lines):
-                key = eager.lines[i]
-                line = out.setdefault(key, Line(key, eager.text.get(key, "")))
-                line.ops.append(str(name))
-                if key == previous:
-                    line.visits[-1] = (line.visits[-1][0], at)
-                else:
-                    line.visits.append((at, at))
-                previous = key
+        out = recorded(tl.meta, eager)
         memo = {}
         for evs in tl.per_step:
             for e, launch in evs:
@@ -92,6 +82,33 @@ def lines_of(tl):
             if line is not None:
                 line.gaps.append(g)
     tl._host_lines = out
+    return out
+
+
+ENTRY = re.compile(r"\.(train|fit|validate|test|predict)\(|Trainer\(")  # a training framework's entry point
+
+
+def _framework_entry(tl, line):
+    """Whether the line is a training framework's entry (`trainer.train()`, `trainer.fit(...)`) in a trace of that
+    framework's loop: everything the framework runs (its optimizer step, its clipping, its copies) is on that line,
+    so no loop of the user's is there to name."""
+    from profiling.profile.findings.input import _framework  # input.py reads idle.py, which reads this module
+    return bool(ENTRY.search(line.text)) and _framework(tl) is not None
+
+
+def recorded(meta, eager):
+    """{(file, line): Line} with the operators each line called in the line-record step, in order, and its visits."""
+    out, previous = {}, None
+    for at, (name, i) in enumerate((meta.get("eager_lines") or {}).get("ops") or ()):
+        if isinstance(i, int) and 0 <= i < len(eager.lines):
+            key = eager.lines[i]
+            line = out.setdefault(key, Line(key, eager.text.get(key, "")))
+            line.ops.append(str(name))
+            if key == previous:
+                line.visits[-1] = (line.visits[-1][0], at)
+            else:
+                line.visits.append((at, at))
+            previous = key
     return out
 
 
@@ -122,16 +139,18 @@ def loop(names):
     return best
 
 
-def mechanism(line, tensors, n):
-    """(kind, what it does in words, the remedy) for a line, or None."""
+def mechanism(line, tensors, n, cpu=False):
+    """(kind, what it does in words, the remedy) for a line, or None. cpu: a CPU run's (no launches, no syncs)."""
     body, times = loop(line.ops)
     # the recorded step's sync operators that copied from the device (one on a host tensor, as a single-tensor
     # AdamW's step count or an index in a host loop, launches nothing and waits for nothing); counted from the
     # operators: the trace's sync calls miss a copy that found the GPU done
-    host = not (set(body or ()) & set(line.launched))
+    host = not cpu and not (set(body or ()) & set(line.launched))
     syncs = sum(o in SYNC_CALLS and o in line.launched for o in line.ops)
     launches = sum(line.launched.values()) / n
     backward = line.launched.get("backward", 0) / n
+    launched = "" if cpu else f", {launches:.0f} kernel launches a step" + (
+        f" ({backward:.0f} of them its backward)" if backward else "")
     if body:
         ops = ", ".join(f"`{b}`" for b in dict.fromkeys(body))
         calls = f"{len(line.ops)} operator calls a step, a block of {len(body)} ({ops}) {times} times in a row"
@@ -144,11 +163,10 @@ def mechanism(line, tensors, n):
                         "one param group per tensor" + synced,
                         "group the parameters: one param group per distinct setting (lr, weight decay), not one per "
                         "tensor, so the optimizer's foreach or fused update runs over each group at once")
-            return ("per_parameter_loop", f"{calls}: {each} ({tensors} tensors), {launches:.0f} kernel launches a "
-                    "step" + synced, _per_parameter_fix(line.text))
-        return ("python_loop", f"{calls}: a Python loop, " + (
-            "on the host (its operators launch no kernel), " if host else "") + f"{launches:.0f} kernel launches a "
-            "step" + (f" ({backward:.0f} of them its backward)" if backward else "") + synced,
+            return ("per_parameter_loop", f"{calls}: {each} ({tensors} tensors){launched}" + synced,
+                    _per_parameter_fix(line.text))
+        return ("python_loop", f"{calls}: a Python loop" + (
+            ", on the host (its operators launch no kernel)" if host else "") + launched + synced,
             _loop_fix(body, syncs, host))
     made = [o for o in dict.fromkeys(line.ops) if o not in line.launched and o not in VIEWS]
     if line.copies and made:
@@ -206,6 +224,8 @@ def _line_rule(kind):
                     f"at {caller}: one call over all the loop's iterations instead of one per element (all heads in "
                     "one matmul with their weights concatenated; the whole batch at once), not a module called in a "
                     "Python comprehension")
+            elif _framework_entry(tl, line):
+                continue
             else:
                 lines, recognized = [line], mechanism(line, tensors, n)
                 if recognized is not None:
@@ -299,3 +319,41 @@ def device_lines(tl, events, k=2):
             texts[key] = placer.prov.text.get(key, "")
     total = sum(e["dur"] for e in events) or 1.0
     return ", ".join(f"{f}:{n} ({100 * v / total:.0f}%) `{texts[(f, n)]}`" for (f, n), v in us.most_common(k))
+
+
+def _cpu_rule(kind):
+    """On a CPU run (no GPU to idle): the line of the user's code whose recorded operators are a loop of `kind`,
+    priced as its operators' own time a step (forward and backward, the lines table's) at the unprofiled step's
+    scale, less one pass of the loop's body (what one call over all of it still costs, at the least)."""
+
+    @rule(kind, needs=())
+    def match(tl, ctx, found):
+        placer = getattr(tl.ix, "placer", None)
+        if placer is None or placer.eager is None:
+            return None
+        by_line = recorded(tl.meta, placer.eager)
+        tensors = len(tl.meta.get("parameters") or ())
+        optimizer = any(f["kind"] == "per_tensor_optimizer" for f in found)
+        scale = min(1.0, ctx["unprofiled"] / ctx["step"]) if ctx.get("unprofiled") else 1.0
+        for row in (ctx.get("lines") or {}).get("rows") or ():
+            if len(row.get("lines") or ()) != 1 or row["ms_per_step"] < MIN_SHARE * ctx["step"]:
+                continue
+            key = (row["lines"][0]["file"], row["lines"][0]["line"])
+            line = by_line.get(key)
+            recognized = mechanism(line, tensors, tl.n, cpu=True) if line and not _framework_entry(tl, line) else None
+            if not recognized or recognized[0] != kind or optimizer and ".step(" in line.text:
+                continue
+            _, times = loop(line.ops)
+            ms = row["ms_per_step"] * scale * (1 - 1 / times)
+            ctx.setdefault("loop_lines", set()).add(key)
+            evidence = (f"{line.label} `{line.text}`: {recognized[1]}; its operators took {row['ms_per_step']:.1f} "
+                        f"ms/step (forward {row['forward_ms']:.1f}, backward {row['backward_ms']:.1f})"
+                        + (f", x{scale:.2f} at the unprofiled step's scale" if scale < 1 else "")
+                        + f"; one pass over all of it costs at least one of the {times}")
+            return make(kind, ms, ctx, evidence, f"at {line.label}: {recognized[2]}")
+        return None
+    match.__name__ = kind
+    return match
+
+
+CPU_RULES = (_cpu_rule("per_parameter_loop"), _cpu_rule("python_loop"))

@@ -272,6 +272,7 @@ def cpu_table(ix, placed_ops, meta, step_ms):
     threads = by_thread(ix.cpu_ops)
     parent = parents(threads)
     placer = Placer(meta, ix.graph_calls, threads, parent, ix.steps)
+    ix.placer = placer  # a CPU run's loops (profiling/profile/findings/lines.py) place by it too
     windows = backward_windows(threads)
     totals, total_us = Totals(), 0.0
     for op, self_us, _ in placed_ops:
