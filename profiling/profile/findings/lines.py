@@ -17,9 +17,16 @@ and what that line does, from the trace's own events:
                         time step, per head): the same work as one call over a stacked or batched tensor
     host_tensor         operators that run on the host (they launch nothing) and a pageable host-to-device copy
                         of what they made, every step: made once on the device, or kept there
-  A line with none of these is left to the effect rules (whose evidence then names the lines the idle waits on).
+  A loop whose body spans several lines (a module called per head in a comprehension) shows as lines entered as
+  many times a step, LOOP_MIN or more, between two visits of the first, whose caller (the next frame of the
+  user's code outward in the host samples) gathers the loop's results (a comprehension, torch.cat, torch.stack,
+  sum): one python_loop for all of them, named at the caller; a stack of layers, each feeding the next, is not.
+  A training framework's entry (`trainer.train()`, `.fit(...)`) is no loop of the user's: all the framework runs
+  is on that line. A line with none of these is left to the effect rules (whose evidence names the lines the idle
+  waits on).
 - the price: the GPU idle the line's gaps hold (at the unprofiled run's scale): the time the step loses waiting on
-  that line's host work, which the remedy removes; never more than the step's idle.
+  that line's host work, which the remedy removes; never more than the step's idle. On a CPU run (CPU_RULES), with
+  no GPU to idle: the line's operators' own time a step, less one pass of the loop's body.
 """
 import re
 from collections import Counter
