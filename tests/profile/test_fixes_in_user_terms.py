@@ -74,7 +74,7 @@ def test_a_trainers_settings_are_named_only_where_its_loop_ran():
     samples, not its Trainer's: its input-pipeline fix names the DataLoader, not TrainingArguments."""
     from types import SimpleNamespace
 
-    from profiling.profile.findings.input import _framework
+    from profiling.profile.findings.contract import framework as _framework
     model = ["train_job.py:40 main", "transformers/models/gpt2/modeling_gpt2.py:603 forward"]
     trainer = ["transformers/trainer.py:1576 train", "transformers/trainer.py:2480 _inner_training_loop"]
     lightning = ["lightning/pytorch/loops/fit_loop.py:205 run", "train_job.py:12 training_step"]

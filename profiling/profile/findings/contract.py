@@ -227,3 +227,21 @@ def limited_note(share):
     return (f"; the gain counts the {100 * share:.0f}% of their time the step would lose (the rest ran beside other "
             "streams' work, or the GPU next waited for the host's launches: shorter kernels would only lengthen that "
             "wait)")
+
+
+TRAINERS = (("transformers", ("transformers",), ("transformers/trainer",)),
+            ("lightning", ("lightning", "pytorch_lightning"),
+             ("lightning/pytorch/loops/", "lightning/pytorch/trainer/", "pytorch_lightning/loops/",
+              "pytorch_lightning/trainer/")))
+
+
+def framework(tl):
+    """"transformers", "lightning" or None: the trainer whose settings the fix names (the live capture's record,
+    else the host samples' frames of that trainer's own loop: a GPT-2 of transformers trained in a plain loop
+    has transformers' model frames, not its Trainer's, and a plain DataLoader to fix; issue #57 item 4)."""
+    recorded = str(tl.meta.get("framework") or "")
+    frames = {str(f) for s in (tl.meta.get("host_samples") or {}).get("stacks") or () for f in s}
+    for name, packages, loops in TRAINERS:
+        if recorded.startswith(packages) or any(f.startswith(loops) for f in frames):
+            return name
+    return None

@@ -20,7 +20,7 @@ work costs nothing).
 """
 from collections import Counter
 
-from profiling.profile.findings.contract import finding, rule, scaled, top
+from profiling.profile.findings.contract import finding, framework, rule, scaled, top
 from profiling.profile.findings.idle import own_idle, own_labels
 from profiling.profile.trace.traceio import find, self_times
 
@@ -73,7 +73,7 @@ def input_bound(tl, ctx, found):
                 + (f" ({sampled_us / n / 1e3 * ctx['scale']:.1f} ms/step of it where only host samples show the loader)"
                    if sampled_us else "")
                 + _ops_text(tl, ctx, spans) + _samples_text(tl, picked, spans) + _stacks_text(tl, ctx))
-    return finding(KIND, ms, ctx, evidence, fix(workers, _framework(tl), _work_lines(tl, picked, spans)))
+    return finding(KIND, ms, ctx, evidence, fix(workers, framework(tl), _work_lines(tl, picked, spans)))
 
 
 def _sampled_share(tl, g):
@@ -99,24 +99,6 @@ def _workers(tl, gaps):
     if any(_function(str(f)) in WAITS for f in frames):
         return True
     return False if any("_utils/fetch.py" in str(f) or "_utils/collate.py" in str(f) for f in frames) else None
-
-
-TRAINERS = (("transformers", ("transformers",), ("transformers/trainer",)),
-            ("lightning", ("lightning", "pytorch_lightning"),
-             ("lightning/pytorch/loops/", "lightning/pytorch/trainer/", "pytorch_lightning/loops/",
-              "pytorch_lightning/trainer/")))
-
-
-def _framework(tl):
-    """"transformers", "lightning" or None: the trainer whose settings the fix names (the live capture's record,
-    else the host samples' frames of that trainer's own loop: a GPT-2 of transformers trained in a plain loop
-    has transformers' model frames, not its Trainer's, and a plain DataLoader to fix; issue #57 item 4)."""
-    recorded = str(tl.meta.get("framework") or "")
-    frames = {str(f) for s in (tl.meta.get("host_samples") or {}).get("stacks") or () for f in s}
-    for name, packages, loops in TRAINERS:
-        if recorded.startswith(packages) or any(f.startswith(loops) for f in frames):
-            return name
-    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

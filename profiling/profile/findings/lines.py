@@ -31,7 +31,7 @@ and what that line does, from the trace's own events:
 import re
 from collections import Counter
 
-from profiling.profile.findings.contract import idle_ms, rule, scaled, top
+from profiling.profile.findings.contract import framework, idle_ms, rule, scaled, top
 from profiling.profile.findings.contract import finding as make
 from profiling.profile.trace.eager_ops import top_of
 
@@ -99,8 +99,7 @@ def _framework_entry(tl, line):
     """Whether the line is a training framework's entry (`trainer.train()`, `trainer.fit(...)`) in a trace of that
     framework's loop: everything the framework runs (its optimizer step, its clipping, its copies) is on that line,
     so no loop of the user's is there to name."""
-    from profiling.profile.findings.input import _framework  # input.py reads idle.py, which reads this module
-    return bool(ENTRY.search(line.text)) and _framework(tl) is not None
+    return bool(ENTRY.search(line.text)) and framework(tl) is not None
 
 
 def recorded(meta, eager):
