@@ -5,21 +5,19 @@ mistake profiled through profiling.Profiler, two profiled steps kept (tests/data
 whole. What their fixes recovered, timed unprofiled in fresh processes, is in
 benchmarks/findings/live/eager_mistakes_results.md.
 """
-import functools
-import os
-
 import pytest
 
 from profiling.profile.findings.lines import LOOP_MIN, MAX_BODY, loop
-from profiling.profile.report.ranks import summarize_path
-
-DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 
 
-@functools.lru_cache(maxsize=None)
-def findings(case):
-    s = summarize_path(os.path.join(DATA, f"h200-eager-{case}.trace.json.gz"))
-    return {f["kind"]: f for f in s["findings"]}, [f["kind"] for f in s["findings"]]
+@pytest.fixture
+def findings(data_summary):
+    """findings(case) -> ({kind: finding}, [kinds in order]) of the case's fixture (conftest's data_summary: each
+    summary made once per run, shared with the sweeps over every fixture)."""
+    def of(case):
+        s = data_summary(f"h200-eager-{case}")
+        return {f["kind"]: f for f in s["findings"]}, [f["kind"] for f in s["findings"]]
+    return of
 
 
 def test_a_block_repeated_in_a_row_is_a_loop_and_a_stack_of_layers_is_not():
@@ -44,7 +42,7 @@ def test_a_block_repeated_in_a_row_is_a_loop_and_a_stack_of_layers_is_not():
     ("mask-on-host", "host_tensor", "`mask = torch.tril(torch.ones(t, t, dtype=torch.bool)).to(x.device)`",
      "`aten::ones`, `aten::tril` run on the host", "register_buffer"),
 ])
-def test_each_mistake_is_named_at_its_line_with_its_mechanism_and_remedy(case, kind, line, words, fix):
+def test_each_mistake_is_named_at_its_line_with_its_mechanism_and_remedy(findings, case, kind, line, words, fix):
     found, _ = findings(case)
     assert kind in found, found.keys()
     f = found[kind]
@@ -53,7 +51,7 @@ def test_each_mistake_is_named_at_its_line_with_its_mechanism_and_remedy(case, k
     assert f["ms_per_step"] > 0
 
 
-def test_a_loop_body_of_several_lines_is_one_loop_named_at_the_caller_that_gathers_it():
+def test_a_loop_body_of_several_lines_is_one_loop_named_at_the_caller_that_gathers_it(findings):
     """Attention heads as a ModuleList called in a comprehension: each of Head.forward's four lines runs 36 times a
     step (6 heads x 6 layers); one finding for the four, at the comprehension (the heads batched: -37.1 ms/step)."""
     found, order = findings("heads-loop")
@@ -66,7 +64,7 @@ def test_a_loop_body_of_several_lines_is_one_loop_named_at_the_caller_that_gathe
 
 
 @pytest.mark.parametrize("case", ["item-per-sample", "lstm-cell-loop"])
-def test_a_loop_that_holds_most_of_the_idle_comes_first(case):
+def test_a_loop_that_holds_most_of_the_idle_comes_first(findings, case):
     """Where the mistake is most of the GPU's idle, its finding leads, ahead of the effect (launch_bound, host_sync)
     that it causes; before, item-per-sample led with launch_bound (2.36 ms/step) and host_sync (1.46) where the
     fix recovered 13.1."""
@@ -75,22 +73,21 @@ def test_a_loop_that_holds_most_of_the_idle_comes_first(case):
     assert found["python_loop"]["ms_per_step"] > 5 * max(found[k]["ms_per_step"] for k in order[1:3])
 
 
-def test_launch_bound_names_the_lines_it_waits_on():
+def test_launch_bound_names_the_lines_it_waits_on(findings):
     found, _ = findings("ema-state-dict")
     assert "it waits on the launches of eager_mistakes.py:81" in found["launch_bound"]["evidence"]
     assert "`logits = self.model(self.x)`" in found["launch_bound"]["evidence"]
 
 
-def test_the_gaps_a_mechanism_prices_are_not_priced_again():
+def test_the_gaps_a_mechanism_prices_are_not_priced_again(findings, data_summary):
     """The optimizer's per-group launches are the finding's; launch_bound keeps the model's idle only."""
     found, _ = findings("param-group-each")
     assert "self.opt.step()" not in found["launch_bound"]["evidence"]
     total = sum(f["ms_per_step"] for f in found.values())
-    s = summarize_path(os.path.join(DATA, "h200-eager-param-group-each.trace.json.gz"))
-    assert total <= s["step_ms"]
+    assert total <= data_summary("h200-eager-param-group-each")["step_ms"]
 
 
-def test_cudnn_benchmark_on_a_new_shape_each_step_is_named_as_the_autotuner():
+def test_cudnn_benchmark_on_a_new_shape_each_step_is_named_as_the_autotuner(findings):
     found, order = findings("cudnn-benchmark-varlen")
     assert order[0] == "alloc_churn"
     f = found["alloc_churn"]
@@ -98,11 +95,11 @@ def test_cudnn_benchmark_on_a_new_shape_each_step_is_named_as_the_autotuner():
     assert "empty_cache" not in f["fix"]
 
 
-def test_on_the_cpu_a_loop_is_priced_by_its_operators_time_and_eager_code_does_not_price_it_again():
+def test_on_the_cpu_a_loop_is_priced_by_its_operators_time_and_eager_code_does_not_price_it_again(data_summary):
     """A loss per sample on the CPU (benchmarks/findings/live/eager_mistakes.py's per_sample_loss, this machine,
     2026-11-28): 154 ms/step unprofiled, 6.3 with one cross_entropy over the batch. Before, the top finding was
     eager_code at 20.9 ms/step, its chains inside the loop; now the loop's line, its operators' whole time."""
-    s = summarize_path(os.path.join(DATA, "cpu-per-sample-loss.trace.json.gz"))
+    s = data_summary("cpu-per-sample-loss")
     kinds = [f["kind"] for f in s["findings"]]
     assert kinds[0] == "python_loop" and "eager_code" not in kinds
     f = s["findings"][0]
