@@ -48,7 +48,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WARMUP, STEPS, REPS, REP_S = 10, 20, 5, 4.0
-VARIANTS = ("mistake", "fix", "compiled", "batch2")
+VARIANTS = ("mistake", "fix", "compiled", "batch2", "threads1")
 BATCH_X = [1]  # "batch2": the Lm loops' batch doubled, the mistake kept (launch_bound's other remedy)
 MECHANISMS = ("per_parameter_loop", "python_loop", "host_tensor")  # findings that name a line's mechanism
 
@@ -458,7 +458,9 @@ def one(case, variant, out, profile):
     torch, _, _ = _torch()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     BATCH_X[0] = 2 if variant == "batch2" else 1
-    step, model, tokens = CASES[case]("mistake" if variant in ("compiled", "batch2") else variant, dev)
+    if variant == "threads1":  # the mistake kept, one intra-op thread for the host's CPU operators
+        torch.set_num_threads(1)
+    step, model, tokens = CASES[case]("mistake" if variant in ("compiled", "batch2", "threads1") else variant, dev)
     if variant == "compiled":  # the mistake kept, the model compiled: what launch_bound's remedy recovers
         # not model.compile(): on torch 2.11 it leaves a built-in container (nn.Sequential) uncompiled, with no
         # word (pytorch/pytorch#150915: its _call_impl and forward are both in Dynamo's skip files)
@@ -575,7 +577,7 @@ def main(argv=None):
     r.add_argument("--budget", type=float, default=480, help="seconds after which no case starts")
     r.add_argument("--variants", nargs="+", choices=VARIANTS, default=["mistake", "fix"],
                    help="compiled: the mistake kept, the model's forward compiled (torch.compile); batch2: the mistake kept, "
-                   "the batch doubled (the cases built on Lm)")
+                   "the batch doubled (the cases built on Lm); threads1: the mistake kept, torch.set_num_threads(1)")
     r.add_argument("--no-profile", action="store_true", help="time only")
     r.add_argument("--rounds", type=int, default=1,
                    help="each variant in this many fresh processes, alternated; ms/step: the median of theirs")
