@@ -10,6 +10,7 @@ from collections import Counter
 from profiling.profile.findings import lines
 from profiling.profile.findings.contract import (
     claim,
+    compile_ignored,
     evidence,
     finding,
     idle_ms,
@@ -391,8 +392,10 @@ def _fewer_kernels(tl):
     bigger = ("raise DEVICE_BATCH_SIZE (fewer micro-batches per step)" if trainer_is_train_py(tl.meta) else
               "a larger micro-batch (fewer, longer kernels per step)")
     fuse = ("keep the model compiled (torch.compile fuses the small ones)" if tl.ix.graph_calls else
-            "torch.compile the model (it fuses the small ones; no compiled graph is in this trace)")
+            "torch.compile the model (it fuses the small ones; no compiled graph is in this trace)"
+            + compile_ignored(tl.meta))
     return f"{bigger}, {fuse}"
+
 
 
 def _launching(tl, g, many):
