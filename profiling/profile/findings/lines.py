@@ -24,8 +24,9 @@ and what that line does, from the trace's own events:
   A training framework's entry (`trainer.train()`, `.fit(...)`) is no loop of the user's: all the framework runs
   is on that line. A line with none of these is left to the effect rules (whose evidence names the lines the idle
   waits on).
-- the price: the GPU idle the line's gaps hold (at the unprofiled run's scale): the time the step loses waiting on
-  that line's host work, which the remedy removes; never more than the step's idle. On a CPU run (CPU_RULES), with
+- the price: the GPU idle the line's gaps hold (at the unprofiled run's scale; unscaled where the line's operators
+  launch nothing, which the profiler does not slow): the time the step loses waiting on that line's host work,
+  which the remedy removes; never more than the step's idle. On a CPU run (CPU_RULES), with
   no GPU to idle: the line's operators' own time a step, less one pass of the loop's body.
 """
 import re
