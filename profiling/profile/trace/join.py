@@ -32,6 +32,9 @@ MARKS = ("cudaEventRecord", "cudaEventRecordWithFlags")  # what torch.cuda.Event
 # tolerance still tells one step's mark from the next at any step of over 2 ms, and the offset is fitted on all.
 MARK_TOLERANCE_US = 1000.0
 HOST_CATS = ("cpu_op", "user_annotation", "python_function")  # what the untimed step lends
+# a stretch where the timed step's keys differ from the untimed step's is paired call by call (`_by_call`) when
+# the shorter side holds this share of the longer's calls: the same operators with other kernels, not work added
+REPLACED = 0.8
 RENUMBERED = ("External id", "Sequence number")  # one event's ids: unique per copy, as they are per step
 
 
@@ -82,7 +85,7 @@ def join(events, donor):
     lent = _Donor(donor)
     _same_threads(events, lent, device)
     ids = _IdSpace(events, donor)
-    out = {"steps": len(steps), "launches": 0, "of": 0, "device_us": 0.0, "unjoined_us": 0.0}
+    out = {"steps": len(steps), "launches": 0, "of": 0, "device_us": 0.0, "unjoined_us": 0.0, "per_step": []}
     missed = defaultdict(float)
     added = []
     launches = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and num(e.get("ts"))), key=lambda e: e["ts"])
@@ -97,15 +100,20 @@ def join(events, donor):
                 if ext is not None:
                     e.setdefault("args", {})["External id"] = ext + shift["External id"]
         paired = {id(t) for _, t in pairs}
+        mine = [0.0, 0.0]  # this step's device time, and the part of it left unjoined
         for t in calls:
             us = sum(x.get("dur", 0) for x in device.get(corr(t), []))
-            out["device_us"] += us
+            mine[0] += us
             if id(t) not in paired and us:
-                out["unjoined_us"] += us
+                mine[1] += us
                 missed[device[corr(t)][0].get("name", "?")] += us
+        out["device_us"] += mine[0]
+        out["unjoined_us"] += mine[1]
+        out["per_step"].append([round(mine[0], 1), round(mine[1], 1)])
         out["launches"] += len(pairs)
         out["of"] += len(calls)
-        added += lent.placed(pairs, (start, end), shift)
+        inserted = sorted(t["ts"] for t in calls if id(t) not in paired)
+        added += lent.placed(pairs, (start, end), shift, inserted)
     events.extend(added)
     out["unjoined_kernels"] = [name for name, _ in sorted(missed.items(), key=lambda kv: -kv[1])[:3]]
     out["device_us"], out["unjoined_us"] = round(out["device_us"], 1), round(out["unjoined_us"], 1)
@@ -141,15 +149,19 @@ class _Donor:
                 pairs += zip(ours, theirs)
                 continue
             matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
-            for block in matcher.get_matching_blocks():
-                pairs += zip(ours[block.a:block.a + block.size], theirs[block.b:block.b + block.size])
+            for op, i1, i2, j1, j2 in matcher.get_opcodes():
+                if op == "equal":
+                    pairs += zip(ours[i1:i2], theirs[j1:j2])
+                elif op == "replace" and min(i2 - i1, j2 - j1) >= REPLACED * max(i2 - i1, j2 - j1):
+                    pairs += _by_call(ours[i1:i2], theirs[j1:j2], a[i1:i2], b[j1:j2])  # kernels differ
         return pairs
 
-    def placed(self, pairs, step, shift):
-        """Copies of the host events, each moved into `step` by the paired launches around it."""
+    def placed(self, pairs, step, shift, inserted=()):
+        """Copies of the host events, each moved into `step` by the paired launches around it (`inserted`: the
+        starts of the step's unpaired calls, work the untimed step did not do)."""
         if self.span is None:
             return []
-        place = _Placement(pairs, self.span, step)
+        place = _Placement(pairs, self.span, step, inserted)
         out = []
         for e in self.host:
             start, end = place(e["ts"]), place(e["ts"] + e.get("dur", 0))
@@ -161,6 +173,18 @@ class _Donor:
             copy["args"] = args
             out.append(copy)
         return out
+
+
+def _by_call(ours, theirs, a, b):
+    """Pairs in a stretch where the two steps' keys differ: the runtime calls of the same name and as many device
+    events, in order (a convolution at a new input size launches another algorithm's kernels from the same
+    operator: cuDNN chose `sm90_xmma_fprop_..._nhwckrsc` at one size and another at the next; varying_size in
+    benchmarks/findings/live/uneven_steps.py left 1.6-4.9% of its device time unjoined for that alone). Work the
+    untimed step did not run at all (an eval's forwards) is an insertion, never a replacement: it stays unpaired."""
+    shape = lambda k: (k[0], len(k) - 1)  # noqa: E731
+    matcher = difflib.SequenceMatcher(None, [shape(k) for k in a], [shape(k) for k in b], autojunk=False)
+    return [p for block in matcher.get_matching_blocks()
+            for p in zip(ours[block.a:block.a + block.size], theirs[block.b:block.b + block.size])]
 
 
 def _same_threads(events, lent, device):
@@ -202,9 +226,13 @@ def _key(call, device):
 
 class _Placement:
     """A monotone map of the untimed step's clock onto a timed step's: linear between paired launches (their
-    starts and ends), the steps' edges pinned to each other."""
+    starts and ends), the steps' edges pinned to each other. Where the timed step ran calls the untimed step did
+    not (`inserted`: an eval's forwards, sorted starts) between two paired launches further apart than in the
+    untimed step, the untimed step's events between them keep their own pace and end at the later launch: the
+    work added is not theirs (stretched over it, Lightning's validation loop, 155 ms at the step's start, became
+    a DataLoader `__next__` of 159 ms and was kept as a loader wait instead of a one-off eval)."""
 
-    def __init__(self, pairs, span, step):
+    def __init__(self, pairs, span, step, inserted=()):
         anchors = [(span[0], step[0])]
         for d, t in sorted(pairs, key=lambda p: p[0]["ts"]):
             anchors += [(d["ts"], t["ts"]), (d["ts"] + d.get("dur", 0), t["ts"] + t.get("dur", 0))]
@@ -213,6 +241,11 @@ class _Placement:
         self.src, self.dst = [], []          # thread) pairs out of order: its anchors are skipped
         for s, t in kept:
             if not self.src or s > self.src[-1]:
+                if self.src and _holds(inserted, self.dst[-1], t) and t - self.dst[-1] > s - self.src[-1]:
+                    s0 = self.src[-1]
+                    tiny = min(1e-3, (s - s0) / 2)  # a jump over the work added, then the untimed step's pace
+                    self.src.append(s0 + tiny)
+                    self.dst.append(t - (s - s0 - tiny))
                 self.src.append(s)
                 self.dst.append(t)
 
@@ -224,6 +257,12 @@ class _Placement:
             return self.dst[-1] + (t - self.src[-1])
         s0, s1, d0, d1 = self.src[i], self.src[i + 1], self.dst[i], self.dst[i + 1]
         return d0 + (d1 - d0) * (t - s0) / (s1 - s0)
+
+
+def _holds(starts, a, b):
+    """Whether a sorted list of starts has one inside (a, b)."""
+    i = bisect.bisect_right(starts, a)
+    return i < len(starts) and starts[i] < b
 
 
 def _increasing(anchors):
