@@ -401,8 +401,10 @@ def unpack(out):
                 tar.extractall(out, filter="data")
 
 
-def report(out):
+def report(out, rejoin=False):
     from profiling.profile.report.ranks import summarize_path
+    from profiling.profile.report.summary import load_trace, summarize
+    from benchmarks.same_output.join_fixtures import rejoin as joined_again
     unpack(out)
     lines = [("| loop | harness | step ms | joined | one-offs (kind: ms, step of window) | "
               "top findings (ms/step) | failed checks |"), "|---|---|--:|--:|---|---|---|"]
@@ -415,12 +417,15 @@ def report(out):
             lines.append(f"| {row['loop']} | {row['harness']} | failed: {failed} | | | | |")
             continue
         try:
-            d = digest(summarize_path(folder))
+            d = digest(summarize(joined_again(load_trace(os.path.join(folder, "trace.json.gz")))) if rejoin
+                       else summarize_path(folder))
         except Exception as e:  # noqa: BLE001 (one bad trace is a row of the table, not the end of it)
             lines.append(f"| {row['loop']} | {row['harness']} | summary failed: {type(e).__name__}: {e} "
                          "| | | | |")
             continue
         joined = "-" if d["joined"] is None else f"{100 * d['joined']:.1f}%"
+        if (d["ops"] or {}).get("joined_all") is not None:  # the like steps' share, then every step's
+            joined += f" ({100 * d['ops']['joined_all']:.1f}% all)"
         offs = "; ".join(f"{r['kind']}: {r['ms']:.1f} ({r['position']} of {r['of']})"
                          for r in d["one_off"]) or "-"
         top = "; ".join(f"{t['kind']} {t['ms_per_step']:.2f}" for t in d["top"]) or "-"
@@ -449,6 +454,9 @@ def main(argv=None):
     o.add_argument("--cpu-smoke", action="store_true")
     t = sub.add_parser("report", help="the table, each trace of a run's folder summarized again")
     t.add_argument("out")
+    t.add_argument("--rejoin", action="store_true",
+                   help="join each trace's steps again with today's join (benchmarks/same_output/join_fixtures.py "
+                        "as_captured: the best-joined like step stands in for the untimed step)")
     a = p.parse_args(argv)
     if a.cmd == "run":
         return run(a.out, a.loops, a.harnesses, a.timeout, a.budget, a.cpu_smoke)
@@ -460,7 +468,7 @@ def main(argv=None):
                    "traceback": traceback.format_exc()[-3000:]}
         print(ROW + json.dumps(row), flush=True)
         return 0
-    return report(a.out)
+    return report(a.out, a.rejoin)
 
 
 if __name__ == "__main__":

@@ -303,22 +303,43 @@ def recorded(trace, ix, unprofiled_given=False):
         "modules": bool(trace.get("with_modules")) or modules,
         "flops": bool(trace.get("with_flops")) or any("flops" in (op.get("args") or {}) for op in ix.cpu_ops[:2000]),
         "unprofiled": "given" if unprofiled_given else ("trace" if num(unprofiled) and unprofiled > 0 else None),
-        "ops": _ops_joined(meta) if live else None,
+        "ops": _ops_joined(meta, ix.one_off) if live else None,
     }
 
 
-def _ops_joined(meta):
+def _ops_joined(meta, one_off=()):
     """How a live capture's timed steps got their operators (issue #50): None when recorded in them ("full",
     or a capture before the choice existed), else {"joined": share of device time whose launch found its
-    operator in the untimed step} or {"missing": why there are none}."""
+    operator in the untimed step, "unjoined_kernels"} or {"missing": why there are none}. Where the join
+    recorded each step's share and irregular.split left steps out as one-offs (issue #57 item 1: an eval's
+    forwards, which the untimed step did not run, left 47% of a window's device time unjoined), "joined" is
+    that of the like steps, which every table reads, with "joined_all" (every profiled step), "unjoined_ms"
+    (per like step: kernels in the budget and kernel tables but in no operator, region or line row) and
+    "one_off": [{position, kind, joined}] of the steps left out."""
     if meta.get("capture_ops") != "device":
         return None
     record = meta.get("operators") or {"missing": "the untimed operator step did not run"}
     if "missing" in record:
         return {"missing": record["missing"]}
     device = record.get("device_us") or 0.0
-    return {"joined": 1.0 - record.get("unjoined_us", 0.0) / device if device else 1.0,
-            "unjoined_kernels": record.get("unjoined_kernels") or []}
+    out = {"joined": 1.0 - record.get("unjoined_us", 0.0) / device if device else 1.0,
+           "unjoined_kernels": record.get("unjoined_kernels") or []}
+    per = record.get("per_step")
+    steps = [r for r in one_off if r.get("position")]
+    if not per or any(r.get("of") != len(per) for r in steps):
+        return out
+    gone = {r["position"] for r in steps}
+    like = [p for i, p in enumerate(per, 1) if i not in gone]
+    like_us = sum(d for d, _ in like)
+    if not like or not like_us:
+        return out
+    out["joined_all"] = out["joined"]
+    out["joined"] = 1.0 - sum(u for _, u in like) / like_us
+    out["unjoined_ms"] = sum(u for _, u in like) / len(like) / 1e3
+    out["one_off"] = [{"position": r["position"], "kind": r.get("kind"),
+                       "joined": 1.0 - per[r["position"] - 1][1] / per[r["position"] - 1][0]
+                       if per[r["position"] - 1][0] else 1.0} for r in steps]
+    return out
 
 
 def _summarize_device(ix, meta, how, per_step, windows, out):

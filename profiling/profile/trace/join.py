@@ -35,6 +35,10 @@ HOST_CATS = ("cpu_op", "user_annotation", "python_function")  # what the untimed
 # a stretch where the timed step's keys differ from the untimed step's is paired call by call (`_by_call`) when
 # the shorter side holds this share of the longer's calls: the same operators with other kernels, not work added
 REPLACED = 0.8
+# a gap between two paired launches holding calls the untimed step did not make, this much longer than in the
+# untimed step (and by JUMP_MIN_US), is work added (an eval, a save): the untimed step's events keep their pace
+# (`_Placement`); a gap merely slower (a host busier in the timed steps) stretches them, as before
+JUMP, JUMP_MIN_US = 2.0, 1000.0
 RENUMBERED = ("External id", "Sequence number")  # one event's ids: unique per copy, as they are per step
 
 
@@ -112,7 +116,7 @@ def join(events, donor):
         out["per_step"].append([round(mine[0], 1), round(mine[1], 1)])
         out["launches"] += len(pairs)
         out["of"] += len(calls)
-        inserted = sorted(t["ts"] for t in calls if id(t) not in paired)
+        inserted = sorted(t["ts"] for t in calls if id(t) not in paired and t.get("name") not in MARKS)
         added += lent.placed(pairs, (start, end), shift, inserted)
     events.extend(added)
     out["unjoined_kernels"] = [name for name, _ in sorted(missed.items(), key=lambda kv: -kv[1])[:3]]
@@ -127,20 +131,23 @@ class _Donor:
         device = _launched(donor)
         calls = sorted((e for e in donor if e.get("cat") in LAUNCH_CATS and num(e.get("ts"))),
                        key=lambda e: e["ts"])
+        calls = [e for e in calls if e.get("name") not in MARKS]  # the capture's step edges: no one's work
         self.by_thread = defaultdict(list)
         for e in calls:
             self.by_thread[e.get("tid")].append(e)
         self.keys = {tid: [_key(e, device) for e in es] for tid, es in self.by_thread.items()}
         self.host = [e for e in donor if e.get("ph") == "X" and e.get("cat") in HOST_CATS and num(e.get("ts"))
                      and not str(e.get("name", "")).startswith(STEP_PREFIX)]
-        ends = [e["ts"] + e.get("dur", 0) for e in self.host + calls]
+        ends = [e["ts"] + e.get("dur", 0) for e in self.host + calls]  # (a step's edge is no anchor: the
+        # work before the first paired launch then keeps its pace when an eval ran ahead of it)
         self.span = (min(e["ts"] for e in self.host + calls), max(ends)) if ends else None
 
     def pair(self, calls, device):
         """[(untimed call, timed call)] of one timed step's runtime calls, aligned thread by thread."""
         mine = defaultdict(list)
         for e in sorted(calls, key=lambda e: e["ts"]):
-            mine[e.get("tid")].append(e)
+            if e.get("name") not in MARKS:
+                mine[e.get("tid")].append(e)
         pairs = []
         for tid, theirs in mine.items():
             ours = self.by_thread.get(tid, [])
@@ -241,11 +248,15 @@ class _Placement:
         self.src, self.dst = [], []          # thread) pairs out of order: its anchors are skipped
         for s, t in kept:
             if not self.src or s > self.src[-1]:
-                if self.src and _holds(inserted, self.dst[-1], t) and t - self.dst[-1] > s - self.src[-1]:
+                if (self.src and _holds(inserted, self.dst[-1], t)
+                        and t - self.dst[-1] > JUMP * (s - self.src[-1]) + JUMP_MIN_US):
                     s0 = self.src[-1]
-                    tiny = min(1e-3, (s - s0) / 2)  # a jump over the work added, then the untimed step's pace
-                    self.src.append(s0 + tiny)
-                    self.dst.append(t - (s - s0 - tiny))
+                    if len(self.src) == 1:  # before the first paired launch: the step's start is no anchor
+                        self.dst[0] = t - (s - s0)
+                    else:  # a jump over the work added, then the untimed step's pace
+                        tiny = min(1e-3, (s - s0) / 2)
+                        self.src.append(s0 + tiny)
+                        self.dst.append(t - (s - s0 - tiny))
                 self.src.append(s)
                 self.dst.append(t)
 
