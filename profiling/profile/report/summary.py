@@ -29,8 +29,8 @@ How the numbers are made (so they add up and can be trusted):
   the trace holds one (runtime calls of 50 ms or more, or compilation, before most of the work:
   iterations.startup; `startup` and a note say so).
 - Steps that do not repeat are left out of every figure, table and finding and reported once (`one_off`:
-  [{kind (compile, cold first pass, eval, checkpoint save, log flush, unnamed), step, position, of, ms,
-  median_ms, compile_ms, why, only, text}]; compilation outside every step has step None): a step that
+  [{kind (compile, cold first pass, cold first call, eval, checkpoint save, log flush, unnamed), step, position,
+  of, ms, median_ms, compile_ms, why, only, text}]; compilation outside every step has step None): a step that
   compiles, one over twice the like steps' median, a first iteration unlike the rest (trace/irregular.py's
   split, right after the steps are made).
 - A trace without device events is a CPU profile: the same summary over CPU operators' self time
