@@ -136,6 +136,7 @@ class _Donor:
         for e in calls:
             self.by_thread[e.get("tid")].append(e)
         self.keys = {tid: [_key(e, device) for e in es] for tid, es in self.by_thread.items()}
+        self.starts = {tid: [e["ts"] for e in es] for tid, es in self.by_thread.items()}
         self.host = [e for e in donor if e.get("ph") == "X" and e.get("cat") in HOST_CATS and num(e.get("ts"))
                      and not str(e.get("name", "")).startswith(STEP_PREFIX)]
         ends = [e["ts"] + e.get("dur", 0) for e in self.host + calls]  # (a step's edge is no anchor: the
@@ -169,8 +170,11 @@ class _Donor:
         if self.span is None:
             return []
         place = _Placement(pairs, self.span, step, inserted)
+        ran = {id(d) for d, _ in pairs}
         out = []
         for e in self.host:
+            if not self._ran_here(e, ran):
+                continue
             start, end = place(e["ts"]), place(e["ts"] + e.get("dur", 0))
             copy = dict(e, ts=start, dur=max(0.0, end - start))
             args = dict(e.get("args") or {})
@@ -180,6 +184,22 @@ class _Donor:
             copy["args"] = args
             out.append(copy)
         return out
+
+
+    def _ran_here(self, e, ran):
+        """Whether host event `e` of the untimed step ran in a timed step whose paired untimed calls are `ran`
+        (ids): not when the calls it made, or the two around it on its thread, all went unpaired (work only the
+        untimed step did: an eval or a save after the window, a branch the timed step did not take; its copy would
+        put operators in every timed step that never ran there)."""
+        calls, starts = self.by_thread.get(e.get("tid"), ()), self.starts.get(e.get("tid"), ())
+        if not calls:
+            return True
+        a, b = bisect.bisect_left(starts, e["ts"]), bisect.bisect_right(starts, e["ts"] + e.get("dur", 0))
+        inside = calls[a:b]
+        if inside:
+            return any(id(c) in ran for c in inside)
+        around = calls[max(0, a - 1):a + 1]
+        return len(around) < 2 or any(id(c) in ran for c in around)
 
 
 def _by_call(ours, theirs, a, b):
