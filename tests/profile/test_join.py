@@ -13,7 +13,7 @@ import os
 import pytest
 
 from benchmarks.same_output import join_fixtures
-from profiling.profile.report import render
+from profiling.profile.report import render, summary
 from profiling.profile.report.summary import load_trace, summarize
 from profiling.profile.trace import join
 from profiling.profile.trace.traceio import STEP_PREFIX
@@ -224,3 +224,7 @@ def test_work_only_the_untimed_step_did_lends_no_operators():
     assert record["unjoined_us"] == 0.0
     names = {e.get("name") for e in events if e.get("cat") == "cpu_op"}
     assert "aten::eval_only" not in names and len(names) > 20  # the training step's operators, not the eval's
+    assert 0 < record["donor_unused_us"] < record["donor_us"]
+    ops = summary._ops_joined({"capture_ops": "device", "operators": dict(record, donor_unused_us=
+                                                                         0.2 * record["donor_us"])})
+    assert "the untimed step ran work no profiled step did (20% of its device time" in render._ops_text(ops, {})

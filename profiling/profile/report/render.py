@@ -258,6 +258,9 @@ def _ops_text(ops, s):
                                  for r in offs)
                      + f", ran kernels the untimed step did not launch; left out of every table as a "
                        f"one-off, {'it costs' if len(offs) == 1 else 'they cost'} the tables nothing")
+        if ops.get("donor_unused"):
+            text += (f"; the untimed step ran work no profiled step did ({100 * ops['donor_unused']:.0f}% of its "
+                     "device time: an eval, a save or a branch after the window), lent to none")
         text += ")"
     u = s.get("unprofiled_step_ms")
     if num(u) and u > 0:

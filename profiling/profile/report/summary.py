@@ -307,6 +307,9 @@ def recorded(trace, ix, unprofiled_given=False):
     }
 
 
+DONOR_UNUSED = 0.1  # of the untimed step's device time paired in no timed step: it was unlike them (said)
+
+
 def _ops_joined(meta, one_off=()):
     """How a live capture's timed steps got their operators (issue #50): None when recorded in them ("full",
     or a capture before the choice existed), else {"joined": share of device time whose launch found its
@@ -315,7 +318,8 @@ def _ops_joined(meta, one_off=()):
     forwards, which the untimed step did not run, left 47% of a window's device time unjoined), "joined" is
     that of the like steps, which every table reads, with "joined_all" (every profiled step), "unjoined_ms"
     (per like step: kernels in the budget and kernel tables but in no operator, region or line row) and
-    "one_off": [{position, kind, joined}] of the steps left out."""
+    "one_off": [{position, kind, joined}] of the steps left out; "donor_unused": the share of the untimed
+    step's device time no timed step ran, over DONOR_UNUSED (an eval or a save after the window)."""
     if meta.get("capture_ops") != "device":
         return None
     record = meta.get("operators") or {"missing": "the untimed operator step did not run"}
@@ -324,6 +328,9 @@ def _ops_joined(meta, one_off=()):
     device = record.get("device_us") or 0.0
     out = {"joined": 1.0 - record.get("unjoined_us", 0.0) / device if device else 1.0,
            "unjoined_kernels": record.get("unjoined_kernels") or []}
+    lent, unused = record.get("donor_us") or 0.0, record.get("donor_unused_us") or 0.0
+    if lent and unused / lent > DONOR_UNUSED:
+        out["donor_unused"] = unused / lent
     per = record.get("per_step")
     steps = [r for r in one_off if r.get("position")]
     if not per or any(r.get("of") != len(per) for r in steps):

@@ -82,7 +82,10 @@ def join(events, donor):
     """Give every step of `events` (a device-only trace with ProfilerStep annotations; changed in place) a
     copy of the host events of `donor` (the events of one fully recorded step), placed by launch order.
     Returns {"steps", "launches": paired runtime calls, "of": the steps' runtime calls, "device_us",
-    "unjoined_us": device time whose launch found no pair, "unjoined_kernels": the commonest of those}."""
+    "unjoined_us": device time whose launch found no pair, "unjoined_kernels": the commonest of those,
+    "per_step": [[device_us, unjoined_us]] step by step, "donor_us": the untimed step's device time,
+    "donor_unused_us": the part of it whose launch paired in no step (work only it ran: an eval after the
+    window)}."""
     steps = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") == "user_annotation"
                    and str(e.get("name", "")).startswith(STEP_PREFIX) and num(e.get("ts")))
     device = _launched(events)
@@ -91,12 +94,13 @@ def join(events, donor):
     ids = _IdSpace(events, donor)
     out = {"steps": len(steps), "launches": 0, "of": 0, "device_us": 0.0, "unjoined_us": 0.0, "per_step": []}
     missed = defaultdict(float)
-    added = []
+    added, used = [], set()
     launches = sorted((e for e in events if e.get("cat") in LAUNCH_CATS and num(e.get("ts"))), key=lambda e: e["ts"])
     starts = [e["ts"] for e in launches]
     for k, (start, end) in enumerate(steps):
         calls = launches[bisect.bisect_left(starts, start):bisect.bisect_left(starts, end)]
         pairs = lent.pair(calls, device)
+        used.update(id(d) for d, _ in pairs)
         shift = ids.shift(k)
         for d, t in pairs:
             for e in [t] + device.get(corr(t), []):
@@ -119,6 +123,9 @@ def join(events, donor):
         inserted = sorted(t["ts"] for t in calls if id(t) not in paired and t.get("name") not in MARKS)
         added += lent.placed(pairs, (start, end), shift, inserted)
     events.extend(added)
+    lent_us = [(id(d), sum(x.get("dur", 0) for x in lent.device.get(corr(d), []))) for d in lent.calls]
+    out["donor_us"] = round(sum(us for _, us in lent_us), 1)  # the untimed step's device time, and the part of
+    out["donor_unused_us"] = round(sum(us for i, us in lent_us if i not in used), 1)  # it no timed step ran
     out["unjoined_kernels"] = [name for name, _ in sorted(missed.items(), key=lambda kv: -kv[1])[:3]]
     out["device_us"], out["unjoined_us"] = round(out["device_us"], 1), round(out["unjoined_us"], 1)
     return out
@@ -132,6 +139,7 @@ class _Donor:
         calls = sorted((e for e in donor if e.get("cat") in LAUNCH_CATS and num(e.get("ts"))),
                        key=lambda e: e["ts"])
         calls = [e for e in calls if e.get("name") not in MARKS]  # the capture's step edges: no one's work
+        self.calls, self.device = calls, device
         self.by_thread = defaultdict(list)
         for e in calls:
             self.by_thread[e.get("tid")].append(e)
