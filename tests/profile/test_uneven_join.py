@@ -79,7 +79,8 @@ def test_a_first_seen_size_is_a_cold_first_call(rejoined):
     _, s = rejoined(SIZES_API)
     (row,) = s["one_off"]
     assert row["kind"] == irregular.COLD_CALL == "cold first call" and row["position"] == 2
-    assert "`cudaPeekAtLastError` x1,938" in row["text"] and "an input size it had not seen" in row["text"]
+    assert "`cudaPeekAtLastError` x1,938" in row["text"]
+    assert "cuDNN's engines at an input size it had not seen" in row["text"]
     assert s["steps"] == 4
 
 

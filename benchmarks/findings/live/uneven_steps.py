@@ -20,12 +20,15 @@ from the untimed step after them):
     uv run python benchmarks/findings/live/uneven_steps.py run OUT --cpu-smoke --loops eval_in_window \
         --harnesses api                                                     # a CPU smoke test (tiny sizes)
     uv run python benchmarks/findings/live/uneven_steps.py report OUT      # anywhere: the table, re-read
+    uv run python benchmarks/findings/live/uneven_steps.py report OUT --rejoin  # ... each trace joined again
 
 `run` writes OUT/results.jsonl (a row per process: loop, harness, the share of device time joined to
 operators, the one-off steps named, the top 3 findings, step_ms, the window and where the evals fell, or the
 failure) and each profile's folder (trace, report.md, summary.json) as <loop>-<harness>/ in
 OUT/profiles-<k>.tar (few files, each under 16 MiB: what a device call returns). `report` unpacks those tars
-when needed and summarizes each trace again with today's code. Without CUDA (or with --cpu-smoke) every size
+when needed and summarizes each trace again with today's code; with --rejoin it first joins each trace's steps
+again with today's join (the copied operators taken out, the best-joined like step in the untimed step's place:
+benchmarks/same_output/join_fixtures.py `as_captured`). Results: uneven_steps_results.md. Without CUDA (or with --cpu-smoke) every size
 is tiny.
 """
 import argparse

@@ -17,7 +17,10 @@ ones), what does not repeat is left out of every per-step figure and reported on
 (DESIGN.md pitfall 20; issue #48 item 2, #49 item 1): a step that compiles (Dynamo's and Inductor's annotations
 inside it), an outlier (an eval, a checkpoint save, a log flush: named by what ran only in it), the first
 iteration of a trace without step markers when it is unlike the rest (the run's start-up: a cold first pass),
-and compilation outside every step. An eval of 100 batches after one profiled step once made a report of 100.8
+and compilation outside every step. Where nothing that ran only in a one-off step on the host names it (a
+device-only capture records no operator of it; the host samples may miss it), its device work does
+(`device_kinds`): an eval's forwards without backward, a cold first call's thousands of extra runtime calls at a
+new input size (issue #57 item 2). An eval of 100 batches after one profiled step once made a report of 100.8
 ms/step against a median of 26.1, its GEMMs 70.8% of the step; a 1.69 s compile inside a window became a
 host_sync of 1,436 ms/step. Stdlib only.
 """
@@ -378,6 +381,15 @@ def _keep_same_work(ix, why, each, per_step, meta):
 BACKWARD_WORDS = ("backward", "bwd", "wgrad", "dgrad", "bprop")  # kernel or operator names of a backward pass
 
 
+# what a first-time runtime call is for (lower-case words in its name), said beside the calls
+FIRST_TIME = ((("peekatlasterror", "getlasterror"), "a library trying kernels: cuDNN's engines at an input size it "
+               "had not seen"),
+              (("malloc",), "the allocator growing"),
+              (("funcgetattributes", "moduleload", "libraryload", "modulegetfunction", "funcsetattribute"),
+               "first launches and module loads"),
+              (("streamcreate", "devicegetattribute", "getdeviceproperties", "eventcreate"), "the runtime's set-up"))
+
+
 def device_kinds(ix, per_step, why, keep):
     """{k: (kind, evidence in words)} of the one-off steps `why` whose device work names them: an eval (EVAL) when
     the kernels it launched beyond a like step's number ADDED_MIN_OPS or more and none of them is one the like
@@ -410,9 +422,11 @@ def device_kinds(ix, per_step, why, keep):
         more = calls[k] - most
         if sum(more.values()) >= ADDED_MIN_OPS:
             top = ", ".join(f"`{name}` x{c:,}" for name, c in more.most_common(SHOWN))
+            causes = list(dict.fromkeys(cause for name, _ in more.most_common(SHOWN) for words, cause in FIRST_TIME
+                                        if any(w in name.lower() for w in words)))
             out[k] = (COLD_CALL, f"it launched the like steps' kernels but made {sum(more.values()):,} runtime "
-                      f"calls more than any of them ({top}): a library choosing kernels for an input size it had "
-                      "not seen (cuDNN trying its engines), first launches, module loads or the allocator growing")
+                      f"calls more than any of them ({top}): first-time work"
+                      + (f" ({', '.join(causes)})" if causes else ""))
     return out
 
 
@@ -477,6 +491,8 @@ def _row(ix, per, k, reason, each, median, compile_ms, like):
     only = only_in_step.only_labels(per, k)
     extra = getattr(ix, "added", {}).get(k)
     seen = getattr(ix, "device_named", {}).get(k)
+    if seen and seen[0] == COLD_CALL and k == 0:  # the first step: the run's start-up, as before
+        seen = (COLD, seen[1])
     kind = COMPILE if compile_ms > 0 else only_in_step.kind_of(only) or (seen and seen[0]) or (
         ADDED if extra else COLD if k == 0 else UNNAMED)
     what = "iteration" if ix.iterations else "profiled step"

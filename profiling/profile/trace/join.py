@@ -11,7 +11,12 @@ thread, and an operator's start and end move with the launches around them (line
 launches). A paired launch and its kernels take the copied operator's External id, so every table reads the
 joined trace as it reads a fully recorded one. Where the sequences differ (data-dependent control flow, a step
 unlike the others) the unpaired launches keep no operator, and `join` says what share of the device time that
-leaves unjoined.
+leaves unjoined, step by step (the summary then says the share of the like steps, which every table reads, apart
+from a one-off's: an eval's forwards in the window, which the untimed step never ran; issue #57). Where only the
+kernels differ (another cuDNN algorithm at a new input size) the calls pair one by one; where the timed step ran
+work the untimed step did not (an eval) the untimed step's events keep their own pace around it, never stretched
+over it; the untimed step's own extra work (an eval after the window) lends no operators to a step that did not
+run it (benchmarks/findings/live/uneven_steps_results.md).
 
 A CUDA-only trace has no ProfilerStep annotations (they are CPU events): the capture marks each step's start
 with a CUDA event record and notes its host time; `add_steps` finds those runtime calls by their spacing.
