@@ -84,7 +84,14 @@ def test_a_first_seen_size_is_a_cold_first_call(rejoined):
     assert s["steps"] == 4
 
 
-def test_the_captured_trace_reads_the_same_names(data_summary):
-    """As the capture wrote it (its own join's record): the HF eval named by its device work too."""
-    (row,) = data_summary(EVAL_HF)["one_off"]
-    assert row["kind"] == "eval"
+@pytest.mark.parametrize("name", [EVAL_HF, EVAL_LIGHTNING])
+def test_the_traces_as_captured_read_the_same(name, data_summary):
+    """As the capture wrote them, before the join kept each step's share or the untimed step's pace: the shares
+    read from the trace step by step, the eval named, Lightning's loader copy stretched over the validation loop
+    not taken for a wait (the launches inside it, without operators, were the eval's)."""
+    s = data_summary(name)
+    (row,) = s["one_off"]
+    assert row["kind"] == "eval" and row["position"] == 2
+    ops = s["recorded"]["ops"]
+    assert ops["joined"] >= 0.95 and ops["joined_all"] < 0.6
+    assert not any("waiting for the DataLoader" in n for n in s["notes"]) and s["step_ms"] < 20

@@ -146,7 +146,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
                                          # and gc before the profiled steps (profiling/profile/trace/settings.py)
     }
 """
-from collections import Counter
+from collections import Counter, defaultdict
 
 from profiling.errors import UserError
 from profiling.profile import findings
@@ -278,7 +278,7 @@ def _kernel_work(kernels, tl, work, n, peaks):
                                 *peaks))
 
 
-def recorded(trace, ix, unprofiled_given=False):
+def recorded(trace, ix, unprofiled_given=False, operators=None):
     """How the trace was recorded, from torch's own flags at its top level (2.x writes `with_stack`,
     `record_shapes`, `profile_memory`, `with_modules`, `with_flops` when on) or, for older traces, the events
     those options leave; by whom (this profiler's live capture leaves its META_KEY); and where the unprofiled
@@ -303,8 +303,29 @@ def recorded(trace, ix, unprofiled_given=False):
         "modules": bool(trace.get("with_modules")) or modules,
         "flops": bool(trace.get("with_flops")) or any("flops" in (op.get("args") or {}) for op in ix.cpu_ops[:2000]),
         "unprofiled": "given" if unprofiled_given else ("trace" if num(unprofiled) and unprofiled > 0 else None),
-        "ops": _ops_joined(meta, ix.one_off) if live else None,
+        "ops": _ops_joined(dict(meta, operators=operators or meta.get("operators")), ix.one_off) if live else None,
     }
+
+
+def _joined_per_step(ix, meta):
+    """A device-only capture's join record, made before the join kept it step by step: each step's device time and
+    the part of it whose launch has no operator (no External id), read from the trace before irregular.split
+    takes the one-offs out (so `_ops_joined` can say the like steps' share). `meta` changed in place."""
+    record = meta.get("operators")
+    if (meta.get("capture_ops") != "device" or not isinstance(record, dict) or "missing" in record
+            or record.get("per_step") or ix.whole or len(ix.steps) != record.get("steps")):
+        return
+    device = defaultdict(float)
+    for e in ix.device:
+        device[corr(e)] += float(e.get("dur") or 0)
+    starts, per = [a for a, _, _ in ix.steps], [[0.0, 0.0] for _ in ix.steps]
+    for c, launch in ix.launches.items():
+        k = find(ix.steps, starts, launch.get("ts"))
+        if k is not None and device.get(c):
+            per[k][0] += device[c]
+            if (launch.get("args") or {}).get("External id") is None:
+                per[k][1] += device[c]
+    meta["operators"] = dict(record, per_step=[[round(d, 1), round(u, 1)] for d, u in per])
 
 
 DONOR_UNUSED = 0.1  # of the untimed step's device time paired in no timed step: it was unlike them (said)
@@ -724,6 +745,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
     ix = index(trace["traceEvents"])
     check_content(bool(ix.device or ix.cpu_ops))
     meta = _metadata(trace)
+    _joined_per_step(ix, meta)
     *attributed, meta = irregular.split(ix, meta)  # the like steps only, from here on: the one-offs go
     merged, ix.optimizer = ix.optimizer, closures.own_windows(ix.optimizer_marks, ix.cpu_ops)
     given = unprofiled_ms is not None
@@ -733,7 +755,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
         timed = [x for x in meta.get("timed_step_ms_each") or () if num(x) and x > 0]
         if timed:
             meta["unprofiled_step_ms"] = sum(timed) / len(timed)
-    how = recorded(trace, ix, given)
+    how = recorded(trace, ix, given, meta.get("operators"))
     if not ix.device:  # a device that ran the operators without its events recorded: no CPU rule applies
         meta["device_unrecorded"] = device_work.unrecorded(trace)
     s = _summarize_device(ix, meta, how, *attributed) if ix.device else _summarize_cpu(ix, meta)

@@ -304,16 +304,37 @@ def _keep_loader_waits(ix, why, each, windows, meta):
     loader = ix.loader
     like = [each[k] for k in range(len(each)) if k not in why]
     median = statistics.median(like) if like else 0.0
+    copied = meta.get("capture_ops") == "device"  # the loader's annotation is a copy, placed by the launches
     for k in outs:
         a, b = windows[k]
-        wait = sum(min(b, m["ts"] + m.get("dur", 0)) - max(a, m["ts"]) for m in loader
-                   if m["ts"] < b and m["ts"] + m.get("dur", 0) > a) / 1e3
+        spans = [(max(a, m["ts"]), min(b, m["ts"] + m.get("dur", 0))) for m in loader
+                 if m["ts"] < b and m["ts"] + m.get("dur", 0) > a]
+        wait = sum(e - s for s, e in spans) / 1e3
+        if copied and spans:
+            wait -= _launching(ix, spans) / 1e3
         if wait >= LOADER_SHARE * (each[k] - median):
             del why[k]
             meta.setdefault("notes_loader_waits", []).append(
                 f"profiled step {k + 1} took {each[k]:.1f} ms against a median of {median:.1f} ms, {wait:.1f} ms of "
                 "it waiting for the DataLoader's next batch: kept as the step's own cost (the input pipeline's "
                 "batches arrive unevenly), not left out as a one-off")
+
+
+UNJOINED_LAUNCHES = 10  # launches without an operator inside a copied loader annotation: work it was stretched over
+
+
+def _launching(ix, spans):
+    """The µs of the loader's `spans` (a device-only capture's copies of the untimed step's annotation) during
+    which the host was launching kernels the untimed step never did, UNJOINED_LAUNCHES or more (from the first of
+    them to the last): no wait for a batch but work the copy was stretched over (Lightning's validation loop at a
+    step's start became a 158.7 ms `__next__` in captures before the join kept its pace; issue #57)."""
+    out = 0.0
+    for s, e in spans:
+        ts = sorted(c["ts"] for c in ix.launches.values() if s <= c["ts"] < e
+                    and (c.get("args") or {}).get("External id") is None)
+        if len(ts) >= UNJOINED_LAUNCHES:
+            out += ts[-1] - ts[0]
+    return out
 
 
 # the typical operator of a slow step grew at least as the step's growth to this power (half of it on a log
