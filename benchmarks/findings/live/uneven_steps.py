@@ -20,12 +20,15 @@ from the untimed step after them):
     uv run python benchmarks/findings/live/uneven_steps.py run OUT --cpu-smoke --loops eval_in_window \
         --harnesses api                                                     # a CPU smoke test (tiny sizes)
     uv run python benchmarks/findings/live/uneven_steps.py report OUT      # anywhere: the table, re-read
+    uv run python benchmarks/findings/live/uneven_steps.py report OUT --rejoin  # ... each trace joined again
 
 `run` writes OUT/results.jsonl (a row per process: loop, harness, the share of device time joined to
 operators, the one-off steps named, the top 3 findings, step_ms, the window and where the evals fell, or the
 failure) and each profile's folder (trace, report.md, summary.json) as <loop>-<harness>/ in
 OUT/profiles-<k>.tar (few files, each under 16 MiB: what a device call returns). `report` unpacks those tars
-when needed and summarizes each trace again with today's code. Without CUDA (or with --cpu-smoke) every size
+when needed and summarizes each trace again with today's code; with --rejoin it first joins each trace's steps
+again with today's join (the copied operators taken out, the best-joined like step in the untimed step's place:
+benchmarks/same_output/join_fixtures.py `as_captured`). Results: uneven_steps_results.md. Without CUDA (or with --cpu-smoke) every size
 is tiny.
 """
 import argparse
@@ -401,8 +404,10 @@ def unpack(out):
                 tar.extractall(out, filter="data")
 
 
-def report(out):
+def report(out, rejoin=False):
     from profiling.profile.report.ranks import summarize_path
+    from profiling.profile.report.summary import load_trace, summarize
+    from benchmarks.same_output.join_fixtures import rejoin as joined_again
     unpack(out)
     lines = [("| loop | harness | step ms | joined | one-offs (kind: ms, step of window) | "
               "top findings (ms/step) | failed checks |"), "|---|---|--:|--:|---|---|---|"]
@@ -415,12 +420,15 @@ def report(out):
             lines.append(f"| {row['loop']} | {row['harness']} | failed: {failed} | | | | |")
             continue
         try:
-            d = digest(summarize_path(folder))
+            d = digest(summarize(joined_again(load_trace(os.path.join(folder, "trace.json.gz")))) if rejoin
+                       else summarize_path(folder))
         except Exception as e:  # noqa: BLE001 (one bad trace is a row of the table, not the end of it)
             lines.append(f"| {row['loop']} | {row['harness']} | summary failed: {type(e).__name__}: {e} "
                          "| | | | |")
             continue
         joined = "-" if d["joined"] is None else f"{100 * d['joined']:.1f}%"
+        if (d["ops"] or {}).get("joined_all") is not None:  # the like steps' share, then every step's
+            joined += f" ({100 * d['ops']['joined_all']:.1f}% all)"
         offs = "; ".join(f"{r['kind']}: {r['ms']:.1f} ({r['position']} of {r['of']})"
                          for r in d["one_off"]) or "-"
         top = "; ".join(f"{t['kind']} {t['ms_per_step']:.2f}" for t in d["top"]) or "-"
@@ -449,6 +457,9 @@ def main(argv=None):
     o.add_argument("--cpu-smoke", action="store_true")
     t = sub.add_parser("report", help="the table, each trace of a run's folder summarized again")
     t.add_argument("out")
+    t.add_argument("--rejoin", action="store_true",
+                   help="join each trace's steps again with today's join (benchmarks/same_output/join_fixtures.py "
+                        "as_captured: the best-joined like step stands in for the untimed step)")
     a = p.parse_args(argv)
     if a.cmd == "run":
         return run(a.out, a.loops, a.harnesses, a.timeout, a.budget, a.cpu_smoke)
@@ -460,7 +471,7 @@ def main(argv=None):
                    "traceback": traceback.format_exc()[-3000:]}
         print(ROW + json.dumps(row), flush=True)
         return 0
-    return report(a.out)
+    return report(a.out, a.rejoin)
 
 
 if __name__ == "__main__":
