@@ -24,6 +24,7 @@ new input size (issue #57 item 2). An eval of 100 batches after one profiled ste
 ms/step against a median of 26.1, its GEMMs 70.8% of the step; a 1.69 s compile inside a window became a
 host_sync of 1,436 ms/step. Stdlib only.
 """
+import math
 import statistics
 from collections import Counter
 
@@ -108,9 +109,22 @@ def notes(meta):
 
 
 def profiled_check(each, ix, meta=None):
-    """The check on the profiled steps' times, after `split`: the one-off steps it left out (each named with its
-    kind and what ran only in it); steps that ran the same operators at sizes that change (`steps_vary`); else
-    whether the like steps are alike."""
+    """The check on the profiled steps, after `split`: `_times_check`'s, and where their input shapes or kernel
+    sets differ (`unlike`) or their sizes change by design (`steps_vary`), not ok with the result NOT_ALIKE, said
+    first: the loop's own steps, no fault of the profile's (a note at the report's top, never "ok")."""
+    c = _times_check(each, ix, meta)
+    found = getattr(ix, "unlike", None)
+    if found:
+        c = dict(c, unlike=found, detail=f"{found['text']}; {c['detail']}")
+    if found or c.get("varies"):
+        c.update(ok=False, result=NOT_ALIKE)
+    return c
+
+
+def _times_check(each, ix, meta=None):
+    """The check on the profiled steps' times: the one-off steps `split` left out (each named with its kind and
+    what ran only in it); steps that ran the same operators at sizes that change (`steps_vary`); else whether the
+    like steps are alike."""
     steps = [r for r in ix.one_off if r.get("step")]
     if steps:  # ok: the profile itself is sound (a failed check opens the report as a fault of the profiler's);
         return {"name": CHECK, "ok": True, "outliers": len(steps),  # the one-off is the run's, on a line of its own
@@ -198,11 +212,13 @@ def split(ix, meta):
     _keep_loader_waits(ix, why, each, windows or [st[:2] for st in ix.steps], meta)
     _keep_same_work(ix, why, each, per_step, meta)
     labels = [] if ix.whole else _named(ix, meta, each, work, why)  # what ran only in each step, when it was read
+    keep = [k for k in range(len(ix.steps)) if k not in why]
+    ix.device_named = device_kinds(ix, per_step, why, keep)
+    cold = [k for k, (kind, _) in ix.device_named.items() if kind == COLD_CALL]  # a new shape's first step: judged
+    ix.unlike = None if ix.whole else unlike(ix, per_step, each, [k for k in sorted(keep + cold) if work[k]], meta)
     if not why:
         return per_step, windows, attributed, meta
     labels = labels or only_in_step.per_step(ix, meta)
-    keep = [k for k in range(len(ix.steps)) if k not in why]
-    ix.device_named = device_kinds(ix, per_step, why, keep)
     for k, reason in sorted(why.items()):
         ms = host if reason == "first on the host" else each  # the measure that found it, for it and the median
         ix.one_off.append(_row(ix, labels, k, reason, ms, statistics.median(ms[i] for i in keep), inside[k],
@@ -390,6 +406,137 @@ def _keep_same_work(ix, why, each, per_step, meta):
             "operators as the other steps, most of them longer in proportion: the same work on larger inputs (a "
             "sequence length or a batch that changes between steps) or on a host that ran it all slower; kept in "
             f"every per-step figure, which is the mean of steps from {_ms(low)} to {_ms(high)}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Steps not alike (issue #56 item 3): input shapes or kernel sets that change between the steps. A Conv1d net
+# given a new input length every step with cudnn.benchmark on ran steps of 7.7 to 1,031 ms, 58 of its 90 kernels
+# not in every step (cuDNN's autotuner trying engines for each new length), and the check said "ok": its times
+# were within 2x of their median
+# ---------------------------------------------------------------------------------------------------------
+
+NOT_ALIKE = "not alike"  # the check's result for such steps: the loop's, not a fault of the profile
+SHAPES_SHOWN = 5         # shapes listed in the check, in window order
+SIZE_RATIO = 1.1         # sizes this close are alike: a recommender's jagged sparse features, 16.31-16.42 M values
+                         # a step (foreign/hta-sampled-rank1: steps of 608 and 623 ms)
+
+
+def unlike(ix, per_step, each, steps, meta):
+    """What makes the steps `steps` (indices: the like steps and a new shape's cold first call, those with work)
+    unlike each other, or None: {"shapes": `_shapes`'s, "kernels": [names not in every step, names in any],
+    "text"}. Kernels on a GPU timeline, operators on the CPU; shapes only from records of each step's own
+    (`_shapes`), their sizes SIZE_RATIO apart or more; kernel sets that differ by ADDED_MIN_OPS names or more
+    alone, or by any beside shapes that differ (cuDNN's kernels chosen for each size)."""
+    if len(steps) < 2:
+        return None
+    if per_step is not None:
+        names = [{str(e.get("name", "")) for e, _ in per_step[k] if e.get("cat") == "kernel"} for k in steps]
+    else:
+        ops = _op_counts(ix)
+        names = [set(ops[k]) for k in steps]
+    union = set().union(*names)
+    varied = len(union - set.intersection(*names))
+    shapes = _shapes(ix, per_step, steps, meta)
+    if shapes and shapes["spread"] and shapes["spread"] < SIZE_RATIO:
+        shapes = None
+    if not shapes and varied < ADDED_MIN_OPS:  # a log's few operators in one step: the "per step" check's
+        return None
+    what = "kernels" if per_step is not None else "operators"
+    parts = [_shapes_text(shapes, steps, each)] if shapes else []
+    if varied:
+        parts.append(f"{what} differ: {varied} of the {len(union)} {what} the steps ran are not in every step")
+    if shapes:  # the summary keeps each step's shape in words, not the keys that told them apart
+        shapes = {"what": shapes["what"], "steps": [k + 1 for k in steps], "labels": shapes["labels"],
+                  "spread": shapes["spread"] and round(shapes["spread"], 2)}
+    return {"shapes": shapes, "kernels": [varied, len(union)], "text": "; ".join(parts)}
+
+
+def _shapes(ix, per_step, steps, meta):
+    """{"what": the record that shows it, "labels": each step's shape in words, "keys": each step's, "spread": the
+    largest over the smallest or None} where the steps' input shapes differ; None where they do not or no record
+    of each step's own shows them: the operators' input dims where the steps recorded their own (profiling's
+    captures lend one untimed step's shapes to every profiled step: `shapes` in the metadata, or operators copied
+    to a device-only capture), else the bytes copied to the device (the batch), else the grids of the kernels
+    every step launched."""
+    own = not meta.get("shapes") and meta.get("capture_ops") != "device"
+    return ((own and _input_dims(ix, steps))
+            or (per_step is not None and (_copies(per_step, steps) or _grids(per_step, steps))) or None)
+
+
+def _input_dims(ix, steps):
+    """`_shapes` from the operators' recorded input dims: the first operator, in the first step's order, whose
+    dims differ between steps that ran it as often."""
+    starts, dims = [a for a, _, _ in ix.steps], [{} for _ in ix.steps]
+    for e in sorted(ix.cpu_ops, key=lambda e: e.get("ts", 0)):
+        d = (e.get("args") or {}).get("Input Dims")
+        k = traceio.find(ix.steps, starts, e.get("ts")) if d and any(d) else None
+        if k is not None:
+            dims[k].setdefault(str(e.get("name", "")), []).append([x for x in d if x])
+    per = [dims[k] for k in steps]
+    names = [n for n in per[0] if all(len(p.get(n, ())) == len(per[0][n]) for p in per)]
+    for n in names:
+        i = next((i for i in range(len(per[0][n])) if len({str(p[n][i]) for p in per}) > 1), None)
+        if i is not None:
+            size = [sum(math.prod(x) for x in p[n][i]) for p in per]  # elements in, all inputs together
+            return {"what": f"`{n}`'s inputs", "labels": [str(p[n][i]) for p in per],
+                    "keys": [str([p[m] for m in names]) for p in per],
+                    "spread": max(size) / min(size) if min(size) else None}
+    return None
+
+
+def _copies(per_step, steps):
+    """`_shapes` from the bytes each step copied from the host to the device (a new batch's size)."""
+    sizes = [tuple(sorted(int((e.get("args") or {}).get("bytes") or 0) for e, _ in per_step[k]
+                          if "htod" in str(e.get("name", "")).lower())) for k in steps]
+    if len(set(sizes)) < 2:
+        return None
+    total = [sum(x) for x in sizes]
+    return {"what": "the bytes copied to the device", "labels": [_bytes(x) for x in total],
+            "keys": sizes, "spread": max(total) / min(total) if min(total) else None}
+
+
+def _bytes(n):
+    return f"{n / 1e6:,.3g} MB" if n >= 1e5 else f"{n / 1e3:.3g} kB" if n >= 100 else f"{n} bytes"
+
+
+def _grids(per_step, steps):
+    """`_shapes` from the grids of the kernels every step launched as often: the same kernels on inputs of other
+    sizes (a grid's blocks follow the elements a kernel works on)."""
+    grids = [{} for _ in steps]
+    for g, k in zip(grids, steps):
+        for e, _ in per_step[k]:
+            grid = (e.get("args") or {}).get("grid")
+            if e.get("cat") == "kernel" and isinstance(grid, list):
+                g.setdefault(str(e.get("name", "")), []).append(math.prod(grid))
+    names = [n for n in grids[0] if all(len(g.get(n, ())) == len(grids[0][n]) for g in grids)]
+    changed = [n for n in names if len({tuple(g[n]) for g in grids}) > 1]
+    if not changed:
+        return None
+    blocks = [sum(sum(g[n]) for n in changed) for g in grids]
+    return {"what": f"the grids of {len(changed)} of the {len(names)} kernels every step launched (their blocks)",
+            "keys": [tuple(tuple(g[n]) for n in changed) for g in grids], "labels": [f"{b:,}" for b in blocks],
+            "spread": max(blocks) / min(blocks) if min(blocks) else None}
+
+
+def _shapes_text(shapes, steps, each):
+    """The shapes in words: each with its steps and their ms, in window order; a shape's first step in the window
+    against its repeats where some shape repeats."""
+    groups = {}
+    for key, label, k in zip(shapes["keys"], shapes["labels"], steps):
+        groups.setdefault(key, (label, []))[1].append(k)
+    rows = [f"{label} in step{'s' * (len(ks) > 1)} {', '.join(str(k + 1) for k in ks)} "
+            f"({', '.join(_ms(each[k]) for k in ks)})" for label, ks in groups.values()]
+    more = len(rows) - SHAPES_SHOWN
+    text = (f"shapes differ ({len(groups)} shapes in {len(steps)} steps): {shapes['what']}: "
+            + "; ".join(rows[:SHAPES_SHOWN]) + (f"; {more} more" if more > 0 else ""))
+    if shapes.get("spread"):
+        text += f"; the largest {shapes['spread']:.1f}x the smallest"
+    repeated = [ks for _, ks in groups.values() if len(ks) > 1]
+    if repeated:
+        first = statistics.mean(each[ks[0]] for ks in repeated)
+        again = statistics.mean(each[k] for ks in repeated for k in ks[1:])
+        text += f"; a shape's first step in the window took {_ms(first)} on average, its repeats {_ms(again)}"
+    return text
 
 
 # ---------------------------------------------------------------------------------------------------------
