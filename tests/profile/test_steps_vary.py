@@ -133,6 +133,7 @@ def test_a_new_length_each_step_with_the_autotuner_on_is_not_alike(data_summary)
     assert "shapes differ (5 shapes in 5 steps)" in check["detail"]
     assert "58 of the 90 kernels the steps ran are not in every step" in check["detail"]
     assert "(7.73 ms)" in check["detail"] and "(1,031.1 ms)" in check["detail"]  # each step's time beside its shape
+    assert check["detail"].endswith("the like steps took 7.73 ms to 1,031.1 ms (133.3x)")  # not "none over 2x"
     assert "note: profiled steps alike: not alike: shapes differ" in render.to_markdown(s)
 
 

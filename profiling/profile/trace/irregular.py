@@ -22,7 +22,9 @@ device-only capture records no operator of it; the host samples may miss it), it
 (`device_kinds`): an eval's forwards without backward, a cold first call's thousands of extra runtime calls at a
 new input size (issue #57 item 2). An eval of 100 batches after one profiled step once made a report of 100.8
 ms/step against a median of 26.1, its GEMMs 70.8% of the step; a 1.69 s compile inside a window became a
-host_sync of 1,436 ms/step. Stdlib only.
+host_sync of 1,436 ms/step. The check on the profiled steps also compares what they ran (`unlike`): their input
+shapes, from each step's own records, and their kernel sets; steps that differ are said `not alike`, each shape
+with its steps and their times, never "ok" (issue #56 item 3). Stdlib only.
 """
 import math
 import statistics
@@ -114,8 +116,10 @@ def profiled_check(each, ix, meta=None):
     first: the loop's own steps, no fault of the profile's (a note at the report's top, never "ok")."""
     c = _times_check(each, ix, meta)
     found = getattr(ix, "unlike", None)
-    if found:
-        c = dict(c, unlike=found, detail=f"{found['text']}; {c['detail']}")
+    if found:  # their times' spread in place of "none over 2x the median", which read as alike
+        times = (f"the like steps took {_ms(min(each))} to {_ms(max(each))} ({max(each) / min(each):.1f}x)"
+                 if not c.get("outliers") and not c.get("varies") and min(each, default=0) > 0 else c["detail"])
+        c = dict(c, unlike=found, detail=f"{found['text']}; {times}")
     if found or c.get("varies"):
         c.update(ok=False, result=NOT_ALIKE)
     return c
@@ -477,11 +481,18 @@ def _input_dims(ix, steps):
     for n in names:
         i = next((i for i in range(len(per[0][n])) if len({str(p[n][i]) for p in per}) > 1), None)
         if i is not None:
-            size = [sum(math.prod(x) for x in p[n][i]) for p in per]  # elements in, all inputs together
+            size = [_elements(p[n][i]) for p in per]
             return {"what": f"`{n}`'s inputs", "labels": [str(p[n][i]) for p in per],
                     "keys": [str([p[m] for m in names]) for p in per],
                     "spread": max(size) / min(size) if min(size) else None}
     return None
+
+
+def _elements(dims):
+    """The elements of the tensors an operator's input dims describe, all together (a tensor list's too)."""
+    if all(isinstance(x, int) for x in dims):
+        return math.prod(dims)
+    return sum(_elements(x) for x in dims if isinstance(x, list))
 
 
 def _copies(per_step, steps):
