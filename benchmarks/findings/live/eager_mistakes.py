@@ -567,7 +567,7 @@ def report(out):
         gain, compiled = before - after, ms_of(r.get("compiled", ()))
         found = summarize_path(traces[0])["findings"]
 
-        def said(f):
+        def said(f, gain=gain):
             return f"{f['kind']}: {f['ms_per_step']:.1f} ({f['ms_per_step'] / gain:.2f})" if f else "-"
         rank, line = next(((i + 1, f) for i, f in enumerate(found) if f["kind"] == MECHANISM[case]), (None, None))
         lines.append(f"| {case} | {before:.1f} | {after:.1f} | {gain:.1f} | {said(found[0] if found else None)} | "

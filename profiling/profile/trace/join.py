@@ -198,7 +198,6 @@ class _Donor:
             out.append(copy)
         return out
 
-
     def _ran_here(self, e, ran):
         """Whether host event `e` of the untimed step ran in a timed step whose paired untimed calls are `ran`
         (ids): not when the calls it made, or the two around it on its thread, all went unpaired (work only the
