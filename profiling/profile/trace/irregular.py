@@ -176,7 +176,7 @@ def split(ix, meta):
     per_step = windows = attributed = None
     if ix.device:
         per_step, attributed = traceio.attribute(ix)
-        windows = traceio.step_windows(per_step, ix.steps)
+        windows = traceio.step_windows(per_step, ix.steps, host=bool(ix.whole or ix.iterations))
         each, work = [(b - a) / 1e3 for a, b in windows], [bool(evs) for evs in per_step]
     else:
         each = [(b - a) / 1e3 for a, b, _ in ix.steps]

@@ -35,6 +35,10 @@ MAX_LOOKBACK = 400     # operators looked back through for the one around a runt
 SYNC_SLACK_US = 50.0   # the GPU drains a few us before the sync call returns; clocks agree to ~1 us
 
 
+WINDOW_START = "the window's start"  # the "work before" the GPU idle ahead of a marker-less window's first kernel
+WINDOW_END = "the window's end"      # the "next work" of the GPU idle after its last kernel
+
+
 class Gap:
     """One stretch of GPU idle inside a step: [start, end) in trace microseconds."""
 
@@ -132,6 +136,16 @@ class Timeline:
                 continue
             before = evs[by_end[bisect.bisect_right(ends, b1) - 1][1]][0]
             gaps.append(Gap(k, b1, g1, before, after[0], after[1]))
+        # a window that begins or ends on the host (traceio.step_windows' `host`, a trace without markers): the GPU
+        # idle before its first kernel, waiting for the host (a first batch, setup), and after its last kernel while
+        # the host works on (a save, a log, freeing memory): a gap whose next work is the window's end
+        if self.windows[k][0] < starts[0]:
+            first, edge = by_start[0], {"name": WINDOW_START, "cat": "", "ts": self.windows[k][0], "dur": 0}
+            gaps.insert(0, Gap(k, self.windows[k][0], starts[0], edge, first[0], first[1]))
+        if k == self.n - 1 and busy and end > busy[-1][1] and not (gaps and gaps[-1].end >= end):
+            edge = {"name": WINDOW_END, "cat": "", "ts": end, "dur": 0}
+            before = evs[by_end[-1][1]][0]
+            gaps.append(Gap(k, busy[-1][1], end, before, edge, edge))
         return gaps
 
     @functools.cached_property
