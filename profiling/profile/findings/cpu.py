@@ -261,8 +261,10 @@ def device_unused(tl, ctx, found):
     if not gpu:
         return None
     compute, ops = 0.0, Counter()
+    loads = sorted((m["ts"], m["ts"] + m["dur"]) for m in tl.ix.loader)  # the DataLoader's work stays on the host
+    starts = [a for a, _ in loads]
     for op, us, cat in tl.placed:
-        if cat in DEVICE_COMPUTE:
+        if cat in DEVICE_COMPUTE and find(loads, starts, op["ts"]) is None:
             compute += us
             name = str(op.get("name", ""))
             if DEVICE_OPS.match(name):

@@ -74,7 +74,7 @@ def unrecorded(trace):
         elif cat == "cpu_op" and CPU_ONLY_OPS.match(name):
             cpu_own = True
     said = []
-    if gpu_ops and not launches:  # a CUDA model recorded with CPU activity only
+    if gpu_ops:  # a CUDA model recorded with CPU activity only
         said.append("this CUDA model's operators ran with CPU activity only: "
                     + ", ".join(f"{c:,} `{n}`" for n, c in gpu_ops.most_common(SHOWN))
                     + " (operators only a GPU runs) and no kernel")

@@ -17,6 +17,7 @@ import functools
 import math
 import re
 
+from profiling.profile.trace.cold import COLD
 from profiling.profile.trace.traceio import by_thread, find, merge, outer_names, parents
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -69,6 +70,7 @@ class Timeline:
             self.ops.setdefault((op.get("args") or {}).get("External id"), op)
         self.ops.pop(None, None)
         self.gaps = [g for k in range(self.n) for g in self._gaps(k)]
+        self._cold(getattr(ix, "cold", None))
         self.syncs = self._syncs()
         reach = 0.0  # the latest end (plus slack) of the syncs so far, by time: sync_at bisects it
         self.sync_reach = [reach := max(reach, e["ts"] + e["dur"] + SYNC_SLACK_US) for e, _ in self.syncs]
@@ -112,6 +114,16 @@ class Timeline:
         return self.chains[key]
 
     # -- gaps ------------------------------------------------------------------------------------------
+
+    def _cold(self, found):
+        """The gaps the host spent mostly in a cold start's first calls (trace/cold.py): no finding's, said once as
+        a one-off (cause COLD)."""
+        if not found:
+            return
+        spans = found["spans"]
+        for g in self.gaps:
+            if sum(max(0.0, min(g.end, b) - max(g.start, a)) for a, b in spans) >= g.us / 2:
+                g.cause = COLD
 
     def _gaps(self, k):
         evs = self.per_step[k]

@@ -53,25 +53,24 @@ def vit():
 
 
 class SlowImages(torch.utils.data.Dataset):
-    """Each sample 'decoded' from bytes and augmented in Python: a real image pipeline's per-sample cost."""
+    """Each sample 'decoded' from bytes in pure Python (as PIL's decoders run: no operator the profiler records),
+    then made a tensor: a real image pipeline's per-sample cost on the host, `passes` Python passes over it."""
 
-    def __init__(self, n=256, side=64, jitter=20):
+    def __init__(self, n=256, side=56, passes=2):
         g = torch.Generator().manual_seed(0)
         self.raw = [torch.randint(0, 256, (3 * side * side,), dtype=torch.uint8, generator=g).numpy().tobytes()
                     for _ in range(n)]
-        self.side, self.jitter = side, jitter
+        self.side, self.passes = side, passes
 
     def __len__(self):
         return len(self.raw)
 
     def __getitem__(self, i):
-        x = torch.frombuffer(bytearray(self.raw[i]), dtype=torch.uint8).view(3, self.side, self.side).float() / 255
-        x = x[:, 4:60, 4:60]
-        if i % 2:
-            x = x.flip(-1)
-        for _ in range(self.jitter):  # Python-side colour jitter
-            x = x * 1.001 + 0.0001
-        return (x - 0.5) / 0.25, i % 10
+        px = self.raw[i]
+        for _ in range(self.passes):  # the decode: pure Python, the host busy, nothing recorded
+            px = bytes(b ^ 0x5A for b in px)
+        x = torch.frombuffer(bytearray(px), dtype=torch.uint8).view(3, self.side, self.side).float()
+        return x.sub_(127.5).div_(64.0), i % 10
 
 
 def train_steps(model, batches, opt, prof=None):
@@ -87,10 +86,10 @@ def train_steps(model, batches, opt, prof=None):
 
 # ---- cold first calls -------------------------------------------------------------------------------------------
 
-def cold_resnet50_first_train_steps_no_steps(path):
-    """ResNet-50 (float32, SGD) profiled from its first training step, 3 steps, no schedule: the first holds
-    cuDNN's and cuBLAS's first calls, the kernels' first launches and module loads."""
-    model = resnet(50).to(DEV)
+def cold_resnet18_224_first_train_steps_no_steps(path):
+    """ResNet-18 at 224 px (float32, SGD) profiled from its first training step, 3 steps, no schedule: the first
+    holds cuDNN's and cuBLAS's first calls, the kernels' first launches and module loads."""
+    model = resnet(18).to(DEV)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     data = [(torch.randn(32, 3, 224, 224), torch.randint(0, 10, (32,))) for _ in range(3)]
     with profile(activities=[CPU, CUDA]) as prof:
@@ -179,13 +178,13 @@ def cold_bert_first_inference_no_steps(path):
 # ---- no markers, the host busy outside the GPU's span -------------------------------------------------------------
 
 def nomarkers_resnet18_loader_0_workers(path):
-    """An epoch's first 12 batches of ResNet-18 training from a DataLoader with num_workers=0 whose Dataset decodes
-    and jitters each sample in Python, the whole loop inside one profile (no schedule, no prof.step())."""
+    """An epoch's 8 batches of ResNet-18 training from a DataLoader with num_workers=0 whose Dataset decodes
+    each sample in Python, the whole loop inside one profile (no schedule, no prof.step())."""
     model = resnet(18).to(DEV)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for x, y in [(torch.randn(64, 3, 56, 56), torch.randint(0, 10, (64,)))]:  # warm: the loader is the story
         train_steps(model, [(x, y)], opt)
-    loader = torch.utils.data.DataLoader(SlowImages(n=768), batch_size=64, num_workers=0)
+    loader = torch.utils.data.DataLoader(SlowImages(n=512), batch_size=64, num_workers=0)
     with profile(activities=[CPU, CUDA]) as prof:
         train_steps(model, loader, opt)
         torch.cuda.synchronize()
@@ -198,7 +197,7 @@ def nomarkers_resnet18_loader_4_workers_startup(path):
     model = resnet(18).to(DEV)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     train_steps(model, [(torch.randn(64, 3, 56, 56), torch.randint(0, 10, (64,)))], opt)
-    loader = torch.utils.data.DataLoader(SlowImages(n=768, jitter=60), batch_size=64, num_workers=4)
+    loader = torch.utils.data.DataLoader(SlowImages(n=512, passes=8), batch_size=64, num_workers=4)
     with profile(activities=[CPU, CUDA]) as prof:
         train_steps(model, loader, opt)
         torch.cuda.synchronize()
@@ -207,7 +206,7 @@ def nomarkers_resnet18_loader_4_workers_startup(path):
 
 def nomarkers_gpt_tokenize_then_train(path):
     """A loop that tokenizes its text on the host first (a Python character-level encoder over 2 MB, ~1-2 s)
-    then runs 8 training steps of the GPT-2 above: no markers; the GPU idle while the host tokenizes."""
+    then runs 5 training steps of the GPT-2 above: no markers; the GPU idle while the host tokenizes."""
     model = gpt().to(DEV)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     text = ("the quick brown fox jumps over the lazy dog " * 50_000)[:2_000_000]
@@ -216,7 +215,7 @@ def nomarkers_gpt_tokenize_then_train(path):
     with profile(activities=[CPU, CUDA]) as prof:
         vocab = {c: i for i, c in enumerate(sorted(set(text)))}
         ids = torch.tensor([vocab[c] for c in text], dtype=torch.long)
-        for k in range(8):
+        for k in range(5):
             x = ids[k * 2048:(k + 1) * 2048].view(8, 256).to(DEV)
             loss = model(x, labels=x).loss
             loss.backward()
@@ -227,16 +226,16 @@ def nomarkers_gpt_tokenize_then_train(path):
 
 
 def nomarkers_resnet18_checkpoint_save(path):
-    """10 training steps of ResNet-18, the state saved to disk with torch.save after every fifth (a checkpoint:
-    host work with the GPU idle), no markers."""
+    """6 training steps of ResNet-18, the state saved to disk with torch.save after the third (a checkpoint: host
+    work with the GPU idle), no markers."""
     model = resnet(18).to(DEV)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = [(torch.randn(64, 3, 64, 64), torch.randint(0, 10, (64,))) for _ in range(10)]
+    data = [(torch.randn(64, 3, 64, 64), torch.randint(0, 10, (64,))) for _ in range(6)]
     train_steps(model, data[:1], opt)
     with tempfile.TemporaryDirectory() as tmp, profile(activities=[CPU, CUDA]) as prof:
         for k, batch in enumerate(data):
             train_steps(model, [batch], opt)
-            if k % 5 == 4:
+            if k == 2:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(tmp, "ckpt.pt"))
         torch.cuda.synchronize()
     save(prof, path)
@@ -244,12 +243,12 @@ def nomarkers_resnet18_checkpoint_save(path):
 
 def nomarkers_vit_inference_eval_loader(path):
     """An evaluation loop (ViT-B/16 under inference_mode, fp16 autocast) over a 0-worker DataLoader that decodes in
-    Python, 6 batches, `.cpu()` of the predictions per batch, with_stack: no markers."""
+    Python, 6 batches, `.cpu()` of the predictions per batch: no markers."""
     model = vit().to(DEV).eval()
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
         model(torch.randn(32, 3, 224, 224, device=DEV))
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(BigImages(), range(192)), batch_size=32)
-    with profile(activities=[CPU, CUDA], with_stack=True) as prof, torch.inference_mode():
+    with profile(activities=[CPU, CUDA]) as prof, torch.inference_mode():
         for x, _ in loader:
             with torch.autocast("cuda", dtype=torch.float16):
                 model(x.to(DEV)).argmax(-1).cpu()
@@ -258,14 +257,7 @@ def nomarkers_vit_inference_eval_loader(path):
 
 class BigImages(SlowImages):
     def __init__(self):
-        super().__init__(n=192, side=232, jitter=4)
-
-    def __getitem__(self, i):
-        x = torch.frombuffer(bytearray(self.raw[i]), dtype=torch.uint8).view(3, 232, 232).float() / 255
-        x = x[:, 4:228, 4:228]
-        for _ in range(self.jitter):
-            x = x * 1.001 + 0.0001
-        return x, i % 10
+        super().__init__(n=192, side=224, passes=1)
 
 
 def nomarkers_mlp_sleepy_host_loop(path):
@@ -302,13 +294,13 @@ def cpuactivity_cuda_resnet50_train(path):
 
 
 def cpuactivity_cuda_gpt_train_no_steps(path):
-    """The GPT-2 above trained on the GPU for 4 steps (bf16 autocast) recorded with activities=[CPU], no schedule."""
+    """The GPT-2 above trained on the GPU for 3 steps (bf16 autocast) recorded with activities=[CPU], no schedule."""
     model = gpt().to(DEV)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, 8192, (8, 256), device=DEV)
     model(x, labels=x).loss.backward()
     with profile(activities=[CPU], record_shapes=True) as prof:
-        for _ in range(4):
+        for _ in range(3):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(x, labels=x).loss
             loss.backward()
@@ -381,7 +373,7 @@ def modeloncpu_mlp_inference_loader(path):
     copies are the only CUDA work), 3 ProfilerSteps, CPU and CUDA activities."""
     torch.set_num_threads(8)
     model = torch.nn.Sequential(torch.nn.Linear(3 * 56 * 56, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).eval()
-    loader = torch.utils.data.DataLoader(SlowImages(n=320, jitter=5), batch_size=64, pin_memory=True)
+    loader = torch.utils.data.DataLoader(SlowImages(n=320, passes=1), batch_size=64, pin_memory=True)
     with profile(activities=[CPU, CUDA], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
                  on_trace_ready=lambda p: save(p, path)) as prof, torch.inference_mode():
         for x, _ in loader:
