@@ -180,7 +180,7 @@ def split(ix, meta):
             ix.steps = ix.steps[:-2] + [(ix.steps[-2][0], ix.steps[-1][1], ix.steps[-2][2])]
             ix.iterations = dict(ix.iterations, count=len(ix.steps))
             per_step = per_step[:-1]
-        windows = traceio.step_windows(per_step, ix.steps, host=bool(ix.whole or ix.iterations))
+        windows = traceio.step_windows(per_step, ix.steps, host=bool(ix.whole or ix.iterations), device=ix.device)
         each, work = [(b - a) / 1e3 for a, b in windows], [bool(evs) for evs in per_step]
     else:
         each = [(b - a) / 1e3 for a, b, _ in ix.steps]
