@@ -21,6 +21,17 @@ def own(data_summary):
     return get
 
 
+def test_the_corpus_holds_57s_kinds():
+    """#57's acceptance: at least 20 traces of these kinds, each described in SOURCES.md."""
+    names = [n for n in os.listdir(FOREIGN) if n.startswith("own-h200-")]
+    by_kind = {k: sum(n.startswith(f"own-h200-{k}-") for n in names)
+               for k in ("cold", "nomarkers", "cpuactivity", "modeloncpu")}
+    assert sum(by_kind.values()) >= 20 and all(by_kind.values()), by_kind
+    with open(os.path.join(FOREIGN, "SOURCES.md")) as f:
+        sources = f.read()
+    assert all(n in sources for n in names)
+
+
 def kinds(s):
     return [f["kind"] for f in s["findings"]]
 

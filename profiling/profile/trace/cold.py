@@ -27,9 +27,10 @@ from collections import Counter
 from profiling.profile.trace.traceio import self_times
 
 COLD = "cold first call"
-COLD_CALLS = re.compile(r"^(cudaFuncGetAttributes|cuModule|cuLibrary|cuKernelGet|cudaGetDriverEntryPoint|"
-                        r"cuGetProcAddress|cudaStreamCreate|cudaEventCreate|cudaGetDeviceProperties|cuDevicePrimaryCtx|"
-                        r"cuCtxCreate|cuInit|hipModule|hipFuncGetAttributes|hipStreamCreate|hipEventCreate)")
+COLD_CALLS = re.compile(r"^(cudaFuncGetAttributes|(cu|hip)Module(Load|GetFunction)|cuLibrary(Load|GetKernel)|"
+                        r"cuKernelGet|cudaGetDriverEntryPoint|cuGetProcAddress|(cuda|hip)StreamCreate|"
+                        r"(cuda|hip)EventCreate|cudaGetDeviceProperties|cuDevicePrimaryCtx|cuCtxCreate|cuInit|"
+                        r"hipFuncGetAttributes)")
 WAITS = re.compile(r"Synchronize|^(cuda|cu|hip)Memcpy(?!Async)|^(cuda|hip)Memcpy$")  # the host waiting for the GPU
 LAUNCH = re.compile(r"^(cuda|cu|hip)(Ext)?(Module)?LaunchKernel")
 FIRST_LAUNCH_US = 100.0   # a first launch this long loaded its kernel's module: 71-1,151 us (median of a run's first
@@ -103,13 +104,13 @@ def first_calls(ix, window, events):
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
         outer = _outermost(evs)  # aten::div inside aten::div is one call
         first = outer[0]
-        if len(outer) >= 2:
+        if _overlap(waits, first["ts"], first["ts"] + first["dur"]):
+            extra = 0.0  # it waited for the GPU (a sync, a blocking copy: SGLang's 463 ms `aten::copy_`)
+        elif len(outer) >= 2:
             later = statistics.median(e["dur"] for e in outer[1:])
             extra = first["dur"] - later if first["dur"] >= FIRST_OP_RATIO * later else 0.0
-        elif not _overlap(waits, first["ts"], first["ts"] + first["dur"]):  # called once: its own host time, unless
-            extra = sum(own[id(e)] for e in evs)                               # it waited for the GPU (a sync)
-        else:
-            extra = 0.0
+        else:  # called once: its own host time
+            extra = sum(own[id(e)] for e in evs)
         if extra >= FIRST_OP_MIN_US:
             spans.append((first["ts"], first["ts"] + first["dur"]))
             ops[name] += extra / 1e3
