@@ -89,6 +89,34 @@ def test_host_work_between_iterations_stays_in_them(own):
     assert top["kind"] == "gpu_waits_on_host" and top["pct_of_step"] > 90 and "cause unknown" in top["evidence"]
 
 
+def forward_loop(gaps_ms):
+    """A loop of forwards without markers (with_stack's module scope marks each), one 2 ms kernel each, the host
+    working `gaps_ms[k]` ms after forward k (post-processing: nothing recorded)."""
+    evs, t = [], 0
+    for k, gap in enumerate(gaps_ms):
+        evs += [{"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0", "pid": 1, "tid": 1, "ts": t,
+                 "dur": 300},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t + 10, "dur": 200},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 20,
+                 "dur": 5, "args": {"correlation": k + 1}},
+                {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": t + 30,
+                 "dur": 2000, "args": {"correlation": k + 1}}]
+        t += 2100 + gap * 1000
+    return {"traceEvents": evs, "deviceProperties": [{"name": "NVIDIA H200"}]}
+
+
+def test_iterations_keep_the_hosts_time_between_them():
+    """Ten forwards, the host's time after them 3 ms but 9-15 ms after four: the same kernel in each, so the slow
+    ones are the loop's own (the host's time between iterations), not one-offs (#57: 4 of 9 forwards left out, 267.5
+    ms reported where the mean forward was ~436)."""
+    gaps = [3, 3, 12, 3, 15, 3, 9, 3, 14, 3]
+    s = summarize(forward_loop(gaps))
+    assert s["iterations"]["by"] == "the model's forward" and s["steps"] == 10 and not s["one_off"]
+    total = sum(2.1 + g for g in gaps[:-1]) + 2.0
+    assert s["step_ms"] == pytest.approx(total / 10, rel=0.02)
+    assert any("the host's work between iterations is the loop's own" in n for n in s["notes"])
+
+
 def test_a_public_one_window_trace_takes_in_the_host_after_its_last_kernel(data_summary):
     """HTA's A100 simple-add benchmark: 439 ms of the host after the last kernel (cudaFree 311 ms): the window is
     the host's 792 ms, no longer the GPU's 353 ms, and the idle there is a gap the host was in (the window's
