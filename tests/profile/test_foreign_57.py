@@ -133,7 +133,7 @@ def test_a_public_one_window_trace_takes_in_the_host_after_its_last_kernel(data_
 @pytest.mark.parametrize("name, calls", [("cold-mlp-first-call-no-steps", "`cudaFuncGetAttributes`"),
                                          ("cold-encoder-sdpa-first-call-no-steps", "`cudaFuncGetAttributes`"),
                                          ("cold-vit-first-inference-no-steps",
-                                          "the first `aten::_scaled_dot_product_cudnn_attention`")])
+                                          "the first `aten::_cudnn_attention_forward`")])
 def test_a_window_from_the_first_call_says_so_once(name, calls, own):
     """A profile around a model's first call (no warm-up), no markers: its first launches (each loading its
     module), cudaFuncGetAttributes and the libraries' set-up inside the first operators are one cold start, said

@@ -95,7 +95,7 @@ def first_calls(ix, window, events):
                 spans.append((e["ts"], e["ts"] + e["dur"]))
                 slow, launch_us = slow + 1, launch_us + e["dur"]
             launched.setdefault(k, e)
-    by_name, own = {}, {}
+    by_name, own, found_ops = {}, {}, []
     for e, us, _ in self_times([e for e in ix.cpu_ops if inside(e)]):
         by_name.setdefault(_name(e), []).append(e)
         own[id(e)] = us
@@ -113,7 +113,13 @@ def first_calls(ix, window, events):
             extra = sum(own[id(e)] for e in evs)
         if extra >= FIRST_OP_MIN_US:
             spans.append((first["ts"], first["ts"] + first["dur"]))
-            ops[name] += extra / 1e3
+            found_ops.append((first["ts"], first["ts"] + first["dur"], name, extra / 1e3))
+    kept = []  # the innermost of nested first calls (aten::addmm, not the aten::linear around it)
+    for lo, hi, name, ms in sorted(found_ops, key=lambda x: x[1] - x[0]):
+        if not any(lo <= c and d <= hi for c, d, _, _ in kept):
+            kept.append((lo, hi, name, ms))
+    for _, _, name, ms in kept:
+        ops[name] += ms
     spans = _merge(spans)
     busy = _merge((e["ts"], e["ts"] + e["dur"]) for e in events)
     cold = sum(_overlap(spans, s, t) for s, t in spans) - sum(_overlap(busy, s, t) for s, t in spans)
@@ -129,7 +135,9 @@ def text(found):
     """The one-off line's words for a cold start."""
     parts = []
     if found["launches"]:
-        parts.append(f"{found['launches']} first kernel launches ({found['launch_ms']:,.1f} ms: each loads its module)")
+        n = found["launches"]
+        parts.append(f"{n} first kernel launch{'es' * (n != 1)} ({found['launch_ms']:,.1f} ms: "
+                     f"{'each loads its' if n != 1 else 'it loads its'} module)")
     parts += [f"`{k}` {v:,.1f} ms" for k, v in list(found["calls"].items())[:SHOWN]]
     parts += [f"the first `{k}` {v:,.1f} ms over its later calls" for k, v in list(found["ops"].items())[:SHOWN]]
     return (f"the window holds the model's first calls, cold: the GPU waited {found['ms']:,.1f} ms while the host was "
