@@ -378,6 +378,9 @@ class Profiler:
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
                     parameters=self.parameters, compiled_before_profiler=self.compiled_before,
                     script=_script(), code_roots=whose.current().roots)
+        ignored = _compile_ignored(self.model)
+        if ignored:
+            meta["compile_ignored"] = ignored
         if not self.cuda:  # a CPU run's threads against its cores (profiling/profile/findings/cpu.py)
             meta["cpu_threads"] = _cpu_threads(torch)
         if self.micro_batch:
@@ -622,11 +625,30 @@ def _parameters(model):
     return out
 
 
-def _tensors(model):
-    """The parameters of the model(s) (checked by _parameters), for the memory step's tags."""
-    models = [] if model is None else list(model.values()) if isinstance(model, dict) else \
+def _models(model):
+    """The model(s) as a list (checked by _parameters)."""
+    return [] if model is None else list(model.values()) if isinstance(model, dict) else \
         list(model) if isinstance(model, (list, tuple)) else [model]
-    return [p for m in models for p in m.parameters()]
+
+
+def _tensors(model):
+    """The parameters of the model(s), for the memory step's tags."""
+    return [p for m in _models(model) for p in m.parameters()]
+
+
+def _compile_ignored(model):
+    """The modules of the model(s) that Module.compile() was called on whose forward is torch's own (an
+    nn.Sequential, an nn.Linear): Dynamo skips both that forward and Module._call_impl, so on torch 2.11 the call
+    compiles nothing, and says nothing (pytorch/pytorch#150915). ["name (Class)"]; the findings say so only
+    where the trace then holds no compiled graph."""
+    out = []
+    for m in _models(model):
+        for name, mod in m.named_modules():
+            forward = getattr(type(mod), "forward", None)
+            if getattr(mod, "_compiled_call_impl", None) is not None and \
+                    str(getattr(forward, "__module__", "")).startswith("torch."):
+                out.append(f"{name or 'the model'} ({type(mod).__name__})")
+    return out
 
 
 def _check_count(name, value, minimum, optional=False):

@@ -57,6 +57,65 @@ def as_device_only(trace):
     return out, donor
 
 
+def as_captured(trace):
+    """(the trace before its join, the donor step's events) of a live capture whose device-only timed steps were
+    joined already (benchmarks/findings/live/uneven_steps.py's traces): the copied host events taken out, the
+    launches' External ids with them; the donor is the like step that joined best (the fewest unjoined device
+    time among the steps of the commonest launch count, or of the most launches where every count differs; the
+    last of equals): its copies, launches and device
+    events stand in for the untimed step after the window, which the trace does not keep. None when the trace
+    holds no join."""
+    meta = trace.get("autoresearch") or {}
+    events = trace["traceEvents"]
+    steps = steps_of(events)
+    if meta.get("capture_ops") != "device" or len(steps) < 2:
+        return None
+    device = join._launched(events)
+    launches = [e for e in events if e.get("cat") in LAUNCH_CATS and isinstance(e.get("ts"), (int, float))]
+    per = [[0, 0.0] for _ in steps]  # launches, unjoined device us
+    for e in launches:
+        k = next((i for i, (a, b) in enumerate(steps) if a <= e["ts"] < b), None)
+        if k is not None:
+            per[k][0] += 1
+            if "External id" not in (e.get("args") or {}):
+                per[k][1] += sum(x.get("dur", 0) for x in device.get(corr(e), []))
+    counts = [n for n, _ in per]
+    common = max(set(counts), key=lambda n: (counts.count(n), n))  # all apart (a random branch): the most
+    k = min((i for i in range(len(steps)) if counts[i] == common), key=lambda i: (per[i][1], -i))
+    start, end = steps[k]
+    lent = {corr(t) for t in launches if start <= t["ts"] < end} - {None}
+    donor, kept = [], []
+    for e in events:
+        cat, ts = e.get("cat"), e.get("ts")
+        is_step = cat == "user_annotation" and str(e.get("name", "")).startswith(STEP_PREFIX)
+        inside = isinstance(ts, (int, float)) and start <= ts < end
+        if cat in join.HOST_CATS and not is_step:
+            if inside:
+                donor.append(e)
+            continue
+        if (cat in LAUNCH_CATS and inside) or (cat in DEVICE_CATS and corr(e) in lent):
+            donor.append(copy.deepcopy(e))
+        if cat in LAUNCH_CATS or cat in DEVICE_CATS:
+            e = dict(e, args={k: v for k, v in (e.get("args") or {}).items() if k != "External id"})
+        kept.append(e)
+    out = dict(trace, traceEvents=kept)
+    out.pop("record_shapes", None)
+    return out, donor
+
+
+def rejoin(trace):
+    """A live joined trace joined again with today's join (`as_captured`), its record in the metadata; the
+    trace unchanged when it holds no join."""
+    made = as_captured(trace)
+    if made is None:
+        return trace
+    device, donor = made
+    record = join.join(device["traceEvents"], donor)
+    device["autoresearch"] = dict(device["autoresearch"], operators=record)
+    device["record_shapes"] = 1
+    return device
+
+
 def compare(path):
     """One fixture's row: (name, joined %, top before, top after, moved findings, tables same?) or None."""
     trace = load_trace(path)

@@ -133,6 +133,28 @@ def test_several_models_name_their_parameters_apart():
     assert _parameters([a]) == {"weight": [3, 2], "bias": [3]}
 
 
+def test_module_compile_on_a_module_of_torch_s_own_is_recorded():
+    """Module.compile() on an nn.Sequential compiles nothing on torch 2.11 (pytorch/pytorch#150915): the capture
+    records which modules it was called on whose forward is torch's own; a class of the user's is not one."""
+    from profiling.api import _compile_ignored
+
+    class Mine(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(2, 2))
+
+        def forward(self, x):
+            return self.body(x)
+
+    seq, mine, plain = nn.Sequential(nn.Linear(2, 2), nn.ReLU()), Mine(), Mine()
+    seq.compile()
+    mine.compile()
+    mine.body.compile()
+    assert _compile_ignored(seq) == ["the model (Sequential)"]
+    assert _compile_ignored({"a": mine, "b": plain}) == ["body (Sequential)"]
+    assert _compile_ignored(plain) == [] and _compile_ignored(None) == []
+
+
 def test_graphs_compiled_before_the_profiler_are_named_in_the_lines_note():
     table = lines._compiled_before({"rows": [], "missing": "no record", "notes": []},
                                    {"compiled_before_profiler": 2})

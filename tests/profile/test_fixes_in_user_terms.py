@@ -93,3 +93,16 @@ def test_a_cpu_report_never_says_train_py_compiles_there(data_trace):
     trace["autoresearch"]["trainer"] = "train.py"
     (f,) = [f for f in summarize(trace)["findings"] if f["kind"] == "eager_code"]
     assert "torch.compile the model" in f["fix"] and "train.py" not in f["fix"], f["fix"]
+
+
+def test_a_module_compile_that_compiled_nothing_is_named_where_compiling_is_the_fix(data_trace):
+    """An eager H200 loop (launch_bound first) whose nn.Sequential had Module.compile() called on it: no compiled
+    graph ran, so the remedy says why and what compiles it; without the record, or with graphs, it says nothing."""
+    trace = data_trace("h200-eager-ema-state-dict")
+    trace["autoresearch"]["compile_ignored"] = ["the model (Sequential)"]
+    found = {f["kind"]: f for f in summarize(trace)["findings"]}
+    for kind in ("launch_bound", "eager_code"):
+        assert "Module.compile() was called on the model (Sequential), yet nothing ran compiled" in found[kind]["fix"]
+        assert "model = torch.compile(model)" in found[kind]["fix"]
+    plain = {f["kind"]: f for f in summarize(data_trace("h200-eager-ema-state-dict"))["findings"]}
+    assert "Module.compile()" not in plain["launch_bound"]["fix"]

@@ -107,3 +107,18 @@ def test_on_the_cpu_a_loop_is_priced_by_its_operators_time_and_eager_code_does_n
     assert "kernel" not in f["evidence"] and "GPU" not in f["fix"]
     assert 0.5 * (153.9 - 6.3) <= f["ms_per_step"] <= 1.5 * (153.9 - 6.3)
     assert "a Python loop on one line" in s["not_run"]
+
+
+@pytest.mark.parametrize("name, line, remedy", [
+    ("h100-any-vit-b16-compiled-api", "`loss.backward()`", "autograd launching the backward's kernels"),
+    ("h200-eager-ema-state-dict", "`self.opt.step()`", "fused=True (Adam, AdamW, SGD) or foreach=True"),
+    ("h100-lightning-compiled-callback", "`trainer.fit(module, loader)`", "inside the training framework's loop"),
+    ("h100-clock-launch_blocking", "`def forward(self, idx, targets=None, reduction=\"mean\"):`",
+     "the forward launching its operators"),
+])
+def test_host_work_at_a_library_call_gets_the_librarys_remedy_not_make_it_cheaper(data_summary, name, line, remedy):
+    """gpu_waits_on_host's sampled line hands its work to a library (autograd, the optimizer, a trainer, a forward's
+    launches): "make the host work at `loss.backward()` cheaper" is no edit anyone can make (issue #56, item 4)."""
+    f = next(f for f in data_summary(name)["findings"] if f["kind"] == "gpu_waits_on_host")
+    assert line in f["evidence"].split("the host meanwhile:")[1], f["evidence"]
+    assert remedy in f["fix"] and "cheaper" not in f["fix"], f["fix"]

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from benchmarks.same_output import join_fixtures
-from profiling.profile.report import render
+from profiling.profile.report import render, summary
 from profiling.profile.report.summary import load_trace, summarize
 from profiling.profile.trace import join
 from profiling.profile.trace.traceio import STEP_PREFIX
@@ -193,3 +193,38 @@ def test_a_join_that_fails_leaves_the_profile_without_operators_and_the_run_goin
     assert meta["operators"]["missing"].startswith("the operators' join failed: KeyError")
     assert "record_shapes" not in w.trace
     assert meta["syncs"] == [{"where": "train.py:1", "count": 1}]  # the step's other record kept
+
+
+def test_work_only_the_untimed_step_did_lends_no_operators():
+    """An untimed step that also ran an eval (a forward after the window: launches and operators the timed steps
+    never made) lends the timed steps its training operators only (issue #57 item 1)."""
+    trace, donor = pair("eager")
+    events = trace["traceEvents"]
+    join.add_steps(events, marks(events), 1)
+    calls = sorted((e for e in donor if e.get("cat") in ("cuda_runtime", "cuda_driver") and
+                    e.get("name") == "cudaLaunchKernel"), key=lambda e: e["ts"])[:40]
+    kernels = {e["args"]["correlation"]: e for e in donor if e.get("cat") == "kernel"}
+    end = max(e["ts"] + e.get("dur", 0) for e in donor if isinstance(e.get("ts"), (int, float)))
+    shift, added = end + 100.0 - calls[0]["ts"], []
+    for i, c in enumerate(calls):  # the eval: 40 launches again, after the step's own work, in one operator
+        c2 = copy.deepcopy(c)
+        c2["ts"] += shift
+        c2["args"]["correlation"] = 10**9 + i
+        added.append(c2)
+        k = kernels.get(c["args"]["correlation"])
+        if k is not None:
+            k2 = copy.deepcopy(k)
+            k2["ts"] += shift
+            k2["args"]["correlation"] = 10**9 + i
+            added.append(k2)
+    added.append({"ph": "X", "cat": "cpu_op", "name": "aten::eval_only", "pid": calls[0]["pid"],
+                  "tid": calls[0]["tid"], "ts": end + 90.0, "dur": calls[-1]["ts"] - calls[0]["ts"] + 50.0,
+                  "args": {"External id": 10**9}})
+    record = join.join(events, donor + added)
+    assert record["unjoined_us"] == 0.0
+    names = {e.get("name") for e in events if e.get("cat") == "cpu_op"}
+    assert "aten::eval_only" not in names and len(names) > 20  # the training step's operators, not the eval's
+    assert 0 < record["donor_unused_us"] < record["donor_us"]
+    ops = summary._ops_joined({"capture_ops": "device", "operators": dict(record, donor_unused_us=
+                                                                         0.2 * record["donor_us"])})
+    assert "the untimed step ran work no profiled step did (20% of its device time" in render._ops_text(ops, {})

@@ -48,9 +48,14 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WARMUP, STEPS, REPS, REP_S = 10, 20, 5, 4.0
-VARIANTS = ("mistake", "fix", "compiled", "batch2")
+VARIANTS = ("mistake", "fix", "compiled", "batch2", "threads1")
 BATCH_X = [1]  # "batch2": the Lm loops' batch doubled, the mistake kept (launch_bound's other remedy)
-MECHANISMS = ("per_parameter_loop", "python_loop", "host_tensor")  # findings that name a line's mechanism
+# the finding that names each case's mistake at its line (what the report should lead with)
+MECHANISM = {"ema_state_dict": "per_parameter_loop", "param_group_each": "per_parameter_loop",
+             "grad_norm_loop": "per_parameter_loop", "per_sample_loss": "python_loop", "item_per_sample": "python_loop",
+             "empty_cache": "alloc_churn", "host_gather": "python_loop", "lstm_cell_loop": "python_loop",
+             "heads_loop": "python_loop", "fp32": "fp32_matmul", "mask_on_host": "host_tensor",
+             "cudnn_benchmark_varlen": "alloc_churn"}
 
 
 def _torch():
@@ -63,6 +68,13 @@ def blocks(depth, width, heads=8):
     torch, nn, _ = _torch()
     layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
     return nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+
+
+# GPT-2 small's width and depth at 16 x 512 tokens: an eager step whose kernels keep an H200 about as busy as its
+# host is launching them (the float32 case's bf16 fix, 8 such layers: 19.6 ms/step), so that a mistake's host
+# work is what the step waits on. The per-parameter cases' first round (eager_mistakes_results.md) ran width 256
+# at 16 x 128 tokens, a model launch-bound on its own.
+GPT2S = dict(depth=12, width=768, batch=16, seq=512)
 
 
 class Lm:
@@ -98,7 +110,7 @@ class Lm:
 def ema_state_dict(variant, dev):
     torch, _, _ = _torch()
     import copy
-    lm = Lm(dev, depth=12)
+    lm = Lm(dev, **GPT2S)
     ema = copy.deepcopy(lm.model).requires_grad_(False)
     decay = 0.999
     ema_params, params = list(ema.parameters()), list(lm.model.parameters())
@@ -131,7 +143,7 @@ def param_group_each(variant, dev):
         for n, p in named:
             by.setdefault(depth_of(n), []).append(p)
         return [{"params": ps, "lr": base * decay ** (13 - d)} for d, ps in sorted(by.items())]
-    lm = Lm(dev, depth=12, lr_groups=groups)
+    lm = Lm(dev, **GPT2S, lr_groups=groups)
 
     def step():
         lm.update(lm.loss())
@@ -140,7 +152,7 @@ def param_group_each(variant, dev):
 
 def grad_norm_loop(variant, dev):
     torch, _, _ = _torch()
-    lm = Lm(dev, depth=12)
+    lm = Lm(dev, **GPT2S)
     params = list(lm.model.parameters())
     log = []
 
@@ -207,7 +219,7 @@ def item_per_sample(variant, dev):
 
 def empty_cache(variant, dev):
     torch, _, _ = _torch()
-    lm = Lm(dev, depth=6, width=512, batch=32, seq=256)
+    lm = Lm(dev, **GPT2S)
 
     def step():
         lm.update(lm.loss())
@@ -451,9 +463,13 @@ def one(case, variant, out, profile):
     torch, _, _ = _torch()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     BATCH_X[0] = 2 if variant == "batch2" else 1
-    step, model, tokens = CASES[case]("mistake" if variant in ("compiled", "batch2") else variant, dev)
+    if variant == "threads1":  # the mistake kept, one intra-op thread for the host's CPU operators
+        torch.set_num_threads(1)
+    step, model, tokens = CASES[case]("mistake" if variant in ("compiled", "batch2", "threads1") else variant, dev)
     if variant == "compiled":  # the mistake kept, the model compiled: what launch_bound's remedy recovers
-        model.compile()
+        # not model.compile(): on torch 2.11 it leaves a built-in container (nn.Sequential) uncompiled, with no
+        # word (pytorch/pytorch#150915: its _call_impl and forward are both in Dynamo's skip files)
+        model.forward = torch.compile(model.forward)
     t = time.perf_counter()
     step()
     sync(dev)
@@ -478,7 +494,9 @@ def one(case, variant, out, profile):
     return row
 
 
-def run(out, cases, timeout, budget, variants=("mistake", "fix"), profile=True):
+def run(out, cases, timeout, budget, variants=("mistake", "fix"), profile=True, rounds=1):
+    """Each case's variants in fresh processes, `rounds` times over, alternated (mistake, fix, mistake, fix...):
+    a host whose pace drifts between processes moves both alike. The mistake is profiled in the first round."""
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "results.jsonl")
     start = time.perf_counter()
@@ -486,10 +504,10 @@ def run(out, cases, timeout, budget, variants=("mistake", "fix"), profile=True):
         if time.perf_counter() - start > budget:
             print(f"budget of {budget:g} s spent: {case} and after not run", flush=True)
             break
-        for variant in variants:
+        for r, variant in ((r, v) for r in range(rounds) for v in variants):
             t = time.perf_counter()
             cmd = [sys.executable, os.path.abspath(__file__), "one", case, variant, out] + (
-                ["--profile"] if variant == "mistake" and profile else [])
+                ["--profile"] if variant == "mistake" and profile and r == 0 else [])
             try:
                 p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
                 lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
@@ -497,11 +515,11 @@ def run(out, cases, timeout, budget, variants=("mistake", "fix"), profile=True):
                     "case": case, "variant": variant, "failed": p.returncode, "stderr": p.stderr[-2000:]}
             except subprocess.TimeoutExpired:
                 row = {"case": case, "variant": variant, "failed": "timeout"}
-            row["seconds"] = round(time.perf_counter() - t, 1)
+            row["seconds"], row["round"] = round(time.perf_counter() - t, 1), r
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
-            print(json.dumps({k: row.get(k) for k in ("case", "variant", "ms", "profiled_ms", "failed", "seconds")}),
-                  flush=True)
+            print(json.dumps({k: row.get(k) for k in ("case", "variant", "round", "ms", "profiled_ms", "failed",
+                                                      "seconds")}), flush=True)
             if row.get("top"):
                 print("   top:", row["top"][0]["kind"], row["top"][0]["ms_per_step"], flush=True)
     made = [case for case in cases if os.path.isdir(os.path.join(out, case))]
@@ -517,34 +535,44 @@ def run(out, cases, timeout, budget, variants=("mistake", "fix"), profile=True):
 # ---------------------------------------------------------------------------------------------------------
 
 def rows(out):
+    """{case: {variant: [the rows of its processes]}}."""
     by = {}
     with open(os.path.join(out, "results.jsonl")) as f:
         for line in f:
             r = json.loads(line)
-            by.setdefault(r["case"], {})[r["variant"]] = r
+            by.setdefault(r["case"], {}).setdefault(r["variant"], []).append(r)
     return by
 
 
+def ms_of(processes):
+    """A variant's ms/step: the median over its processes of each one's median rep (None: none ran)."""
+    each = [statistics.median(r["ms"]) for r in processes if r.get("ms")]
+    return statistics.median(each) if each else None
+
+
 def report(out):
+    """The table: each case's gain against the report's top finding and the finding of its mistake (MECHANISM);
+    where the run timed the model compiled with the mistake kept, what that recovered (launch_bound's remedy)."""
     sys.path.insert(0, ROOT)
     from profiling.profile.report.ranks import summarize_path
-    lines = ["| case | mistake ms/step | fix ms/step | gain | top finding: claim (claim / gain) | the line's "
-             "mechanism (rank): claim (claim / gain) |", "|---|--:|--:|--:|---|---|"]
+    lines = ["| case | mistake ms/step | fix ms/step | gain | top finding: claim (claim / gain) | the mistake's "
+             "finding (rank): claim (claim / gain) | compiled, mistake kept: recovered |",
+             "|---|--:|--:|--:|---|---|--:|"]
     for case, r in rows(out).items():
-        m, fx = r.get("mistake", {}), r.get("fix", {})
+        before, after = ms_of(r.get("mistake", ())), ms_of(r.get("fix", ()))
         traces = glob.glob(os.path.join(out, case, "*.json.gz"))
-        if "ms" not in m or "ms" not in fx or not traces:
-            lines.append(f"| {case} | failed | | | | |")
+        if before is None or after is None or not traces:
+            lines.append(f"| {case} | failed | | | | | |")
             continue
-        before, after = statistics.median(m["ms"]), statistics.median(fx["ms"])
-        gain = before - after
+        gain, compiled = before - after, ms_of(r.get("compiled", ()))
         found = summarize_path(traces[0])["findings"]
 
         def said(f):
             return f"{f['kind']}: {f['ms_per_step']:.1f} ({f['ms_per_step'] / gain:.2f})" if f else "-"
-        rank, line = next(((i + 1, f) for i, f in enumerate(found) if f["kind"] in MECHANISMS), (None, None))
+        rank, line = next(((i + 1, f) for i, f in enumerate(found) if f["kind"] == MECHANISM[case]), (None, None))
         lines.append(f"| {case} | {before:.1f} | {after:.1f} | {gain:.1f} | {said(found[0] if found else None)} | "
-                     + (f"({rank}) {said(line)}" if line else "-") + " |")
+                     + (f"({rank}) {said(line)}" if line else "-")
+                     + (f" | {before - compiled:.1f} |" if compiled is not None else " | |"))
     print("\n".join(lines))
 
 
@@ -557,9 +585,11 @@ def main(argv=None):
     r.add_argument("--timeout", type=float, default=150, help="seconds a process may run")
     r.add_argument("--budget", type=float, default=480, help="seconds after which no case starts")
     r.add_argument("--variants", nargs="+", choices=VARIANTS, default=["mistake", "fix"],
-                   help="compiled: the mistake kept, the model compiled (model.compile()); batch2: the mistake kept, "
-                   "the batch doubled (the cases built on Lm)")
+                   help="compiled: the mistake kept, the model's forward compiled (torch.compile); batch2: the mistake kept, "
+                   "the batch doubled (the cases built on Lm); threads1: the mistake kept, torch.set_num_threads(1)")
     r.add_argument("--no-profile", action="store_true", help="time only")
+    r.add_argument("--rounds", type=int, default=1,
+                   help="each variant in this many fresh processes, alternated; ms/step: the median of theirs")
     o = sub.add_parser("one", help=argparse.SUPPRESS)
     o.add_argument("case", choices=list(CASES))
     o.add_argument("variant", choices=VARIANTS)
@@ -569,7 +599,7 @@ def main(argv=None):
     t.add_argument("out")
     a = p.parse_args(argv)
     if a.cmd == "run":
-        run(a.out, a.cases, a.timeout, a.budget, a.variants, not a.no_profile)
+        run(a.out, a.cases, a.timeout, a.budget, a.variants, not a.no_profile, a.rounds)
     elif a.cmd == "one":
         print(json.dumps(one(a.case, a.variant, a.out, a.profile)))
     else:

@@ -91,16 +91,23 @@ def alloc_churn(tl, ctx, found):
         return None  # a one-off allocation (a first batch, a pinned buffer) is no churn
     own = own_idle(tl, ctx)
     gaps = _open(a["gaps"]) if own else [g for g in _open(a["gaps"]) if _inside(g, a["calls"])]
-    ms = idle_ms(gaps, ctx) if own else min(idle_ms(gaps, ctx), a["idle_inside_ms"])
+    # the idle while the host was inside the calls is the driver's time, which the profiler does not lengthen:
+    # not scaled to the unprofiled run as launch-paced idle is
+    raw = sum(g.us for g in gaps) / ctx["n"] / 1e3
+    inside = min(a["idle_inside_ms"], raw)
+    ms = inside + (raw - inside) * ctx["scale"] if own else min(idle_ms(gaps, ctx), a["idle_inside_ms"])
     if ms < FIRE_SHARE * ctx["step"]:
         return None
     _claim(gaps, "alloc_churn")
     names = ", ".join(f"{name} x{count:g}" for name, count in top(a["names"]))
     made = ", ".join(f"{made_by(chain, 'no operator')} x{count:g}" for chain, count in a["chains"][:2])
     line = _sampled_line(tl, [(e["ts"], e["ts"] + e["dur"], k) for e, k in a["calls"]])
+    split = own and inside and round(ctx["scale"], 2) != 1.0
     evidence = (f"{a['calls_per_step']:g} allocation/free calls in every profiled step ({names}), "
-                f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle {'in and after' if own else 'in'} them {ms:.1f} ms/step"
-                f"{scaled(ctx)}; made by {made}" + (f"; at {line}" if line else "")
+                f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle {'in and after' if own else 'in'} them "
+                f"{ms:.1f} ms/step" + (f", {inside:.1f} of it while the host was inside them (not scaled: the profiler "
+                                       f"does not lengthen these calls), the rest{scaled(ctx)}" if split else scaled(ctx))
+                + f"; made by {made}" + (f"; at {line}" if line else "")
                 + ("" if own else "; recorded with Python stacks (with_stack=True) and no unprofiled step: priced at "
                    "the GPU idle while the host was inside the calls (the stacks do not slow a free), not after them"))
     if _autotuning(tl, a):

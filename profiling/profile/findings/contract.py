@@ -245,3 +245,12 @@ def framework(tl):
         if recorded.startswith(packages) or any(f.startswith(loops) for f in frames):
             return name
     return None
+
+
+def compile_ignored(meta):
+    """The note for a trace without compiled graphs whose model's Module.compile() was called (api.py's
+    `compile_ignored`), or ""."""
+    names = meta.get("compile_ignored")
+    return (f"; Module.compile() was called on {', '.join(names[:3])}, yet nothing ran compiled: Dynamo skips a "
+            "module whose forward is torch's own, so use model = torch.compile(model), or compile a module of your "
+            "own class (pytorch/pytorch#150915)") if names else ""

@@ -10,6 +10,7 @@ from collections import Counter
 from profiling.profile.findings import lines
 from profiling.profile.findings.contract import (
     claim,
+    compile_ignored,
     evidence,
     finding,
     idle_ms,
@@ -382,12 +383,19 @@ def launch_bound(tl, ctx, found):
                 f"ms/step; GPU idle between kernels {idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}"
                 + (f"; it waits on the launches of {where}: kernels too small for the host to keep ahead of them, no "
                    "one mistake on those lines recognized" if where else ""))
+    return finding("launch_bound", idle_ms(gaps, ctx), ctx, evidence,
+                   f"fewer, larger kernels: {_fewer_kernels(tl)}" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
+
+
+def _fewer_kernels(tl):
+    """The remedies for a host that launches too many small kernels, in this loop's terms."""
     bigger = ("raise DEVICE_BATCH_SIZE (fewer micro-batches per step)" if trainer_is_train_py(tl.meta) else
               "a larger micro-batch (fewer, longer kernels per step)")
     fuse = ("keep the model compiled (torch.compile fuses the small ones)" if tl.ix.graph_calls else
-            "torch.compile the model (it fuses the small ones; no compiled graph is in this trace)")
-    return finding("launch_bound", idle_ms(gaps, ctx), ctx, evidence,
-                    f"fewer, larger kernels: {bigger}, {fuse}" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
+            "torch.compile the model (it fuses the small ones; no compiled graph is in this trace)"
+            + compile_ignored(tl.meta))
+    return f"{bigger}, {fuse}"
+
 
 
 def _launching(tl, g, many):
@@ -453,8 +461,30 @@ def gpu_waits_on_host(tl, ctx, found):
     fix = (("the GPU waits for the next batch: " + ("the host syncs above leave no queued GPU work to hide the "
             "loader behind; fix them first" if synced else "the loader is slower than the GPU; make it cheaper "
             "or prepare batches ahead")) if _in_loader(tl, sampled) else
-           f"make the host work at {main} cheaper or move it out of the step")
+           _host_fix(tl, main, texts.get(main, "")))
     return finding("gpu_waits_on_host", idle_ms(sampled, ctx), ctx, evidence, fix)
+
+
+OPTIMIZER_STEP = re.compile(r"\b\w*(opt|optim|optimizer)\w*\.step\(")
+
+
+def _host_fix(tl, main, text):
+    """The remedy for host work sampled at one line: that line's own code, unless the line only hands the work to
+    a library whose cost has its own remedy (autograd's backward, the optimizer's update, a forward's operator
+    launches, a trainer's loop): "make loss.backward() cheaper" is no edit anyone can make."""
+    if ".backward(" in text:
+        return (f"the host work at {main} is autograd launching the backward's kernels, not that line's own code: "
+                f"fewer, larger kernels shorten it: {_fewer_kernels(tl)}")
+    if OPTIMIZER_STEP.search(text):
+        return (f"the host work at {main} is the optimizer's update: fused=True (Adam, AdamW, SGD) or foreach=True "
+                "runs it over all the tensors at once")
+    if text.lstrip().startswith("def forward("):
+        return (f"the host work at {main} is the forward launching its operators: fewer, larger kernels shorten it: "
+                f"{_fewer_kernels(tl)}")
+    if lines.ENTRY.search(text):
+        return (f"the host work is inside the training framework's loop run from {main}: the host samples' inner "
+                "frames say which part; move work out of its per-step hooks and callbacks")
+    return f"make the host work at {main} cheaper or move it out of the step"
 
 
 def _cause_unknown(tl, ctx, gaps):

@@ -24,8 +24,9 @@ and what that line does, from the trace's own events:
   A training framework's entry (`trainer.train()`, `.fit(...)`) is no loop of the user's: all the framework runs
   is on that line. A line with none of these is left to the effect rules (whose evidence names the lines the idle
   waits on).
-- the price: the GPU idle the line's gaps hold (at the unprofiled run's scale): the time the step loses waiting on
-  that line's host work, which the remedy removes; never more than the step's idle. On a CPU run (CPU_RULES), with
+- the price: the GPU idle the line's gaps hold (at the unprofiled run's scale; unscaled where the line's operators
+  launch nothing, which the profiler does not slow): the time the step loses waiting on that line's host work,
+  which the remedy removes; never more than the step's idle. On a CPU run (CPU_RULES), with
   no GPU to idle: the line's operators' own time a step, less one pass of the loop's body.
 """
 import re
@@ -185,6 +186,12 @@ def mechanism(line, tensors, n, cpu=False):
     return None
 
 
+def _launches_nothing(line):
+    """Whether the line's loop body runs on the host only (its operators launched no kernel in the profiled steps)."""
+    body, _ = loop(line.ops)
+    return body is not None and not set(body) & set(line.launched)
+
+
 def _per_parameter_fix(text):
     if "clip_grad" in text:
         return "clip_grad_norm_(..., foreach=True): one norm over all the gradients"
@@ -240,12 +247,16 @@ def _line_rule(kind):
                 continue
             _, what, fix = recognized
             gaps = [g for other in lines for g in other.gaps if g.cause is None]
-            ms = idle_ms(gaps, ctx)
+            # the profiler lengthens launches, not host operators that launch none: their idle is not scaled
+            raw = body is None and (kind == "host_tensor" or kind == "python_loop" and _launches_nothing(line))
+            ms = idle_ms(gaps, dict(ctx, scale=1.0) if raw else ctx)
             for g in gaps:
                 g.cause = kind
             whose = "these lines'" if body else "this line's"
             evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on {whose} host work {ms:.1f} ms/step "
-                        f"({len(gaps) / n:.0f} idle gaps){scaled(ctx)}")
+                        f"({len(gaps) / n:.0f} idle gaps)" + (
+                            ", not scaled: the profiler lengthens launches, not operators that launch none"
+                            if raw and round(ctx["scale"], 2) != 1.0 else "" if raw else scaled(ctx)))
             return make(kind, ms, ctx, evidence, fix)
         return None
     match.__name__ = kind

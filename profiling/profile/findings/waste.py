@@ -17,6 +17,7 @@ import re
 
 from profiling.profile.findings.contract import (
     claim,
+    compile_ignored,
     device_share,
     finding,
     limited_note,
@@ -145,7 +146,7 @@ def _eager_fix(tl, parts, compiled, cpu=False):
             fixes.append("torch.compile the model (or the function these operators run in)"
                          + (", as train.py does by default on CUDA" if trainer_is_train_py(tl.meta) and not cpu
                             else "")
-                         + "; keep the graph whole (fullgraph=True finds what breaks it)")
+                         + "; keep the graph whole (fullgraph=True finds what breaks it)" + compile_ignored(tl.meta))
     return "; ".join(fixes)
 
 

@@ -243,11 +243,25 @@ def _ops_text(ops, s):
         text = f"; timed steps: device only, no operators joined ({ops['missing']})"
     else:
         text = f"; timed steps: device only, operators joined from one untimed step ({100 * ops['joined']:.1f}% " \
-               "of device time"
+               + ("of the like steps' device time, which every table reads" if "joined_all" in ops else
+                  "of device time")
         text += (f"; the rest, kernels the untimed step did not launch (data-dependent control flow, a step "
                  f"unlike the others), left without operators: "
-                 f"{', '.join(f'`{k[:60]}`' for k in ops['unjoined_kernels'])})"
-                 if ops["joined"] < 0.995 and ops["unjoined_kernels"] else ")")
+                 f"{', '.join(f'`{k[:60]}`' for k in ops['unjoined_kernels'])}"
+                 + (f": {_ms(ops['unjoined_ms'])}/step in the step budget and the kernel table but in no "
+                    "operator, region or line row" if ops.get("unjoined_ms") else "")
+                 if ops["joined"] < 0.995 and ops["unjoined_kernels"] else "")
+        offs = [r for r in ops.get("one_off") or () if r["joined"] < 0.995]
+        if offs:
+            text += (f"; {100 * ops['joined_all']:.1f}% of all: "
+                     + ", ".join(f"profiled step {r['position']} ({r['kind']}), {100 * r['joined']:.0f}% joined"
+                                 for r in offs)
+                     + f", ran kernels the untimed step did not launch; left out of every table as a "
+                       f"one-off, {'it costs' if len(offs) == 1 else 'they cost'} the tables nothing")
+        if ops.get("donor_unused"):
+            text += (f"; the untimed step ran work no profiled step did ({100 * ops['donor_unused']:.0f}% of its "
+                     "device time: an eval, a save or a branch after the window), lent to none")
+        text += ")"
     u = s.get("unprofiled_step_ms")
     if num(u) and u > 0:
         text += f"; the window's cost: {100 * (s['step_ms'] / u - 1):+.1f}% over the unprofiled step"

@@ -29,8 +29,8 @@ How the numbers are made (so they add up and can be trusted):
   the trace holds one (runtime calls of 50 ms or more, or compilation, before most of the work:
   iterations.startup; `startup` and a note say so).
 - Steps that do not repeat are left out of every figure, table and finding and reported once (`one_off`:
-  [{kind (compile, cold first pass, eval, checkpoint save, log flush, unnamed), step, position, of, ms,
-  median_ms, compile_ms, why, only, text}]; compilation outside every step has step None): a step that
+  [{kind (compile, cold first pass, cold first call, eval, checkpoint save, log flush, unnamed), step, position,
+  of, ms, median_ms, compile_ms, why, only, text}]; compilation outside every step has step None): a step that
   compiles, one over twice the like steps' median, a first iteration unlike the rest (trace/irregular.py's
   split, right after the steps are made).
 - A trace without device events is a CPU profile: the same summary over CPU operators' self time
@@ -146,7 +146,7 @@ json.dumps(meta))`); every field is optional and None means unknown:
                                          # and gc before the profiled steps (profiling/profile/trace/settings.py)
     }
 """
-from collections import Counter
+from collections import Counter, defaultdict
 
 from profiling.errors import UserError
 from profiling.profile import findings
@@ -278,7 +278,7 @@ def _kernel_work(kernels, tl, work, n, peaks):
                                 *peaks))
 
 
-def recorded(trace, ix, unprofiled_given=False):
+def recorded(trace, ix, unprofiled_given=False, operators=None):
     """How the trace was recorded, from torch's own flags at its top level (2.x writes `with_stack`,
     `record_shapes`, `profile_memory`, `with_modules`, `with_flops` when on) or, for older traces, the events
     those options leave; by whom (this profiler's live capture leaves its META_KEY); and where the unprofiled
@@ -303,22 +303,71 @@ def recorded(trace, ix, unprofiled_given=False):
         "modules": bool(trace.get("with_modules")) or modules,
         "flops": bool(trace.get("with_flops")) or any("flops" in (op.get("args") or {}) for op in ix.cpu_ops[:2000]),
         "unprofiled": "given" if unprofiled_given else ("trace" if num(unprofiled) and unprofiled > 0 else None),
-        "ops": _ops_joined(meta) if live else None,
+        "ops": _ops_joined(dict(meta, operators=operators or meta.get("operators")), ix.one_off) if live else None,
     }
 
 
-def _ops_joined(meta):
+def _joined_per_step(ix, meta):
+    """A device-only capture's join record, made before the join kept it step by step: each step's device time and
+    the part of it whose launch has no operator (no External id), read from the trace before irregular.split
+    takes the one-offs out (so `_ops_joined` can say the like steps' share). `meta` changed in place."""
+    record = meta.get("operators")
+    if (meta.get("capture_ops") != "device" or not isinstance(record, dict) or "missing" in record
+            or record.get("per_step") or ix.whole or len(ix.steps) != record.get("steps")):
+        return
+    device = defaultdict(float)
+    for e in ix.device:
+        device[corr(e)] += float(e.get("dur") or 0)
+    starts, per = [a for a, _, _ in ix.steps], [[0.0, 0.0] for _ in ix.steps]
+    for c, launch in ix.launches.items():
+        k = find(ix.steps, starts, launch.get("ts"))
+        if k is not None and device.get(c):
+            per[k][0] += device[c]
+            if (launch.get("args") or {}).get("External id") is None:
+                per[k][1] += device[c]
+    meta["operators"] = dict(record, per_step=[[round(d, 1), round(u, 1)] for d, u in per])
+
+
+DONOR_UNUSED = 0.1  # of the untimed step's device time paired in no timed step: it was unlike them (said)
+
+
+def _ops_joined(meta, one_off=()):
     """How a live capture's timed steps got their operators (issue #50): None when recorded in them ("full",
     or a capture before the choice existed), else {"joined": share of device time whose launch found its
-    operator in the untimed step} or {"missing": why there are none}."""
+    operator in the untimed step, "unjoined_kernels"} or {"missing": why there are none}. Where the join
+    recorded each step's share and irregular.split left steps out as one-offs (issue #57 item 1: an eval's
+    forwards, which the untimed step did not run, left 47% of a window's device time unjoined), "joined" is
+    that of the like steps, which every table reads, with "joined_all" (every profiled step), "unjoined_ms"
+    (per like step: kernels in the budget and kernel tables but in no operator, region or line row) and
+    "one_off": [{position, kind, joined}] of the steps left out; "donor_unused": the share of the untimed
+    step's device time no timed step ran, over DONOR_UNUSED (an eval or a save after the window)."""
     if meta.get("capture_ops") != "device":
         return None
     record = meta.get("operators") or {"missing": "the untimed operator step did not run"}
     if "missing" in record:
         return {"missing": record["missing"]}
     device = record.get("device_us") or 0.0
-    return {"joined": 1.0 - record.get("unjoined_us", 0.0) / device if device else 1.0,
-            "unjoined_kernels": record.get("unjoined_kernels") or []}
+    out = {"joined": 1.0 - record.get("unjoined_us", 0.0) / device if device else 1.0,
+           "unjoined_kernels": record.get("unjoined_kernels") or []}
+    lent, unused = record.get("donor_us") or 0.0, record.get("donor_unused_us") or 0.0
+    if lent and unused / lent > DONOR_UNUSED:
+        out["donor_unused"] = unused / lent
+    per = record.get("per_step")
+    steps = [r for r in one_off if r.get("position")]
+    if not per or any(r.get("of") != len(per) for r in steps):
+        return out
+    gone = {r["position"] for r in steps}
+    like = [p for i, p in enumerate(per, 1) if i not in gone]
+    like_us = sum(d for d, _ in like)
+    if not like or not like_us:
+        return out
+    out["joined_all"] = out["joined"]
+    out["joined"] = 1.0 - sum(u for _, u in like) / like_us
+    out["unjoined_ms"] = sum(u for _, u in like) / len(like) / 1e3
+    out["one_off"] = [{"position": r["position"], "kind": r.get("kind"),
+                       "joined": 1.0 - per[r["position"] - 1][1] / per[r["position"] - 1][0]
+                       if per[r["position"] - 1][0] else 1.0} for r in steps]
+    return out
 
 
 def _summarize_device(ix, meta, how, per_step, windows, out):
@@ -696,6 +745,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
     ix = index(trace["traceEvents"])
     check_content(bool(ix.device or ix.cpu_ops))
     meta = _metadata(trace)
+    _joined_per_step(ix, meta)
     *attributed, meta = irregular.split(ix, meta)  # the like steps only, from here on: the one-offs go
     merged, ix.optimizer = ix.optimizer, closures.own_windows(ix.optimizer_marks, ix.cpu_ops)
     given = unprofiled_ms is not None
@@ -705,7 +755,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
         timed = [x for x in meta.get("timed_step_ms_each") or () if num(x) and x > 0]
         if timed:
             meta["unprofiled_step_ms"] = sum(timed) / len(timed)
-    how = recorded(trace, ix, given)
+    how = recorded(trace, ix, given, meta.get("operators"))
     if not ix.device:  # a device that ran the operators without its events recorded: no CPU rule applies
         meta["device_unrecorded"] = device_work.unrecorded(trace)
         meta["gpu_unused"] = None if meta["device_unrecorded"] else device_work.beside_gpu(trace)

@@ -17,7 +17,10 @@ ones), what does not repeat is left out of every per-step figure and reported on
 (DESIGN.md pitfall 20; issue #48 item 2, #49 item 1): a step that compiles (Dynamo's and Inductor's annotations
 inside it), an outlier (an eval, a checkpoint save, a log flush: named by what ran only in it), the first
 iteration of a trace without step markers when it is unlike the rest (the run's start-up: a cold first pass),
-and compilation outside every step. An eval of 100 batches after one profiled step once made a report of 100.8
+and compilation outside every step. Where nothing that ran only in a one-off step on the host names it (a
+device-only capture records no operator of it; the host samples may miss it), its device work does
+(`device_kinds`): an eval's forwards without backward, a cold first call's thousands of extra runtime calls at a
+new input size (issue #57 item 2). An eval of 100 batches after one profiled step once made a report of 100.8
 ms/step against a median of 26.1, its GEMMs 70.8% of the step; a 1.69 s compile inside a window became a
 host_sync of 1,436 ms/step. Stdlib only.
 """
@@ -135,6 +138,7 @@ def profiled_check(each, ix, meta=None):
 # ---------------------------------------------------------------------------------------------------------
 
 COLD, UNNAMED = "cold first pass", "unnamed"  # with only_in_step's COMPILE, SAVE, EVAL, LOG
+COLD_CALL = "cold first call"  # a step in the window whose host did first-time work (`device_kinds`)
 COMPILE = only_in_step.COMPILE
 WIDEN = ("profile more steps: profiling.Profiler(active_steps=N) or torch.profiler.schedule(active=N), N of 5 or "
          "more, or a window that starts after the run's first steps")
@@ -206,6 +210,7 @@ def split(ix, meta):
         return per_step, windows, attributed, meta
     labels = labels or only_in_step.per_step(ix, meta)
     keep = [k for k in range(len(ix.steps)) if k not in why]
+    ix.device_named = device_kinds(ix, per_step, why, keep)
     for k, reason in sorted(why.items()):
         ms = host if reason == "first on the host" else each  # the measure that found it, for it and the median
         ix.one_off.append(_row(ix, labels, k, reason, ms, statistics.median(ms[i] for i in keep), inside[k],
@@ -315,10 +320,14 @@ def _keep_loader_waits(ix, why, each, windows, meta):
     loader = ix.loader
     like = [each[k] for k in range(len(each)) if k not in why]
     median = statistics.median(like) if like else 0.0
+    copied = meta.get("capture_ops") == "device"  # the loader's annotation is a copy, placed by the launches
     for k in outs:
         a, b = windows[k]
-        wait = sum(min(b, m["ts"] + m.get("dur", 0)) - max(a, m["ts"]) for m in loader
-                   if m["ts"] < b and m["ts"] + m.get("dur", 0) > a) / 1e3
+        spans = [(max(a, m["ts"]), min(b, m["ts"] + m.get("dur", 0))) for m in loader
+                 if m["ts"] < b and m["ts"] + m.get("dur", 0) > a]
+        wait = sum(e - s for s, e in spans) / 1e3
+        if copied and spans:
+            wait -= _launching(ix, spans) / 1e3
         if wait >= LOADER_SHARE * (each[k] - median):
             del why[k]
             meta.setdefault("notes_loader_waits", []).append(
@@ -363,6 +372,23 @@ def _keep_host_time(ix, why, each, per_step, windows, meta):
             f"{', '.join(_ms(each[k]) for k in kept)} against a median of {_ms(median)}, running the same kernels as "
             "the others, the GPU waiting on the host for the rest: the host's work between iterations is the loop's "
             "own, kept in every per-step figure")
+
+
+UNJOINED_LAUNCHES = 10  # launches without an operator inside a copied loader annotation: work it was stretched over
+
+
+def _launching(ix, spans):
+    """The µs of the loader's `spans` (a device-only capture's copies of the untimed step's annotation) during
+    which the host was launching kernels the untimed step never did, UNJOINED_LAUNCHES or more (from the first of
+    them to the last): no wait for a batch but work the copy was stretched over (Lightning's validation loop at a
+    step's start became a 158.7 ms `__next__` in captures before the join kept its pace; issue #57)."""
+    out = 0.0
+    for s, e in spans:
+        ts = sorted(c["ts"] for c in ix.launches.values() if s <= c["ts"] < e
+                    and (c.get("args") or {}).get("External id") is None)
+        if len(ts) >= UNJOINED_LAUNCHES:
+            out += ts[-1] - ts[0]
+    return out
 
 
 # the typical operator of a slow step grew at least as the step's growth to this power (half of it on a log
@@ -420,6 +446,99 @@ def _keep_same_work(ix, why, each, per_step, meta):
             f"every per-step figure, which is the mean of steps from {_ms(low)} to {_ms(high)}")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# What a one-off step's device work shows (issue #57 item 2): a device-only capture records no operator of the
+# work only one step ran (the untimed step did not run it), and the host sampler, every 2 ms or less often, may
+# see none of its frames (HF's eval in benchmarks/findings/live/uneven_steps.py: 4 samples, all in the
+# collate): the kernels and runtime calls it launched still say what it was
+# ---------------------------------------------------------------------------------------------------------
+
+BACKWARD_WORDS = ("backward", "bwd", "wgrad", "dgrad", "bprop")  # kernel or operator names of a backward pass
+
+
+# what a first-time runtime call is for (lower-case words in its name), said beside the calls
+FIRST_TIME = ((("peekatlasterror", "getlasterror"), "a library trying kernels: cuDNN's engines at an input size it "
+               "had not seen"),
+              (("malloc",), "the allocator growing"),
+              (("funcgetattributes", "moduleload", "libraryload", "modulegetfunction", "funcsetattribute"),
+               "first launches and module loads"),
+              (("streamcreate", "devicegetattribute", "getdeviceproperties", "eventcreate"), "the runtime's set-up"))
+
+
+def device_kinds(ix, per_step, why, keep):
+    """{k: (kind, evidence in words)} of the one-off steps `why` whose device work names them: an eval (EVAL) when
+    the kernels it launched beyond a like step's number ADDED_MIN_OPS or more and none of them is one the like
+    steps launched only in their backward pass (a forward without backward: model.eval() under no_grad), while
+    the like steps do run one; a cold first call (COLD_CALL) when its kernels are the like steps' (fewer than
+    ADDED_MIN_OPS apart) but it made ADDED_MIN_OPS or more runtime calls that launch nothing beyond any like step
+    (cuDNN trying its engines for an input size it has not seen: 1,970 `cudaPeekAtLastError` against 32; first
+    launches' `cudaFuncGetAttributes`, module loads, `cudaMalloc` as the allocator grows). {} on a CPU trace."""
+    if per_step is None or not keep or not why:
+        return {}
+    kernels = [Counter(str(e.get("name", "")) for e, _ in evs if e.get("cat") == "kernel") for evs in per_step]
+    ref = sorted(keep, key=lambda i: sum(kernels[i].values()))[len(keep) // 2]
+    backward = _backward_only(ix, [per_step[i] for i in keep])
+    calls = _idle_calls(ix)
+    out = {}
+    for k in why:
+        extra = kernels[k] - kernels[ref]
+        n = sum(extra.values())
+        if n >= ADDED_MIN_OPS and backward and not any(name in backward for name in extra):
+            top = ", ".join(f"`{name[:60]}` x{c}" for name, c in extra.most_common(2))
+            out[k] = (only_in_step.EVAL, f"its device work shows a forward without backward: {n:,} kernels more than "
+                      f"a like step ({top}), none of the {len(backward)} the like steps launch only in their "
+                      "backward pass")
+            continue
+        if n >= ADDED_MIN_OPS or sum((kernels[ref] - kernels[k]).values()) >= ADDED_MIN_OPS:
+            continue
+        most = Counter()
+        for i in keep:
+            most |= calls[i]
+        more = calls[k] - most
+        if sum(more.values()) >= ADDED_MIN_OPS:
+            top = ", ".join(f"`{name}` x{c:,}" for name, c in more.most_common(SHOWN))
+            causes = list(dict.fromkeys(cause for name, _ in more.most_common(SHOWN) for words, cause in FIRST_TIME
+                                        if any(w in name.lower() for w in words)))
+            out[k] = (COLD_CALL, f"it launched the like steps' kernels but made {sum(more.values()):,} runtime "
+                      f"calls more than any of them ({top}): first-time work"
+                      + (f" ({', '.join(causes)})" if causes else ""))
+    return out
+
+
+def _backward_only(ix, steps):
+    """The kernel names the like steps (their per_step rows) launched only under backward operators (their
+    External id's operator, else the kernel's own name, holds BACKWARD_WORDS)."""
+    ops = {}
+    for op in ix.cpu_ops:
+        ext = (op.get("args") or {}).get("External id")
+        if ext is not None:
+            ops[ext] = str(op.get("name", "")).lower()
+    seen = {}
+    for evs in steps:
+        for e, launch in evs:
+            if e.get("cat") != "kernel":
+                continue
+            name = str(e.get("name", ""))
+            ext = (e.get("args") or {}).get("External id", (launch.get("args") or {}).get("External id"))
+            words = ops.get(ext) or name.lower()
+            back = any(w in words for w in BACKWARD_WORDS) or words.startswith("autograd::engine")
+            seen[name] = seen.get(name, True) and back
+    return {name for name, back in seen.items() if back}
+
+
+def _idle_calls(ix):
+    """[Counter of the runtime calls that launched no device event] per step."""
+    launched = {traceio.corr(e) for e in ix.device}
+    starts, out = [a for a, _, _ in ix.steps], [Counter() for _ in ix.steps]
+    for e in ix.runtime:
+        if traceio.corr(e) in launched:
+            continue
+        k = traceio.find(ix.steps, starts, e.get("ts"))
+        if k is not None:
+            out[k][str(e.get("name", ""))] += 1
+    return out
+
+
 def _overlap(spans, window):
     a, b = window
     return [min(e, b) - max(s, a) for s, e in spans if e > a and s < b]
@@ -443,13 +562,16 @@ def _ms(x):
 
 def _row(ix, per, k, reason, each, median, compile_ms, like):
     """A one-off step's row: its kind, time against the like steps' median, what ran only in it (per:
-    only_in_step.per_step's)."""
+    only_in_step.per_step's), and what its device work shows (`device_kinds`)."""
     only = only_in_step.only_labels(per, k)
     extra = getattr(ix, "added", {}).get(k)
-    kind = COMPILE if compile_ms > 0 else only_in_step.kind_of(only) or (ADDED if extra else COLD if k == 0 else
-                                                                          UNNAMED)
+    seen = getattr(ix, "device_named", {}).get(k)
+    if seen and seen[0] == COLD_CALL and k == 0:  # the first step: the run's start-up, as before
+        seen = (COLD, seen[1])
+    kind = COMPILE if compile_ms > 0 else only_in_step.kind_of(only) or (seen and seen[0]) or (
+        ADDED if extra else COLD if k == 0 else UNNAMED)
     what = "iteration" if ix.iterations else "profiled step"
-    ran = _ran(only, kind, extra)
+    ran = _ran(only, kind, extra) + (f"; {seen[1]}" if seen and seen[0] == kind else "")
     spent = f", {_ms(compile_ms)} of it compiling" if compile_ms > 0 else ""
     where = " on the host" if reason == "first on the host" else ""
     text = (f"{what} {k + 1} of {len(each)} (`{ix.steps[k][2]}`), {_kind_words(kind)}: {_ms(each[k])}{where}{spent} "
@@ -473,6 +595,7 @@ def _kind_words(kind):
     return {UNNAMED: "unnamed (nothing that ran only in it says what it was)",
             ADDED: "work added to it (a checkpoint save, a log: nothing it ran names which)",
             COLD: "a cold first pass (first calls: allocations, lazy loads, autotuning)",
+            COLD_CALL: "a cold first call (first-time work on the host, never the loop's per-step cost)",
             only_in_step.EVAL: "an eval"}.get(kind, f"a {kind}")
 
 
