@@ -483,6 +483,9 @@ def device_kinds(ix, per_step, why, keep):
     for k in why:
         extra = kernels[k] - kernels[ref]
         n = sum(extra.values())
+        if n >= ADDED_MIN_OPS and sum((_in_optimizer(ix, per_step[k]) - _in_optimizer(ix, per_step[ref])).values()
+                                      ) >= n / 2:
+            continue  # the optimizer's first step making its state (AdamW's exp_avg, momentum buffers): no eval
         if n >= ADDED_MIN_OPS and backward and not any(name in backward for name in extra):
             top = ", ".join(f"`{name[:60]}` x{c}" for name, c in extra.most_common(2))
             out[k] = (only_in_step.EVAL, f"its device work shows a forward without backward: {n:,} kernels more than "
@@ -503,6 +506,13 @@ def device_kinds(ix, per_step, why, keep):
                       f"calls more than any of them ({top}): first-time work"
                       + (f" ({', '.join(causes)})" if causes else ""))
     return out
+
+
+def _in_optimizer(ix, evs):
+    """Counter of the kernel names in `evs` (a per_step row) launched inside the optimizer's step."""
+    starts = [a for a, _ in ix.optimizer]
+    return Counter(str(e.get("name", "")) for e, launch in evs if e.get("cat") == "kernel"
+                   and traceio.find(ix.optimizer, starts, launch["ts"]) is not None)
 
 
 def _backward_only(ix, steps):
