@@ -44,9 +44,13 @@ def test_a_device_run_without_its_kernels_gets_no_cpu_finding(name, evidence, fo
 
 def test_a_model_left_on_the_cpu_of_a_gpu_machine_is_a_cpu_run(foreign):
     """Particle Transformer's forward on the CPU of an A100 machine: CUDA activity was recorded (7 runtime calls,
-    none a launch) and `mkldnn_convolution` ran: the CPU rules apply."""
+    none a launch) and `mkldnn_convolution` ran: a CPU run, whose first fix is the GPU it left unused (#57; the
+    CPU's eager_code before)."""
     s = foreign("particle-a100-model-on-cpu-no-kernels")
-    assert s["findings"][0]["kind"] == "eager_code"
+    top = s["findings"][0]
+    assert s["kind"] == "cpu" and top["kind"] == "device_unused"
+    assert "A100" in top["evidence"] and "`aten::mkldnn_convolution`" in top["evidence"]
+    assert "move the model and each batch to the device" in top["fix"]
 
 
 def test_a_cpu_step_under_a_millisecond_is_not_judged(foreign):

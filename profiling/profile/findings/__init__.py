@@ -112,6 +112,9 @@ def diagnose_cpu(ix, placed, summary, meta):
                 "no_findings": cpu.SHORT_STEP.format(summary["step_ms"])}
     ctx["lines"] = summary.get("lines")  # the lines table: a loop's line priced by its operators' time
     found, skipped = run(cpu.CPU_RULES[:1] + lines.CPU_RULES + cpu.CPU_RULES[1:], tl, ctx)
+    unused = [f for f in found if f["kind"] == "device_unused"]
+    if unused:  # the model belongs on the GPU: the CPU's own fixes (fusing, threads) would change little there
+        found = unused + [f for f in found if f["kind"] in ("input_pipeline",)]
     loader = input_pipeline.cpu_input_bound(ix, summary["step_ms"])  # the training thread in the DataLoader
     if loader:  # it prices the thread's time in the loader's spans: no kernel or GPU gap another rule prices
         found = [dict(loader, _kernels={}, _gaps={})] + found

@@ -10,11 +10,15 @@ A CPU run has no GPU to idle, no launches and no kernels: the GPU rules have no 
   cores: more threads than free cores, the machine's other processes); priced only as far as the unprofiled
   step can hold that wait, else it is the profiler's own threads competing for the cores (profiler_overhead).
 - the input pipeline: INPUT_PIPELINE, a rule of its own (another module), joins CPU_RULES there.
+- device_unused: the trace lists a GPU, yet the model's operators ran on the CPU (trace/device_work.beside_gpu):
+  the model and its batches were never moved to the device; priced at the compute operators' time less what a
+  GPU would still take at GPU_SPEEDUP, ahead of the CPU's own fixes (issue #57).
 
 Host syncs cost nothing on a CPU run (the host is the device: `.item()` waits for no queue), so that rule does not
 run either. Each rule has the shape of contract.py; `CpuSteps` is the little of a Timeline they read.
 """
 import math
+import re
 from collections import Counter
 
 from profiling.profile.findings.contract import finding, rule, top
@@ -44,6 +48,14 @@ UNRECORDED = ("no device events were recorded, yet the trace shows a device's pa
               "operators' times may be the host's dispatch of device work and its waits for the device, not CPU "
               "compute: no CPU rule is run, and the device's work cannot be judged; record the device's activity too "
               "(ProfilerActivity.CUDA on NVIDIA and AMD GPUs; no range profiler replaying each kernel)")
+
+# A GPU runs a model's compute at least this many times faster than the host's cores: Particle Transformer's forward
+# on 512 jets took 5,138 ms on the CPU of an A100 machine and 85 ms on the A100, its first call included
+# (tests/data/foreign/particle-a100-*: 60x); an A100's 19.5 TFLOP/s of fp32 against ~1-2 TFLOP/s of a 16-core
+# AVX-512 host. The gain is priced at this floor.
+GPU_SPEEDUP = 10.0
+DEVICE_COMPUTE = ("GEMM", "convolution", "attention", "other compute", "optimizer")
+DEVICE_OPS = re.compile(r"^aten::(mkldnn_|_mkldnn_|_slow_conv2d_|thnn_conv|addmm|mm|bmm|linear|convolution)")
 
 # The device rules that cannot run on a CPU trace, in words, for the report's one sentence.
 CPU_SKIPPED = ("host syncs (on the CPU the host is the device: a sync waits for no queue)",
@@ -241,10 +253,39 @@ def cpu_threads(tl, ctx, found):
                    "small gains little from more threads")
 
 
+@rule("device_unused", needs=())
+def device_unused(tl, ctx, found):
+    """The model ran on the CPU of a machine whose GPU the trace lists (meta["gpu_unused"]): its compute operators'
+    time, less the GPU_SPEEDUP share a GPU would still take, is the gain of moving the model and batch there."""
+    gpu = tl.meta.get("gpu_unused")
+    if not gpu:
+        return None
+    compute, ops = 0.0, Counter()
+    loads = sorted((m["ts"], m["ts"] + m["dur"]) for m in tl.ix.loader)  # the DataLoader's work stays on the host
+    starts = [a for a, _ in loads]
+    for op, us, cat in tl.placed:
+        if cat in DEVICE_COMPUTE and find(loads, starts, op["ts"]) is None:
+            compute += us
+            name = str(op.get("name", ""))
+            if DEVICE_OPS.match(name):
+                ops[name] += us
+    gain = compute * (1 - 1 / GPU_SPEEDUP) / tl.n / 1e3
+    if gain < MIN_SHARE * ctx["step"]:
+        return None
+    evidence = (f"{gpu} is listed in the trace's deviceProperties, yet no kernel ran and the model's operators "
+                f"ran on the CPU: {compute / tl.n / 1e3:.1f} ms/step of compute operators"
+                + (" (" + ", ".join(f"`{n}` {t / tl.n / 1e3:.1f} ms" for n, t in top(ops)) + ")" if ops else "")
+                + f"; gain: that compute at {GPU_SPEEDUP:g}x a CPU's speed, the floor a GPU runs it at")
+    return finding("device_unused", gain, ctx, evidence,
+                   "a GPU is listed but the model's operators ran on the CPU: move the model and each batch to the "
+                   "device (model.to('cuda'); x, y = x.to('cuda', non_blocking=True), y.to(...)), then profile again "
+                   "with ProfilerActivity.CUDA")
+
+
 # The input pipeline's CPU rule (the training thread in the DataLoader's next batch) is input.py's
 # cpu_input_bound, which findings.diagnose_cpu runs before these.
-CPU_RULES = (per_tensor_optimizer, eager_code, cpu_threads)
+CPU_RULES = (per_tensor_optimizer, eager_code, cpu_threads, device_unused)
 LABELS = {"per_tensor_optimizer": "an optimizer updating tensor by tensor",
           "per_parameter_loop": "a loop over the parameters", "python_loop": "a Python loop on one line",
           "eager_code": "eager code and compilation", "cpu_threads": "threads waiting for cores",
-          "input_pipeline": "the input pipeline"}
+          "input_pipeline": "the input pipeline", "device_unused": "a GPU left unused"}

@@ -758,6 +758,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
     how = recorded(trace, ix, given, meta.get("operators"))
     if not ix.device:  # a device that ran the operators without its events recorded: no CPU rule applies
         meta["device_unrecorded"] = device_work.unrecorded(trace)
+        meta["gpu_unused"] = None if meta["device_unrecorded"] else device_work.beside_gpu(trace)
     s = _summarize_device(ix, meta, how, *attributed) if ix.device else _summarize_cpu(ix, meta)
     s["recorded"] = how
     s["window"] = WHOLE_TRACE if ix.whole else "steps"

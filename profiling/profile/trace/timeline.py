@@ -17,6 +17,7 @@ import functools
 import math
 import re
 
+from profiling.profile.trace.cold import COLD
 from profiling.profile.trace.traceio import by_thread, find, merge, outer_names, parents
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -33,6 +34,10 @@ LAUNCH_CALLS = re.compile(r"^(cudaLaunch|cuLaunch|hip(Ext)?(Module)?Launch)")  #
 REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
 MAX_LOOKBACK = 400     # operators looked back through for the one around a runtime call
 SYNC_SLACK_US = 50.0   # the GPU drains a few us before the sync call returns; clocks agree to ~1 us
+
+
+WINDOW_START = "the window's start"  # the "work before" the GPU idle ahead of a marker-less window's first kernel
+WINDOW_END = "the window's end"      # the "next work" of the GPU idle after its last kernel
 
 
 class Gap:
@@ -65,6 +70,7 @@ class Timeline:
             self.ops.setdefault((op.get("args") or {}).get("External id"), op)
         self.ops.pop(None, None)
         self.gaps = [g for k in range(self.n) for g in self._gaps(k)]
+        self._cold(getattr(ix, "cold", None))
         self.syncs = self._syncs()
         reach = 0.0  # the latest end (plus slack) of the syncs so far, by time: sync_at bisects it
         self.sync_reach = [reach := max(reach, e["ts"] + e["dur"] + SYNC_SLACK_US) for e, _ in self.syncs]
@@ -109,6 +115,16 @@ class Timeline:
 
     # -- gaps ------------------------------------------------------------------------------------------
 
+    def _cold(self, found):
+        """The gaps the host spent mostly in a cold start's first calls (trace/cold.py): no finding's, said once as
+        a one-off (cause COLD)."""
+        if not found:
+            return
+        spans = found["spans"]
+        for g in self.gaps:
+            if sum(max(0.0, min(g.end, b) - max(g.start, a)) for a, b in spans) >= g.us / 2:
+                g.cause = COLD
+
     def _gaps(self, k):
         evs = self.per_step[k]
         if not evs:
@@ -132,6 +148,16 @@ class Timeline:
                 continue
             before = evs[by_end[bisect.bisect_right(ends, b1) - 1][1]][0]
             gaps.append(Gap(k, b1, g1, before, after[0], after[1]))
+        # a window that begins or ends on the host (traceio.step_windows' `host`, a trace without markers): the GPU
+        # idle before its first kernel, waiting for the host (a first batch, setup), and after its last kernel while
+        # the host works on (a save, a log, freeing memory): a gap whose next work is the window's end
+        if self.windows[k][0] < starts[0]:
+            first, edge = by_start[0], {"name": WINDOW_START, "cat": "", "ts": self.windows[k][0], "dur": 0}
+            gaps.insert(0, Gap(k, self.windows[k][0], starts[0], edge, first[0], first[1]))
+        if k == self.n - 1 and busy and end > busy[-1][1] and not (gaps and gaps[-1].end >= end):
+            edge = {"name": WINDOW_END, "cat": "", "ts": end, "dur": 0}
+            before = evs[by_end[-1][1]][0]
+            gaps.append(Gap(k, busy[-1][1], end, before, edge, edge))
         return gaps
 
     @functools.cached_property

@@ -308,9 +308,41 @@ def attribute(ix):
     return per_step, out
 
 
-def step_windows(per_step, steps):
+HOST_EDGE_US = 1000.0  # host work beyond the GPU's span that a marker-less window takes in: the profiler's own exit
+                       # and a last launch's return take tens of us (29 us after a Particle Transformer's last kernel)
+
+
+def step_windows(per_step, steps, host=False, device=()):
     """(start, end) of each step on the device timeline: from its first device event to the next step's first
-    (the last step: to its last device event), so steps tile the timeline. `steps`: the CPU step windows."""
+    (the last step: to its last device event), so steps tile the timeline. `steps`: the CPU step windows.
+    `host` (a trace without ProfilerStep markers, whose steps were read from what it holds): the first window
+    also begins where the host's first step does and the last ends where the host's last step ends, when they
+    lie outside the GPU's span, so the host's work before the first kernel and after the last (a DataLoader's
+    first batch, a tokenizer, a save, a log) is the steps' as well (issue #57: 2,690 and 8,666 ms of host
+    activity were read as 22.9 and 67 ms windows, their DataLoader waits of 780 and 5,099 ms left out); less any
+    part of that host time the GPU spent on `device` work no step launched (a trace whose markers were stripped
+    starts with the profiler's synchronize waiting for the work queued before it)."""
+    windows = _device_windows(per_step, steps)
+    if host and windows and per_step[0] and per_step[-1]:
+        start, end = steps[0][0], steps[-1][1]
+        for e in device:  # the GPU busy there with work no step launched (queued before the trace's first launch,
+            a, b = e.get("ts"), e.get("dur")  # the profiler's own synchronize waiting for it) is no idle of a step
+            if num(a) and num(b) and b > 0:
+                if start < a + b <= windows[0][0]:
+                    start = a + b
+                if windows[-1][1] <= a < end:
+                    end = a
+        first, launch = min(per_step[0], key=lambda p: p[0]["ts"])
+        queued = first["ts"] - launch["ts"] > HOST_EDGE_US  # the first kernel waited in a queue: the GPU was busy
+        if start < windows[0][0] - HOST_EDGE_US and not queued:  # with work launched before the trace (the host
+            windows[0] = (start, windows[0][1])                 # 258 ms ahead of an H100's GPU, markers stripped)
+        if end > windows[-1][1] + HOST_EDGE_US:
+            windows[-1] = (windows[-1][0], end)
+    return windows
+
+
+def _device_windows(per_step, steps):
+    """step_windows on the device timeline alone."""
     firsts = [min(e["ts"] for e, _ in evs) if evs else None for evs in per_step]
     windows = []
     for k, evs in enumerate(per_step):
