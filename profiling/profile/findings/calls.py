@@ -150,7 +150,7 @@ def cuda_sync(tl, ctx, found):
     ms = idle + slow
     if not gaps and not slow or ms < FIRE_SHARE * ctx["step"]:
         return None
-    _claim(gaps, "cuda_sync")
+    _claim(_priced_gaps(gaps, idle, ctx), "cuda_sync")
     parts = [_calls_text(tl, calls, ctx) for calls in (syncs, copies) if calls]
     evidence = ("; ".join(parts) + (f"; GPU idle after them to the end of their step {idle_ms(gaps, ctx):.1f} "
                                     f"ms/step{scaled(ctx)} (the queue drained)" + caveat if own else
@@ -167,6 +167,19 @@ def cuda_sync(tl, ctx, found):
         fixes.append("take the synchronizing call out of the step (torch.cuda.synchronize(), .item(), .cpu(), a "
                      "blocking copy), or make it once per step after the next step is launched")
     return finding("cuda_sync", ms, ctx, evidence, "; ".join(fixes))
+
+
+def _priced_gaps(gaps, ms, ctx):
+    """The gaps a price of `ms` ms/step covers, earliest first: where the syncs are priced at the host's wait in
+    them, the rest of their drained idle is the host's own pace (its dispatch after the sync), left open for the
+    rules that price that (launch_bound, gpu_waits_on_host), not claimed and priced by no one."""
+    out, left = [], ms * ctx["n"] * 1e3 / ctx["scale"]
+    for g in sorted(gaps, key=lambda g: g.start):
+        if left <= 0:
+            break
+        out.append(g)
+        left -= g.us
+    return out
 
 
 def _pinning_matters(copies, slow, ctx):
