@@ -18,8 +18,8 @@ work costs nothing).
   A window whose batches split into fast ones (no wait: the GPU's pace) and slow ones waiting on the workers is
   judged batch by batch (`_pace`): slow ones in one run at the window's start or end, or waits shrinking batch
   by batch, are a pipeline not yet steady (the workers starting, their queue filling): priced at what the fast
-  batches wait (the steady state's, ~0 where they keep up: then no finding, the wait said in `unknown` with
-  "profile later in the run"), never as "more workers"; slow ones recurring among fast ones are an uneven
+  batches wait (the steady state's, ~0 where they keep up: then no finding, the wait said once as a one-off
+  row with "profile later in the run"), never as "more workers"; slow ones recurring among fast ones are an uneven
   loader (batches in bursts), priced at the window's mean as before. More workers are never advised past the
   cores the host has spare (the live capture's `cpu_threads.cores`).
 - cpu_input_bound: a CPU trace has no GPU idle: the step's own time inside the loader's spans is what the
@@ -27,7 +27,7 @@ work costs nothing).
 """
 from collections import Counter
 
-from profiling.profile.findings.contract import finding, framework, rule, scaled, top, unknown
+from profiling.profile.findings.contract import finding, framework, rule, scaled, top
 from profiling.profile.findings.idle import own_idle, own_labels
 from profiling.profile.trace.traceio import find, self_times
 
@@ -42,7 +42,7 @@ WAITS = ("_try_get_data", "_get_data")      # the main thread waiting on the wor
 DATASET_CALLS = ("__getitem__", "__getitems__")  # a Dataset making a sample (its frames are the work)
 INNERMOST = 3       # frames the sampler keeps whatever their file (profiling/profile/capture/sampler.py)
 SLOW_WAIT = 0.1     # a batch was waited on when its __next__ took this share of the window's fastest step or more
-SHRINK = 0.7        # slow waits each at most this share of the one before: the queue filling, not a steady shortfall
+SHRINK = 0.5        # slow waits each at most this share of the one before: the queue filling, not a steady shortfall
 MIN_BATCHES = 3     # fewer batches cannot tell a start-up from a steady loader
 IDLE_FRAMES = ("threading.py", "queues.py", "queue.py", "selectors.py", "connection.py", "multiprocessing/",
                "futures/")  # a wait on other threads or processes, no work of its own
@@ -90,16 +90,20 @@ def input_bound(tl, ctx, found):
     if pace["uneven"]:
         return finding(KIND, ms, ctx, evidence + "; " + pace["text"] + details,
                        fix(workers, framework(tl), lines, cores=cores))
-    if pace["steady_ms"] < FIRE_SHARE * ctx["step"]:  # the steady state waits for nothing: no per-step cost
-        unknown(ctx, KIND, ["a window later in the run"], ms,
-                pace["text"] + "; " + evidence
-                + "; not priced per step (a start-up's wait, paid once): " + STARTUP_FIX)
+    if pace["steady_ms"] < FIRE_SHARE * ctx["step"]:  # the steady state waits for nothing: said once, not priced
+        total = us / 1e3
+        ctx.setdefault("one_off", []).append({"kind": STARTUP, "step": None, "ms": round(total, 1), "text": (
+            f"the DataLoader's workers not yet steady, {total:,.1f} ms of GPU idle waiting on it in this window "
+            f"({ms:.1f} ms/step), which the steady state does not pay: " + pace["text"] + "; " + evidence
+            + "; " + STARTUP_FIX)})
         return None
-    return finding(KIND, pace["steady_ms"], ctx, evidence + "; " + pace["text"] + details,
+    return finding(KIND, pace["steady_ms"], ctx, evidence + "; the pipeline was not yet steady: " + pace["text"]
+                   + details,
                    STARTUP_FIX + "; if a later window's batches still wait, "
                    + fix(workers, framework(tl), lines, cores=cores))
 
 
+STARTUP = "loader not yet steady"  # the one-off row's kind (summary `one_off`, beside irregular.split's)
 STARTUP_FIX = ("profile later in the run, once the workers' queue is full (torch.profiler.schedule(wait=N, ...) past "
                "the first batches of an epoch); persistent_workers=True pays the workers' start-up once, not every "
                "epoch; add workers only where a later window's steps still wait on them, never more than the cores "
@@ -131,16 +135,17 @@ def _pace(tl, picked, ctx):
     fast_ms = sum(ms_each[i] for i in fast) / len(fast) * len(spans) / tl.n * ctx["scale"]
     where = ("the first" if slow[0] == 0 else "the last") if edge else ""
     if edge or shrinking:
-        how = (f"{where} {len(slow)} of {len(waits)} batches waited, the other {len(fast)} came at the GPU's pace"
-               if edge else f"the waits shrank batch by batch while {len(fast)} of {len(waits)} batches came at the "
-               "GPU's pace")
+        how = (f"{where} {len(slow)} of {len(waits)} batches waited, the other {len(fast)} came without a wait"
+               if edge else f"the waits shrank batch by batch while {len(fast)} of {len(waits)} batches came without "
+               "a wait")
         return {"uneven": False, "steady_ms": fast_ms, "text": (
-            f"the pipeline was not yet steady: its next-batch waits, batch by batch, {listed} ms: {how} (under "
+            f"its next-batch waits, batch by batch, {listed} ms: {how} (under "
             f"{100 * SLOW_WAIT:.0f}% of the fastest step, {fastest:.1f} ms), as while the workers start or their "
-            f"queue fills; at the fast batches' pace the loader costs {fast_ms:.1f} ms/step")}
+            f"queue fills; at the fast batches' pace the loader costs "
+            + (f"{fast_ms:.1f} ms/step" if fast_ms >= 0.05 else "~0 ms/step"))}
     return {"uneven": True, "steady_ms": None, "text": (
         f"uneven: its next-batch waits, batch by batch, {listed} ms: {len(slow)} of {len(waits)} batches waited, "
-        f"among others that came at the GPU's pace (batches that come in bursts, as workers that finish together); "
+        f"among others that came without a wait (batches that come in bursts, as workers that finish together); "
         f"priced at the window's mean, what the loader costs while the pattern holds")}
 
 

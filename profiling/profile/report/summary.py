@@ -769,7 +769,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
         s["startup"] = ix.startup
     if ix.iterations:
         s["iterations"] = ix.iterations
-    s["one_off"] = ix.one_off
+    s["one_off"] = ix.one_off + s.get("one_off", [])  # the steps left out, then waits a rule said once (findings)
     if ix.optimizer != merged:
         s["regions"]["notes"].append(closures.NOTE)
     s["notes"] += irregular.notes(meta)  # timed steps left out, a loop that ended early

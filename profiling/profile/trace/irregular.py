@@ -352,8 +352,9 @@ def _keep_loader_waits(ix, why, each, windows, meta):
             del why[k]
             meta.setdefault("notes_loader_waits", []).append(
                 f"profiled step {k + 1} took {each[k]:.1f} ms against a median of {median:.1f} ms, {wait:.1f} ms of "
-                "it waiting for the DataLoader's next batch: kept as the step's own cost (the input pipeline's "
-                "batches arrive unevenly), not left out as a one-off")
+                "it waiting for the DataLoader's next batch: kept in the per-step figures, not left out as a one-off; "
+                "the input pipeline's finding judges the wait (batches that arrive unevenly cost every step on "
+                "average, a pipeline not yet steady is said once)")
 
 
 HOST_SHARE = 0.9   # of a slow iteration's extra time, the GPU idle (the host's time between iterations) at least
