@@ -226,8 +226,9 @@ def split(ix, meta):
     labels = [] if ix.whole else _named(ix, meta, each, work, why)  # what ran only in each step, when it was read
     keep = [k for k in range(len(ix.steps)) if k not in why]
     ix.device_named = device_kinds(ix, per_step, why, keep)
-    cold = [k for k, (kind, _) in ix.device_named.items() if kind == COLD_CALL]  # a new shape's first step: judged
-    ix.unlike = None if ix.whole else unlike(ix, per_step, each, [k for k in sorted(keep + cold) if work[k]], meta)
+    # a new shape's first step: judged (named `first`: `cold` is the module trace/cold.py, read above)
+    first = [k for k, (kind, _) in ix.device_named.items() if kind == COLD_CALL]
+    ix.unlike = None if ix.whole else unlike(ix, per_step, each, [k for k in sorted(keep + first) if work[k]], meta)
     if not why:
         return per_step, windows, attributed, meta
     labels = labels or only_in_step.per_step(ix, meta)
