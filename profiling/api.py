@@ -381,8 +381,9 @@ class Profiler:
         ignored = _compile_ignored(self.model)
         if ignored:
             meta["compile_ignored"] = ignored
-        if not self.cuda:  # a CPU run's threads against its cores (profiling/profile/findings/cpu.py)
-            meta["cpu_threads"] = _cpu_threads(torch)
+        # the threads against the cores: a CPU run's (findings/cpu.py), and any run's cores that DataLoader workers
+        # may use (findings/input.py never advises more workers than they leave spare)
+        meta["cpu_threads"] = _cpu_threads(torch)
         if self.micro_batch:
             meta["micro_batch"] = self.micro_batch
         if self.tokens_per_step:

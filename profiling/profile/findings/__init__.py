@@ -4,6 +4,8 @@
 
 `findings`: [{kind, ms_per_step, pct_of_step, evidence, fix}], costliest first (profiler_overhead, which costs
 training nothing, last); no two price the same kernels or GPU idle (ledger.py; `ledger`: its notes).
+`one_off` (only where a rule found one): waits said once and priced by no step ({kind, step: None, ms, text}:
+input.py's loader not yet steady), which the summary adds to irregular.split's one-off rows.
 `unknown`: time a rule saw but could not explain, with the evidence that would tell ({rule, missing,
 ms_per_step, what}). `skipped`: the rules whose evidence the trace lacks ({rule, missing}).
 
@@ -75,7 +77,7 @@ def diagnose(tl, summary, stacks=False):
     found, notes = ledger.admit(settings.merge(power.net_of_clock(tl, ctx, found)), ctx)
     overhead, _ = run((idle.profiler_overhead,), tl, ctx)
     return {"findings": [ledger.public(f) for f in found + overhead], "unknown": ctx.get("unknown", []),
-            "skipped": skipped, "ledger": notes}
+            "skipped": skipped, "ledger": notes, **({"one_off": ctx["one_off"]} if ctx.get("one_off") else {})}
 
 
 def _unexplained_idle(tl, ctx):

@@ -15,6 +15,13 @@ work costs nothing).
   collate's `aten::stack`, conversions), and the live run's host samples inside them (the per-sample work by
   its line). A trace recorded with Python stacks still prices them (they are recorded events), and says that
   the stacks slow the loader's Python too.
+  A window whose batches split into fast ones (no wait: the GPU's pace) and slow ones waiting on the workers is
+  judged batch by batch (`_pace`): slow ones in one run at the window's start or end, or waits shrinking batch
+  by batch, are a pipeline not yet steady (the workers starting, their queue filling): priced at what the fast
+  batches wait (the steady state's, ~0 where they keep up: then no finding, the wait said once as a one-off
+  row with "profile later in the run"), never as "more workers"; slow ones recurring among fast ones are an uneven
+  loader (batches in bursts), priced at the window's mean as before. More workers are never advised past the
+  cores the host has spare (the live capture's `cpu_threads.cores`).
 - cpu_input_bound: a CPU trace has no GPU idle: the step's own time inside the loader's spans is what the
   training thread spends on its input.
 """
@@ -34,6 +41,9 @@ TORCH_DATA = "torch/utils/data/"            # torch's DataLoader, Dataset and co
 WAITS = ("_try_get_data", "_get_data")      # the main thread waiting on the workers' queue
 DATASET_CALLS = ("__getitem__", "__getitems__")  # a Dataset making a sample (its frames are the work)
 INNERMOST = 3       # frames the sampler keeps whatever their file (profiling/profile/capture/sampler.py)
+SLOW_WAIT = 0.1     # a batch was waited on when its __next__ took this share of the window's fastest step or more
+SHRINK = 0.5        # slow waits each at most this share of the one before: the queue filling, not a steady shortfall
+MIN_BATCHES = 3     # fewer batches cannot tell a start-up from a steady loader
 IDLE_FRAMES = ("threading.py", "queues.py", "queue.py", "selectors.py", "connection.py", "multiprocessing/",
                "futures/")  # a wait on other threads or processes, no work of its own
 
@@ -71,9 +81,83 @@ def input_bound(tl, ctx, found):
     evidence = (_spans_text(tl, ctx, workers) + f"; the GPU idle while it waited {ms:.1f} ms/step{scaled(ctx)}"
                 f" ({100 * us / n / 1e3 / ctx['idle']:.0f}% of the GPU idle), in {len(picked) / n:g} gaps/step"
                 + (f" ({sampled_us / n / 1e3 * ctx['scale']:.1f} ms/step of it where only host samples show the loader)"
-                   if sampled_us else "")
-                + _ops_text(tl, ctx, spans) + _samples_text(tl, picked, spans) + _stacks_text(tl, ctx))
-    return finding(KIND, ms, ctx, evidence, fix(workers, framework(tl), _work_lines(tl, picked, spans)))
+                   if sampled_us else ""))
+    details = _ops_text(tl, ctx, spans) + _samples_text(tl, picked, spans) + _stacks_text(tl, ctx)
+    lines, cores = _work_lines(tl, picked, spans), _cores(tl)
+    pace = _pace(tl, picked, ctx) if workers is not False and not sampled_us else None
+    if pace is None:
+        return finding(KIND, ms, ctx, evidence + details, fix(workers, framework(tl), lines, cores=cores))
+    if pace["uneven"]:
+        return finding(KIND, ms, ctx, evidence + "; " + pace["text"] + details,
+                       fix(workers, framework(tl), lines, cores=cores))
+    if pace["steady_ms"] < FIRE_SHARE * ctx["step"]:  # the steady state waits for nothing: said once, not priced
+        total = us / 1e3
+        ctx.setdefault("one_off", []).append({"kind": STARTUP, "step": None, "ms": round(total, 1), "text": (
+            f"the DataLoader's workers not yet steady, {total:,.1f} ms of GPU idle waiting on it in this window "
+            f"({ms:.1f} ms/step), which the steady state does not pay: " + pace["text"] + "; " + evidence
+            + "; " + STARTUP_FIX)})
+        return None
+    return finding(KIND, pace["steady_ms"], ctx, evidence + "; the pipeline was not yet steady: " + pace["text"]
+                   + details,
+                   STARTUP_FIX + "; if a later window's batches still wait, "
+                   + fix(workers, framework(tl), lines, cores=cores))
+
+
+STARTUP = "loader not yet steady"  # the one-off row's kind (summary `one_off`, beside irregular.split's)
+STARTUP_FIX = ("profile later in the run, once the workers' queue is full (torch.profiler.schedule(wait=N, ...) past "
+               "the first batches of an epoch); persistent_workers=True pays the workers' start-up once, not every "
+               "epoch; add workers only where a later window's steps still wait on them, never more than the cores "
+               "the host has spare")
+
+
+def _pace(tl, picked, ctx):
+    """The loader's waits batch by batch, where its spans split into fast batches (under SLOW_WAIT of the window's
+    fastest step: the GPU's pace) and slow ones: {uneven, steady_ms, text}, or None where they do not split (every
+    batch waited alike: a steady shortfall) or there are too few to tell. Not yet steady (`uneven` False): the slow
+    batches are one run at the window's start or end, or each waits SHRINK or less of the one before and the last
+    batch is fast; steady_ms is the GPU idle the fast batches cover, per step (scaled), the steady state's price.
+    Uneven: slow batches among fast ones, as batches that come in bursts; the window's mean is the price."""
+    spans = tl.loader
+    fastest = min((b - a for a, b in tl.windows), default=0.0) / 1e3
+    if len(spans) < MIN_BATCHES or fastest <= 0:
+        return None
+    waits = [(b - a) / 1e3 for a, b, _ in spans]
+    slow = [i for i, w in enumerate(waits) if w >= SLOW_WAIT * fastest]
+    fast = [i for i in range(len(waits)) if i not in set(slow)]
+    if not slow or not fast:
+        return None
+    run = slow == list(range(slow[0], slow[-1] + 1))
+    edge = run and (slow[0] == 0 or slow[-1] == len(waits) - 1)
+    shrinking = len(slow) > 1 and fast[-1] == len(waits) - 1 and all(
+        waits[j] <= SHRINK * waits[i] for i, j in zip(slow, slow[1:]))
+    listed = ", ".join(f"{w:.1f}" if w >= 0.1 else f"{w:.2f}" for w in waits)
+    ms_each = [_idle_under(a, b, picked) for a, b, _ in spans]
+    fast_ms = sum(ms_each[i] for i in fast) / len(fast) * len(spans) / tl.n * ctx["scale"]
+    where = ("the first" if slow[0] == 0 else "the last") if edge else ""
+    if edge or shrinking:
+        how = (f"{where} {len(slow)} of {len(waits)} batches waited, the other {len(fast)} came without a wait"
+               if edge else f"the waits shrank batch by batch while {len(fast)} of {len(waits)} batches came without "
+               "a wait")
+        return {"uneven": False, "steady_ms": fast_ms, "text": (
+            f"its next-batch waits, batch by batch, {listed} ms: {how} (under "
+            f"{100 * SLOW_WAIT:.0f}% of the fastest step, {fastest:.1f} ms), as while the workers start or their "
+            f"queue fills; at the fast batches' pace the loader costs "
+            + (f"{fast_ms:.1f} ms/step" if fast_ms >= 0.05 else "~0 ms/step"))}
+    return {"uneven": True, "steady_ms": None, "text": (
+        f"uneven: its next-batch waits, batch by batch, {listed} ms: {len(slow)} of {len(waits)} batches waited, "
+        f"among others that came without a wait (batches that come in bursts, as workers that finish together); "
+        f"priced at the window's mean, what the loader costs while the pattern holds")}
+
+
+def _idle_under(a, b, gaps):
+    """ms of the loader's priced GPU idle under one span [a, b]."""
+    return sum(max(0.0, min(b, g.end) - max(a, g.start)) for g in gaps) / 1e3
+
+
+def _cores(tl):
+    """The CPU cores this process may run on, as the live capture recorded them (api._cpu_threads), else None."""
+    cores = (tl.meta.get("cpu_threads") or {}).get("cores")
+    return cores if isinstance(cores, int) and cores > 0 else None
 
 
 def _sampled_share(tl, g):
@@ -197,10 +281,11 @@ def _stacks_text(tl, ctx):
 # The fix, in the user's terms
 # ---------------------------------------------------------------------------------------------------------
 
-def fix(workers, framework, lines, device=True):
+def fix(workers, framework, lines, device=True, cores=None):
     """The remedy: worker processes where the batch is made in the training thread; where workers already load,
     more of them or cheaper per-sample work. Either keeps the batches the model sees. `device` False: a CPU run
-    (no pinned memory, no copy to overlap)."""
+    (no pinned memory, no copy to overlap). `cores`: the cores the process may run on, where recorded: workers
+    are never advised past them less the training thread's (more compete with it and slow the step)."""
     work = (f" (here {lines[0][0]}, {100 * lines[0][1]:.0f}% of the samples)" if lines else "")
     cheaper = ("make the per-sample work cheaper" + work + " (decode once and cache, smaller stored images)"
                + (" or move it to the GPU (batched transforms on CUDA tensors, e.g. torchvision.transforms.v2 after "
@@ -214,11 +299,22 @@ def fix(workers, framework, lines, device=True):
                  + (" in the train_dataloader() your LightningModule or DataModule returns"
                     if framework == "lightning" else "") + (", then .to(device, non_blocking=True)" if device else ""))
     ahead = "ahead of the GPU" if device else "beside the training step, on cores its operators leave free"
+    spare = cores - 1 if cores else None  # the training thread keeps one
+    if spare is not None and spare < 2:
+        return (f"this process may run on {cores} core{'s' if cores > 1 else ''}, none spare for "
+                + ("more workers (they would compete with the training thread)" if workers else "worker processes")
+                + f": {cheaper}")
+    cap = (f"N at most {spare} (this process may run on {cores} cores, one the training thread's; workers past the "
+           "spare cores compete with it and slow the step), fewer where other processes use them" if spare else
+           "N no more than the CPU cores you can spare (the host's cores less the training thread's; workers past "
+           "them compete with it and slow the step)")
     if workers:
-        return (f"the workers cannot keep up (the main thread waits on their queue): more of them, {knobs} with N "
-                f"up to the CPU cores you can spare; if the cores are already busy, {cheaper}")
-    return (f"load batches in worker processes, {ahead}: {knobs}, N about the CPU cores you can spare "
-            f"(4-8 is typical); if the workers then cannot keep up, {cheaper}")
+        return (f"the workers cannot keep up (the main thread waits on their queue): more of them, {knobs} with "
+                f"{cap}; if the cores are already busy, {cheaper}")
+    return (f"load batches in worker processes, {ahead}: {knobs}, "
+            + (cap if spare else "N about the CPU cores you can spare (4-8 is typical, never more than the host's "
+               "cores less one for the training thread)")
+            + f"; if the workers then cannot keep up, {cheaper}")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ How the numbers are made (so they add up and can be trusted):
   [{kind (compile, cold first pass, cold first call, eval, checkpoint save, log flush, unnamed), step, position,
   of, ms, median_ms, compile_ms, why, only, text}]; compilation outside every step has step None): a step that
   compiles, one over twice the like steps' median, a first iteration unlike the rest (trace/irregular.py's
-  split, right after the steps are made).
+  split, right after the steps are made); then the waits a finding said once and priced in no step (step None:
+  a DataLoader not yet steady, kind "loader not yet steady", findings/input.py).
 - A trace without device events is a CPU profile: the same summary over CPU operators' self time
   (kind "cpu"); step time is the ProfilerStep window; idle becomes "outside ops" (Python, data, waiting).
 
@@ -769,7 +770,7 @@ def summarize(trace, top=None, unprofiled_ms=None):
         s["startup"] = ix.startup
     if ix.iterations:
         s["iterations"] = ix.iterations
-    s["one_off"] = ix.one_off
+    s["one_off"] = ix.one_off + s.get("one_off", [])  # the steps left out, then waits a rule said once (findings)
     if ix.optimizer != merged:
         s["regions"]["notes"].append(closures.NOTE)
     s["notes"] += irregular.notes(meta)  # timed steps left out, a loop that ended early

@@ -226,9 +226,9 @@ def split(ix, meta):
     labels = [] if ix.whole else _named(ix, meta, each, work, why)  # what ran only in each step, when it was read
     keep = [k for k in range(len(ix.steps)) if k not in why]
     ix.device_named = device_kinds(ix, per_step, why, keep)
-    first_seen = [k for k, (kind, _) in ix.device_named.items() if kind == COLD_CALL]  # a new shape's first step:
-    ix.unlike = None if ix.whole else unlike(ix, per_step, each, [k for k in sorted(keep + first_seen) if work[k]],
-                                             meta)  # judged with the like steps
+    # a new shape's first step: judged (named `first`: `cold` is the module trace/cold.py, read above)
+    first = [k for k, (kind, _) in ix.device_named.items() if kind == COLD_CALL]
+    ix.unlike = None if ix.whole else unlike(ix, per_step, each, [k for k in sorted(keep + first) if work[k]], meta)
     if not why:
         return per_step, windows, attributed, meta
     labels = labels or only_in_step.per_step(ix, meta)
@@ -353,8 +353,9 @@ def _keep_loader_waits(ix, why, each, windows, meta):
             del why[k]
             meta.setdefault("notes_loader_waits", []).append(
                 f"profiled step {k + 1} took {each[k]:.1f} ms against a median of {median:.1f} ms, {wait:.1f} ms of "
-                "it waiting for the DataLoader's next batch: kept as the step's own cost (the input pipeline's "
-                "batches arrive unevenly), not left out as a one-off")
+                "it waiting for the DataLoader's next batch: kept in the per-step figures, not left out as a one-off; "
+                "the input pipeline's finding judges the wait (batches that arrive unevenly cost every step on "
+                "average, a pipeline not yet steady is said once)")
 
 
 HOST_SHARE = 0.9   # of a slow iteration's extra time, the GPU idle (the host's time between iterations) at least
