@@ -122,3 +122,25 @@ def test_host_work_at_a_library_call_gets_the_librarys_remedy_not_make_it_cheape
     f = next(f for f in data_summary(name)["findings"] if f["kind"] == "gpu_waits_on_host")
     assert line in f["evidence"].split("the host meanwhile:")[1], f["evidence"]
     assert remedy in f["fix"] and "cheaper" not in f["fix"], f["fix"]
+
+
+def test_the_report_shows_the_host_by_line_with_each_lines_launches_idle_and_mechanism(data_summary):
+    """#56 item 1: the host side by line, beside the device time the lines table has: the EMA's loop line with
+    its hundreds of launches, its operators' host time, the idle that waits on it and its mechanism; the model's
+    line first (the eager model launch-bound on its own); every idle gap of this eager loop on a line."""
+    from profiling.profile.report.render import to_markdown
+    s = data_summary("h200-eager-ema-state-dict")
+    table = s["host_lines"]
+    rows = {r["text"]: r for r in table["rows"]}
+    ema = rows["ema_v.copy_(ema_v * decay + (1.0 - decay) * model_v)"]
+    assert ema["mechanism"] == "per_parameter_loop" and ema["launches"] > 149 and ema["syncs"] == 0
+    assert 0 < ema["host_ms"] < ema["idle_ms"] < table["idle_total_ms"]
+    assert table["rows"][0]["text"] == "logits = self.model(self.x)" and table["rows"][0]["mechanism"] is None
+    assert table["idle_ms"] == pytest.approx(table["idle_total_ms"], rel=0.01)
+    md = to_markdown(s)
+    assert "### The host by line" in md and "| per_parameter_loop |" in md
+
+
+def test_no_line_record_no_host_by_line(data_summary):
+    s = data_summary("h100-compiled-gpt-5steps")
+    assert s.get("host_lines") is None

@@ -77,7 +77,8 @@ def diagnose(tl, summary, stacks=False):
     found, notes = ledger.admit(settings.merge(power.net_of_clock(tl, ctx, found)), ctx)
     overhead, _ = run((idle.profiler_overhead,), tl, ctx)
     return {"findings": [ledger.public(f) for f in found + overhead], "unknown": ctx.get("unknown", []),
-            "skipped": skipped, "ledger": notes, **({"one_off": ctx["one_off"]} if ctx.get("one_off") else {})}
+            "skipped": skipped, "ledger": notes, "host_lines": lines.host_table(tl),
+            **({"one_off": ctx["one_off"]} if ctx.get("one_off") else {})}
 
 
 def _unexplained_idle(tl, ctx):

@@ -52,13 +52,14 @@ class Line:
     operators launched in the profiled steps (by the line's own operator that launched them), the pageable copies
     among them, and the GPU idle gaps that wait on it."""
 
-    __slots__ = ("copies", "gaps", "key", "launched", "ops", "text", "visits")
+    __slots__ = ("copies", "gaps", "host_us", "key", "launched", "ops", "text", "visits")
 
     def __init__(self, key, text):
         self.key, self.text = key, text
         self.ops, self.gaps = [], []
         self.launched, self.copies, self.visits = Counter(), 0, []  # visits: (first, last) record index of each
                                                                       # run of the step's operators on this line
+        self.host_us = 0.0  # the host's time in the line's operators (the outermost ones, a backward's too)
 
     @property
     def label(self):
@@ -83,6 +84,11 @@ def lines_of(tl):
                     outer = top_of(op, tl.parent, memo)[0]  # the line's own call (None: a backward's)
                     line.launched[str(outer.get("name", "")) if outer else "backward"] += 1
                     line.copies += HOST_COPY in str(e.get("name", ""))
+        for op in tl.ix.cpu_ops:  # the outermost operators of the profiled steps, on any thread
+            if tl.parent.get(id(op)) is None and tl.step_of(op["ts"]) is not None:
+                line = _line(tl, placer, op, op, out)
+                if line is not None:
+                    line.host_us += op["dur"]
         for g in tl.gaps:
             sync = tl.sync_at(g)
             at = sync[0] if sync else g.launch
@@ -302,6 +308,35 @@ def _caller(tl, labels):
             if outer:
                 counts[outer] += 1
     return counts.most_common(1)[0][0] if counts else None
+
+
+HOST_ROWS = 8  # lines the host-side view shows, most GPU idle first
+
+
+def host_table(tl):
+    """The host side of the step by line of the user's code (summary `host_lines`; #56 item 1), or None without
+    a line record: the lines the GPU waited on most, each with its kernel launches a step (its backward's on its
+    forward line), its host syncs a step (the recorded step's sync operators that launched a copy), the host's
+    time in its operators (forward and backward) and the GPU idle that waited on it, in the profiled steps (not
+    scaled to the unprofiled run). {rows: [{file, line, text, launches, syncs, host_ms, idle_ms, mechanism}],
+    rows_total, idle_ms: the idle placed on a line, of idle_total_ms}."""
+    by_line = lines_of(tl)
+    if not by_line:
+        return None
+    n, tensors = tl.n, len(tl.meta.get("parameters") or ())
+
+    def row(line):
+        recognized = None if _framework_entry(tl, line) else mechanism(line, tensors, n)
+        return {"file": line.key[0], "line": line.key[1], "text": line.text,
+                "launches": round(sum(line.launched.values()) / n, 1),
+                "syncs": sum(o in SYNC_CALLS and o in line.launched for o in line.ops),
+                "host_ms": round(line.host_us / n / 1e3, 2), "idle_ms": round(sum(g.us for g in line.gaps) / n / 1e3, 2),
+                "mechanism": recognized[0] if recognized else None}
+    ranked = sorted(by_line.values(), key=lambda line: (-sum(g.us for g in line.gaps), -line.host_us))
+    shown = [line for line in ranked if line.gaps or line.launched][:HOST_ROWS]
+    return {"rows": [row(line) for line in shown], "rows_total": len(by_line),
+            "idle_ms": round(sum(g.us for line in by_line.values() for g in line.gaps) / n / 1e3, 2),
+            "idle_total_ms": round(sum(g.us for g in tl.gaps) / n / 1e3, 2)}
 
 
 def idle_lines(tl, gaps, k=2):

@@ -135,7 +135,8 @@ def to_markdown(summary, previous=None, top=10):
     if "findings" in summary:
         lines += _findings(view) + [""]
     lines += _ranks(view)
-    lines += _budget(view) + _regions(view) + _lines(view) + _cuda_calls(view) + [""] + _kernels(view, top) + [""] \
+    lines += _budget(view) + _regions(view) + _lines(view) + _host_lines(view) + _cuda_calls(view) + [""] \
+        + _kernels(view, top) + [""] \
         + _checks(summary)
     if previous is not None:
         lines += [""] + _changes(diff(previous, summary), noise_ms(previous, summary))
@@ -526,6 +527,23 @@ def _lines(s, shown=MAX_LINES):
         out.append("by file: " + ", ".join(f"{f} {_ms(ms)} ms" for f, ms in table["files"].items()))
     return out + _eager_note(table.get("eager")) + _unplaced_lines(table) + [f"note: {n}" for n in
                                                                              table.get("notes") or []]
+
+
+def _host_lines(s):
+    """Section 1b': the host side by line: what each line launches and syncs, its operators' host time, and the
+    GPU idle that waited on it (profiling/profile/findings/lines.py `host_table`)."""
+    table = s.get("host_lines")
+    if not table or not table["rows"]:
+        return []
+    rows = [[_cell(f"{r['file']}:{r['line']}"), f"`{_code(r['text'])}`", f"{r['launches']:g}", f"{r['syncs']:g}",
+             _ms(r["host_ms"]), _ms(r["idle_ms"]), r["mechanism"] or ""] for r in table["rows"]]
+    head = ["line", "code", "launches/step", "syncs/step", "host ms/step", "GPU idle waiting on it ms/step",
+            "mechanism"]
+    return ["", f"### The host by line (top {len(rows)} of {table['rows_total']} by the GPU idle that waits on them)",
+            _table(head, rows), "",
+            f"{_ms(table['idle_ms'])} of the step's {_ms(table['idle_total_ms'])} ms of GPU idle waits on a line of "
+            "yours (in the profiled steps, not scaled to the unprofiled run); host ms: its operators' own time, a "
+            "backward's on its forward's line"]
 
 
 def _cuda_calls(s):

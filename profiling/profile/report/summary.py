@@ -105,6 +105,11 @@ The summary (plain JSON data; `render.to_json` writes it as is):
     recorded                                          how the trace was recorded (`recorded`): by (live capture
                                                       or torch.profiler), stacks, host_samples, shapes, memory,
                                                       modules, flops, unprofiled ("trace", "given" or None)
+    host_lines                                        the host side by line of the user's code (device profiles
+                                                      with a line record; profiling/profile/findings/lines.py
+                                                      `host_table`): rows [{file, line, text, launches, syncs,
+                                                      host_ms, idle_ms, mechanism}], rows_total, idle_ms,
+                                                      idle_total_ms; None without a line record
     cuda_calls                                        the host's time inside CUDA runtime/driver calls per step,
                                                       by kind (profiling/profile/tables/cuda_calls.py `table`); device
                                                       profiles only, None when the steps made no call
