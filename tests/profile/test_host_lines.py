@@ -144,3 +144,18 @@ def test_the_report_shows_the_host_by_line_with_each_lines_launches_idle_and_mec
 def test_no_line_record_no_host_by_line(data_summary):
     s = data_summary("h100-compiled-gpt-5steps")
     assert s.get("host_lines") is None
+
+
+def test_a_host_tensor_names_the_intra_op_pool_where_the_capture_recorded_one(data_trace):
+    """A causal mask built on the CPU in every layer (H200): where torch's intra-op pool has several threads (the
+    live capture's cpu_threads, recorded on GPU runs since this trace was made), the finding says the pool
+    competes with the launching thread and gives set_num_threads(1) as the stopgap; with one thread, nothing."""
+    from profiling.profile.report.summary import summarize
+    trace = data_trace("h200-eager-mask-on-host")
+    trace["autoresearch"]["cpu_threads"] = {"intra_op": 16, "inter_op": 16, "cores": 16, "load_average": 0.5}
+    f = next(f for f in summarize(trace)["findings"] if f["kind"] == "host_tensor")
+    assert "intra-op pool, 16 threads here" in f["evidence"] and "torch.set_num_threads(1)" in f["fix"]
+    trace = data_trace("h200-eager-mask-on-host")
+    trace["autoresearch"]["cpu_threads"] = {"intra_op": 1, "inter_op": 1, "cores": 16, "load_average": 0.5}
+    f = next(f for f in summarize(trace)["findings"] if f["kind"] == "host_tensor")
+    assert "intra-op" not in f["evidence"] and "set_num_threads" not in f["fix"]

@@ -263,10 +263,30 @@ def _line_rule(kind):
                         f"({len(gaps) / n:.0f} idle gaps)" + (
                             ", not scaled: the profiler lengthens launches, not operators that launch none"
                             if raw and round(ctx["scale"], 2) != 1.0 else "" if raw else scaled(ctx)))
+            if kind == "host_tensor":
+                evidence, fix = evidence + _pool_text(tl), fix + _pool_fix(tl)
             return make(kind, ms, ctx, evidence, fix)
         return None
     match.__name__ = kind
     return match
+
+
+def _pool(tl):
+    """torch's intra-op threads in the profiled process (the live capture's cpu_threads), or None."""
+    threads = (tl.meta.get("cpu_threads") or {}).get("intra_op")
+    return threads if isinstance(threads, int) and threads > 1 else None
+
+
+def _pool_text(tl):
+    threads = _pool(tl)
+    return (f"; torch runs these host operators on its intra-op pool, {threads} threads here "
+            "(torch.get_num_threads()), which wake for each and keep spinning after it, competing with the thread "
+            "that launches the GPU's work: the step may lose more than the idle priced here") if threads else ""
+
+
+def _pool_fix(tl):
+    return ("; until then, torch.set_num_threads(1) keeps that pool from competing with the launching thread (it "
+            "changes nothing the model computes)") if _pool(tl) else ""
 
 
 per_parameter_loop, python_loop, host_tensor = (_line_rule(k) for k in ("per_parameter_loop", "python_loop",
