@@ -173,7 +173,7 @@ def _priced_gaps(gaps, ms, ctx):
     """The gaps a price of `ms` ms/step covers, earliest first: where the syncs are priced at the host's wait in
     them, the rest of their drained idle is the host's own pace (its dispatch after the sync), left open for the
     rules that price that (launch_bound, gpu_waits_on_host), not claimed and priced by no one."""
-    out, left = [], ms * ctx["n"] * 1e3 / ctx["scale"]
+    out, left = [], ms * ctx["n"] * 1e3 / ctx["scale"] if ctx["scale"] else 0.0
     for g in sorted(gaps, key=lambda g: g.start):
         if left <= 0:
             break

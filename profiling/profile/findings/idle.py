@@ -465,7 +465,7 @@ def gpu_waits_on_host(tl, ctx, found):
     return finding("gpu_waits_on_host", idle_ms(sampled, ctx), ctx, evidence, fix)
 
 
-OPTIMIZER_STEP = re.compile(r"\b\w*(opt|optim|optimizer)\w*\.step\(")
+OPTIMIZER_STEP = re.compile(r"\b\w*(opt|optim|optimizer|scaler)\w*\.step\(")  # scaler: AMP's GradScaler
 
 
 def _host_fix(tl, main, text):
