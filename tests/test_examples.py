@@ -3,29 +3,18 @@ the CPU at their tiny size: they train, with and without their plant; `--profile
 and its report places their own parameter names and source lines; `--plain-trace` writes a trace `research
 profile` reads. Then benchmarks/findings/live/models_capture.py, which runs them on a GPU: its plan and its
 bookkeeping. In-process (torch is imported once), from the repository's root, as a user runs them."""
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from profiling import cli
+from tests.scripts import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = {"gpt2": ("examples/gpt2_train.py", "dense_mask"), "llama": ("examples/llama_train.py", "repeat_kv")}
 TINY = ["--size", "tiny", "--device", "cpu"]
-
-
-def load(path):
-    """A script as a module (examples/ and benchmarks/ are not packages)."""
-    name = os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 capture = load("benchmarks/findings/live/models_capture.py")

@@ -3,26 +3,14 @@ in a fresh process and writes OUT/host_side.json with every step's timing, and t
 beside it, which `research profile` reads again. A DataLoader with workers, and a compiled model profiled
 while it compiles."""
 import gzip
-import importlib.util
 import json
 import re
 import os
-import sys
 
 import pytest
 
 from profiling import cli
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load(path):
-    name = os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import load
 
 
 @pytest.mark.slow

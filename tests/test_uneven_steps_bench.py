@@ -1,24 +1,13 @@
 """benchmarks/findings/live/uneven_steps.py (issue #57) at its CPU size: one loop through one harness, end to
 end -- the driver runs it in a fresh process, keeps its row and its profile folder (in a tar), and `report`
 reads the trace again into the table."""
-import importlib.util
 import json
 import os
-import sys
 import tarfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load(path):
-    name = os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import load
 
 
 @pytest.mark.slow

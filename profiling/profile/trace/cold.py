@@ -24,7 +24,7 @@ import re
 import statistics
 from collections import Counter
 
-from profiling.profile.trace.traceio import self_times
+from profiling.profile.trace.traceio import merge, self_times
 
 COLD = "cold first call"
 COLD_CALLS = re.compile(r"^(cudaFuncGetAttributes|(cu|hip)Module(Load|GetFunction)|cuLibrary(Load|GetKernel)|"
@@ -43,16 +43,6 @@ SHOWN = 3
 
 def _name(e):
     return str(e.get("name", ""))
-
-
-def _merge(spans):
-    out = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def _overlap(spans, a, b):
@@ -120,8 +110,8 @@ def first_calls(ix, window, events):
             kept.append((lo, hi, name, ms))
     for _, _, name, ms in kept:
         ops[name] += ms
-    spans = _merge(spans)
-    busy = _merge((e["ts"], e["ts"] + e["dur"]) for e in events)
+    spans = merge(spans)
+    busy = merge((e["ts"], e["ts"] + e["dur"]) for e in events)
     cold = sum(_overlap(spans, s, t) for s, t in spans) - sum(_overlap(busy, s, t) for s, t in spans)
     ms = max(0.0, cold) / 1e3
     if ms < COLD_SHARE * (b - a) / 1e3:
