@@ -19,6 +19,9 @@ process on one CPU core (taskset), which steadies the host on machines whose cor
 Each run prints one JSON line: whether the report is there (prof.report / the callback's report), the median
 of the NEAR unprofiled steps just before the window opens and of the steps after the profile is done (its first
 SETTLE left out), their ratio, every step's time, and what of the capture is still on after it (leftovers()).
+After every step (outside its time) one SHA-256 of 1 MiB is timed: C code that no tracer, mode or CUPTI
+subscription the capture could leave slows, so its median after over before is the host core's own change of
+speed; `after_vs_before_host_speed` is the steps' ratio divided by it.
 The host's speed drifts within a process on these machines (a loop's unprofiled steps ran 25 ms, then 33 ms
 20 steps later, in one H200 process): so the steps just before the window, not the first ones, are the base.
 
@@ -28,6 +31,7 @@ On the CPU (no GPU) it runs too, smaller, in float32: a check of the script, not
 """
 import argparse
 import gc
+import hashlib
 import json
 import os
 import statistics
@@ -43,6 +47,7 @@ AFTER = 40             # steps after the profile is done; the first SETTLE of th
 SETTLE = 5
 NEAR = 12              # the unprofiled steps just before the window that the steps after are held against
 SLOW_X = 30            # the slow step: a checkpoint save, then a wait up to this many median steps in all
+REF = bytes(range(256)) * 4096  # 1 MiB: the host's speed, timed after every step (host_speed below)
 WORDS = ("the quick brown fox jumps over a lazy dog while profilers count every launch of each kernel "
          "and data loaders tokenize text in python one character at a time").split()
 
@@ -87,6 +92,15 @@ def median_ms(times):
     return round(1e3 * statistics.median(times), 3) if times else None
 
 
+def host_speed(refs):
+    """Time one SHA-256 of 1 MiB (~0.6 ms; C code a Python tracer, a dispatch mode or CUPTI cannot slow) and append
+    it to `refs`: the host core's own speed at that step, against which its steps' drift is read."""
+    start = time.perf_counter()
+    hashlib.sha256(REF).digest()
+    refs.append(time.perf_counter() - start)
+    return time.perf_counter()
+
+
 def slow_save(model, step_s):
     """A checkpoint save, then a wait: SLOW_X median steps in all."""
     import torch
@@ -121,7 +135,7 @@ def run_api(case, out_dir, profiled=True):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = iter(torch.utils.data.DataLoader(data, batch_size=batch, num_workers=0))
     device = "cuda" if cuda else "cpu"
-    times, marks, data = [], {}, []
+    times, marks, data = [], {"ref": []}, []
 
     def train(steps, prof=None):
         """The loop: a step, its loss read, prof.step(); `case` happens in the step after the profiled ones."""
@@ -145,7 +159,7 @@ def run_api(case, out_dir, profiled=True):
                 prof.step()
             now = time.perf_counter()
             times.append(now - last)
-            last = now
+            last = host_speed(marks["ref"])
             if prof is not None and prof.done and "done" not in marks:
                 marks["done"] = len(times)
 
@@ -169,7 +183,7 @@ def run_hf(case, out_dir):
 
     import profiling
     model, data, batch, seq, cuda = setup()
-    times, marks = [], {}
+    times, marks = [], {"ref": []}
     profile = profiling.HFCallback(warmup_steps=BEFORE)
     window_end = BEFORE + 5 + 1 + 5  # warm-up, timed, profiler warm-up, active: then the shape step
 
@@ -188,7 +202,7 @@ def run_hf(case, out_dir):
             now = time.perf_counter()
             if self.last is not None:
                 times.append(now - self.last)
-            self.last = now
+            self.last = host_speed(marks["ref"]) if self.last is not None else now
             if profile.report is not None and "done" not in marks:
                 marks["done"] = len(times)
 
@@ -227,7 +241,9 @@ def leftovers():
           "dispatch modes": torch._C._len_torch_dispatch_stack(),
           "DataLoader patched": dataloader._BaseDataLoaderIter.__next__.__module__ != dataloader.__name__,
           "sync debug mode": torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0,
-          "always-warnings added": [str(f) for f in warnings.filters if f not in FILTERS and f[0] == "always"]}
+          "always-warnings added": [str(f) for f in warnings.filters if f not in FILTERS and f[0] == "always"
+                                    and f[2] is Warning]}  # the capture's (detail.py: every warning, recorded);
+    # a library's own for its category (scipy.special's SpecialFunctionWarning, added at its import) is not
     return {k: v for k, v in on.items() if v}
 
 
@@ -253,6 +269,9 @@ def one(form, case):
     done = marks.get("done", len(times))
     opened = window_start(times)
     before, after = times[max(SETTLE, opened - NEAR):opened], times[done + SETTLE:]
+    ref = marks.get("ref") or []
+    ref_before, ref_after = ref[max(SETTLE, opened - NEAR):opened], ref[done + SETTLE:]
+    speed = (statistics.median(ref_after) / statistics.median(ref_before)) if ref_before and ref_after else None
     import torch
     return {"form": form, "case": case, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
             else "cpu", "report": report is not None, "report_head": (report or "").splitlines()[:1],
@@ -262,6 +281,9 @@ def one(form, case):
             "done_step": done, "steps_ms": [round(1e3 * t, 2) for t in times], "left_on": leftovers(),
             "data_before_ms": median_ms(marks["data"][max(SETTLE, opened - NEAR):opened]) if "data" in marks else None,
             "data_after_ms": median_ms(marks["data"][done + SETTLE:]) if "data" in marks else None,
+            "ref_before_ms": median_ms(ref_before), "ref_after_ms": median_ms(ref_after),
+            "after_vs_before_host_speed": round(median_ms(after) / median_ms(before) / speed, 4)
+            if before and after and speed else None,
             "python_objects": len(gc.get_objects()), "os_threads": len(os.listdir("/proc/self/task"))
             if os.path.isdir("/proc/self/task") else None,
             "seconds": round(time.perf_counter() - start, 1)}
@@ -285,7 +307,8 @@ def run_all(reps, out, forms, cases, pin=None):
                 with open(out, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(f"{form:4} {case:6} rep {rep}: report {row.get('report')} before {row.get('before_ms')} ms "
-                      f"after {row.get('after_ms')} ms ({row.get('after_vs_before')}) left on "
+                      f"after {row.get('after_ms')} ms ({row.get('after_vs_before')}; at the host's speed "
+                      f"{row.get('after_vs_before_host_speed')}) left on "
                       f"{row.get('left_on')} {row.get('seconds')} s", flush=True)
     return rows
 
