@@ -18,7 +18,7 @@ with the findings contract's `rule(kind, needs)` (profiling/profile/findings/con
 from bisect import bisect_left, bisect_right
 from collections import Counter
 
-from profiling.profile.findings.contract import finding, idle_ms, made_by, rule, scaled, top
+from profiling.profile.findings.contract import finding, following, idle_ms, made_by, rule, scaled, top
 from profiling.profile.findings.idle import own_idle, own_labels, sync_price
 from profiling.profile.findings.settings import attribute
 from profiling.profile.tables import cuda_calls
@@ -98,15 +98,23 @@ def alloc_churn(tl, ctx, found):
     ms = inside + (raw - inside) * ctx["scale"] if own else min(idle_ms(gaps, ctx), a["idle_inside_ms"])
     if ms < FIRE_SHARE * ctx["step"]:
         return None
-    _claim(gaps, "alloc_churn")
+    # an allocation's host time while the GPU was still busy with earlier work is lost too: the launches after it
+    # wait that much longer, and the GPU idles there for it (a free's time with the GPU busy is its wait for the
+    # device, which the idle after it already prices)
+    later, extra = following(tl, ctx, gaps, a["busy_inside_ms"]) if own else ([], 0.0)
+    _claim(gaps + later, "alloc_churn")
+    idle = ms
+    ms += extra
     names = ", ".join(f"{name} x{count:g}" for name, count in top(a["names"]))
     made = ", ".join(f"{made_by(chain, 'no operator')} x{count:g}" for chain, count in a["chains"][:2])
     line = _sampled_line(tl, [(e["ts"], e["ts"] + e["dur"], k) for e, k in a["calls"]])
     split = own and inside and round(ctx["scale"], 2) != 1.0
     evidence = (f"{a['calls_per_step']:g} allocation/free calls in every profiled step ({names}), "
                 f"{a['ms_per_step']:.1f} ms/step of host time; GPU idle {'in and after' if own else 'in'} them "
-                f"{ms:.1f} ms/step" + (f", {inside:.1f} of it while the host was inside them (not scaled: the profiler "
-                                       f"does not lengthen these calls), the rest{scaled(ctx)}" if split else scaled(ctx))
+                f"{idle:.1f} ms/step" + (f", {inside:.1f} of it while the host was inside them (not scaled: the profiler "
+                                         f"does not lengthen these calls), the rest{scaled(ctx)}" if split else scaled(ctx))
+                + (f"; the allocations' host time while the GPU was busy delays the launches after them: {extra:.1f} "
+                   "ms/step more idle later in the step" if extra >= 0.05 else "")
                 + f"; made by {made}" + (f"; at {line}" if line else "")
                 + ("" if own else "; recorded with Python stacks (with_stack=True) and no unprofiled step: priced at "
                    "the GPU idle while the host was inside the calls (the stacks do not slow a free), not after them"))

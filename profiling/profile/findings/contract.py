@@ -19,6 +19,7 @@ Rules run in the explicit order of profiling/profile/findings/__init__.py (root 
 expose), and the findings come out costliest first.
 """
 
+import bisect
 import math
 
 from profiling.profile.trace.timeline import COMPILED
@@ -138,6 +139,41 @@ def unknown(ctx, kind, missing, ms, what):
 def idle_ms(gaps, ctx):
     """ms/step of GPU idle in these gaps, scaled to the unprofiled run when the profiler inflated it."""
     return sum(g.us for g in gaps) / ctx["n"] / 1e3 * ctx["scale"]
+
+
+def following(tl, ctx, gaps, need):
+    """([gaps], ms/step): where a line's host time is more than the idle it holds (the GPU was still running earlier
+    work as it began), the rest of that time delays every launch after it, and the GPU idles later in the step
+    for it: the unclaimed gaps after the line's own in each step, up to the host's next sync (which waits for the
+    GPU whoever was late), taken in time order until they hold `need` ms/step."""
+    if need < 0.05 or not gaps:
+        return [], 0.0
+    want = need * 1e3 / ctx["scale"] if ctx["scale"] else 0.0
+    sync_starts = [e["ts"] for e, _ in tl.syncs]
+    last = {}
+    for g in gaps:
+        last[g.step] = max(last.get(g.step, 0.0), g.end)
+    out, seen, got = [], {id(g) for g in gaps}, 0.0
+    for k, after in last.items():
+        taken = 0.0
+        # the rest of this step, then (no sync between) the next step's start; the last profiled step's delay
+        # feeds a step after the window, taken as the first's (the steps are alike)
+        for step, start in ((k, after), ((k + 1) % ctx["n"], tl.windows[(k + 1) % ctx["n"]][0])):
+            i = bisect.bisect_left(sync_starts, start)
+            until = sync_starts[i] if i < len(sync_starts) else float("inf")
+            for g in sorted((g for g in tl.gaps if g.step == step and g.cause is None and start <= g.start < until
+                             and id(g) not in seen), key=lambda g: g.start):
+                if taken >= want:
+                    break
+                if g.us > want - taken:
+                    continue  # a gap is claimed whole: one longer than what is left would claim more than is priced
+                out.append(g)
+                seen.add(id(g))
+                taken += g.us
+            if taken >= want or until < tl.windows[step][1]:
+                break  # enough, or a sync: the host waited for the GPU there, whoever was late
+        got += min(taken, want)
+    return out, got / ctx["n"] / 1e3 * ctx["scale"]
 
 
 def scaled(ctx):

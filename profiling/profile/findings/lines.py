@@ -26,20 +26,28 @@ and what that line does, from the trace's own events:
   waits on).
 - the price: the GPU idle the line's gaps hold (at the unprofiled run's scale; unscaled where the line's operators
   launch nothing, which the profiler does not slow): the time the step loses waiting on that line's host work,
-  which the remedy removes; never more than the step's idle. On a CPU run (CPU_RULES), with
+  which the remedy removes; and where the line's host time (host_ms: from the runtime calls' timestamps, less the
+  profiler's cost on its calls) is more than that idle, the idle after it up to the host's next sync, which waits
+  on that delay (contract.following); never more than the step's idle. Lines that make the same mistake with the
+  same remedy are one finding. On a CPU run (CPU_RULES), with
   no GPU to idle: the line's operators' own time a step, less one pass of the loop's body.
 """
+import bisect
 import re
 from collections import Counter
 
-from profiling.profile.findings.contract import framework, idle_ms, rule, scaled, top
+from profiling.profile.findings.contract import following, framework, idle_ms, rule, scaled, top
 from profiling.profile.findings.contract import finding as make
 from profiling.profile.trace.eager_ops import top_of
+from profiling.profile.trace.timeline import SYNC_CALLS as SYNCS
 
 LOOP_MIN = 16      # a block repeated this many times in a row on one line is a Python loop
 MAX_BODY = 16      # operators in a loop's body at most (a stack of layers repeats blocks of 20 and more, and
                    # runs from a library's loop, not a line of the user's)
 MIN_SHARE = 0.03   # of the step: a line's idle under this is not a finding of its own
+MODULE_OPS = {"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::linear", "aten::matmul", "aten::bmm", "aten::mm",
+              "aten::embedding", "aten::batch_norm", "aten::layer_norm"}  # a model's forward: a loop over data, not
+                                                                             # over the parameters
 SYNC_CALLS = ("aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero", "aten::cpu")
 HOST_COPY = "Pageable"  # a copy from pageable host memory (a tensor made on the host: `Memcpy HtoD (Pageable...`)
 VIEWS = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::empty", "aten::empty_strided", "aten::view",
@@ -52,7 +60,7 @@ class Line:
     operators launched in the profiled steps (by the line's own operator that launched them), the pageable copies
     among them, and the GPU idle gaps that wait on it."""
 
-    __slots__ = ("copies", "gaps", "host_us", "key", "launched", "ops", "text", "visits")
+    __slots__ = ("calls", "copies", "gaps", "host_us", "key", "launched", "ops", "text", "visits", "wall_us")
 
     def __init__(self, key, text):
         self.key, self.text = key, text
@@ -60,6 +68,8 @@ class Line:
         self.launched, self.copies, self.visits = Counter(), 0, []  # visits: (first, last) record index of each
                                                                       # run of the step's operators on this line
         self.host_us = 0.0  # the host's time in the line's operators (the outermost ones, a backward's too)
+        self.wall_us, self.calls = 0.0, 0  # the host's time on the way to the line's runtime calls, and those calls
+                                           # (host_wall), in the profiled steps
 
     @property
     def label(self):
@@ -95,8 +105,34 @@ def lines_of(tl):
             line = _line(tl, placer, tl.enclosing(at) if sync else tl.op_of(at), at, out)
             if line is not None:
                 line.gaps.append(g)
+        _host_wall(tl, placer, out)
     tl._host_lines = out
     return out
+
+
+def _host_wall(tl, placer, out):
+    """Each line's host time in the profiled steps, from the runtime calls' own timestamps (a device-only capture
+    records them in its timed steps): the time from one call's end to the next call's end goes to the next call's
+    line (the host was on its way there: its Python, its operators, the call), less the time it waited in a sync
+    call or for the input pipeline (a gap an earlier rule claimed for it), which no change of that line's host
+    work shortens."""
+    calls = sorted((e for e in tl.ix.launches.values() if tl.step_of(e["ts"]) is not None), key=lambda e: e["ts"])
+    waits = sorted((g.start, g.end) for g in tl.gaps if g.cause is not None)
+    starts = [a for a, _ in waits]
+    last = None
+    for e in calls:
+        end = e["ts"] + e["dur"]
+        if last is not None and end > last:
+            span = end - last - (e["dur"] if str(e.get("name", "")) in SYNCS else 0.0)
+            i = max(0, bisect.bisect_left(starts, last) - 1)
+            while i < len(waits) and waits[i][0] < end:
+                span -= max(0.0, min(end, waits[i][1]) - max(last, waits[i][0]))
+                i += 1
+            line = _line(tl, placer, tl.op_of(e), e, out) if span > 0 else None
+            if line is not None:
+                line.wall_us += span
+                line.calls += 1
+        last = end if last is None else max(last, end)
 
 
 ENTRY = re.compile(r"\.(train|fit|validate|test|predict)\(|Trainer\(")  # a training framework's entry point
@@ -155,6 +191,8 @@ def loop(names):
 def mechanism(line, tensors, n, cpu=False):
     """(kind, what it does in words, the remedy) for a line, or None. cpu: a CPU run's (no launches, no syncs)."""
     body, times = loop(line.ops)
+    if body and len(line.visits) >= times:  # the line entered once a repeat: its function called that many times
+        body = None                         # (a framework's validation loop over batches), no loop on the line
     # the recorded step's sync operators that copied from the device (one on a host tensor, as a single-tensor
     # AdamW's step count or an index in a host loop, launches nothing and waits for nothing); counted from the
     # operators: the trace's sync calls miss a copy that found the GPU done
@@ -169,7 +207,7 @@ def mechanism(line, tensors, n, cpu=False):
         calls = f"{len(line.ops)} operator calls a step, a block of {len(body)} ({ops}) {times} times in a row"
         synced = (f"; {syncs} of them host syncs (each waits for the GPU to finish all it was given)"
                   if syncs >= 1 else "")
-        if tensors and times % tensors == 0 and times >= tensors:
+        if tensors and times % tensors == 0 and times >= tensors and not set(body) & MODULE_OPS:
             each = "once per parameter tensor" if times == tensors else f"{times // tensors}x per parameter tensor"
             if any(o.startswith("aten::_foreach_") for o in body):
                 return ("per_parameter_loop", f"{calls}: a foreach update run {each} ({tensors} tensors), that is "
@@ -248,27 +286,60 @@ def _line_rule(kind):
             else:
                 lines, recognized = [line], mechanism(line, tensors, n)
                 if recognized is not None:
-                    recognized = (recognized[0], recognized[1], f"at {line.label}: {recognized[2]}")
+                    same = _same_mistake(tl, line, recognized, by_line, tensors, n)
+                    lines += same
+                    recognized = (recognized[0], recognized[1] + "".join(
+                        f"; the same at {o.label} `{o.text}`" for o in same),
+                        f"at {', '.join(o.label for o in lines)}: {recognized[2]}")
             if recognized is None or recognized[0] != kind:
                 continue
             _, what, fix = recognized
             gaps = [g for other in lines for g in other.gaps if g.cause is None]
             # the profiler lengthens launches, not host operators that launch none: their idle is not scaled
             raw = body is None and (kind == "host_tensor" or kind == "python_loop" and _launches_nothing(line))
-            ms = idle_ms(gaps, dict(ctx, scale=1.0) if raw else ctx)
-            for g in gaps:
+            own = idle_ms(gaps, dict(ctx, scale=1.0) if raw else ctx)
+            host = host_ms(tl, ctx, lines)
+            later, extra = following(tl, ctx, gaps, host - own)
+            ms = own + extra
+            for g in gaps + later:
                 g.cause = kind
             whose = "these lines'" if body else "this line's"
-            evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on {whose} host work {ms:.1f} ms/step "
+            evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on {whose} host work {own:.1f} ms/step "
                         f"({len(gaps) / n:.0f} idle gaps)" + (
                             ", not scaled: the profiler lengthens launches, not operators that launch none"
-                            if raw and round(ctx["scale"], 2) != 1.0 else "" if raw else scaled(ctx)))
+                            if raw and round(ctx["scale"], 2) != 1.0 else "" if raw else scaled(ctx))
+                        + (f"; the host spent {host:.1f} ms/step there (its own calls' profiling cost taken out), "
+                           f"and the step's later idle waits on that delay too: {extra:.1f} ms/step more of it "
+                           "(the GPU would run the queued work there instead)" if extra >= 0.05 else ""))
             if kind == "host_tensor":
                 evidence, fix = evidence + _pool_text(tl), fix + _pool_fix(tl)
             return make(kind, ms, ctx, evidence, fix)
         return None
     match.__name__ = kind
     return match
+
+
+def _same_mistake(tl, line, recognized, by_line, tensors, n):
+    """The other lines of the user's code that make the same mistake with the same remedy as `line` (a batch's
+    images and its labels each gathered row by row on the host), which one edit fixes with it: one finding."""
+    out = []
+    for other in by_line.values():
+        if other is line or not any(g.cause is None for g in other.gaps) or _framework_entry(tl, other):
+            continue
+        theirs = mechanism(other, tensors, n) if loop_body(tl, other, by_line) is None else None
+        if theirs and theirs[0] == recognized[0] and theirs[2] == recognized[2]:
+            out.append(other)
+    return sorted(out, key=lambda o: o.key)
+
+
+def host_ms(tl, ctx, lines):
+    """The host's time a step on these lines (lines_of's wall time), less what the profiler added to their runtime
+    calls: the profiled step's excess over the unprofiled one, shared over the step's runtime calls (a device-only
+    capture lengthens each call, not the host's Python or operators)."""
+    calls = sum(1 for e in tl.ix.launches.values() if tl.step_of(e["ts"]) is not None) / ctx["n"]
+    unprofiled = ctx.get("unprofiled")
+    each = max(0.0, ctx["step"] - unprofiled) / calls if unprofiled and calls else 0.0
+    return max(0.0, sum(o.wall_us for o in lines) / ctx["n"] / 1e3 - each * sum(o.calls for o in lines) / ctx["n"])
 
 
 def _pool(tl):

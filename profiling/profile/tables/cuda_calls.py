@@ -291,7 +291,8 @@ def alloc_churn(tl):
     {calls_per_step, ms_per_step, steps_with: how many steps made any, names: {name: calls/step}, chains:
     [(operator chain, calls/step)] most first (() where no operator was around: torch.cuda.empty_cache() and the
     like), calls: [(call, step)], gaps: [Gap], idle_ms: their GPU idle per step, idle_inside_ms: the GPU idle
-    while the host was inside them}"""
+    while the host was inside them, busy_inside_ms: the host's time in the calls that are not frees while the GPU
+    was busy (its own work there, which delays the launches after it; a free's is its wait for the device)}"""
     f = facts(tl)
     calls = [(e, k, inside) for (e, kd, k), inside in zip(f.calls, f.idle) if kd == "allocation"]
     gaps = f.claimed((e, k, bool(FREES.match(str(e.get("name", ""))))) for e, k, _ in calls)
@@ -301,7 +302,9 @@ def alloc_churn(tl):
     return {"calls_per_step": len(calls) / n, "ms_per_step": sum(e["dur"] for e, _, _ in calls) / n / 1e3,
             "steps_with": len({k for _, k, _ in calls}), "names": {k: v / n for k, v in names.most_common()},
             "chains": [(c, v / n) for c, v in chains.most_common()], "calls": [(e, k) for e, k, _ in calls],
-            "gaps": gaps, "idle_ms": idle_ms(gaps, n), "idle_inside_ms": sum(i for _, _, i in calls) / n / 1e3}
+            "gaps": gaps, "idle_ms": idle_ms(gaps, n), "idle_inside_ms": sum(i for _, _, i in calls) / n / 1e3,
+            "busy_inside_ms": sum(e["dur"] - i for e, _, i in calls if not FREES.match(str(e.get("name", ""))))
+            / n / 1e3}
 
 
 def sync_calls(tl):
