@@ -108,6 +108,38 @@ def _eager(chain, cat):
         c.startswith((*COMPILED, *FUSED_OPTIMIZERS)) for c in chain)
 
 
+# The input that is a layer's weight, by operator (its index in the recorded Input Dims): a GEMM's second operand
+# (addmm's third: transformers' Conv1D calls addmm(bias, x, weight)), a convolution's weight.
+WEIGHT_ARG = {"aten::linear": 1, "aten::addmm": 2, "aten::mm": 1, "aten::matmul": 1, "aten::conv1d": 1,
+              "aten::conv2d": 1, "aten::conv3d": 1, "aten::convolution": 1}
+
+
+def layer_stack(tl, key, body, times):
+    """Whether a block of operators repeated `times` times a step on the line `key` is a stack of layers, not a
+    Python loop over elements: every weight-taking call of the block (WEIGHT_ARG) on that line can have a parameter
+    tensor of its own (the model has at least as many parameter tensors of each weight shape as the line uses a
+    step), one or more an iteration. nn.Sequential of 24 Linear(64, 64), or GPT-2's 16 Conv1D calls
+    (transformers/pytorch_utils.py:119, 4 shapes x 4 layers), repeat a block on one line with a weight of their own
+    each time, which no call over the batch replaces; a loop over a batch's samples reuses one module's weight for
+    every sample. A block that takes no weight cannot be told so: False."""
+    shapes = Counter(tuple(sorted(s)) for s in (tl.meta.get("parameters") or {}).values() if isinstance(s, list))
+    placer = getattr(tl.ix, "placer", None)
+    if not shapes or placer is None:
+        return False
+    used = Counter()
+    for op, _, _ in tl.placed:
+        name = str(op.get("name", ""))
+        at = WEIGHT_ARG.get(name)
+        if at is None or name not in body or (placer.place(op, op)[0] or (None,))[0] != key:
+            continue
+        dims = (op.get("args") or {}).get("Input Dims") or []
+        if at < len(dims) and isinstance(dims[at], list) and len(dims[at]) >= 2:
+            used[tuple(sorted(dims[at]))] += 1
+    per_step = {shape: c / tl.n for shape, c in used.items()}
+    return bool(per_step) and sum(per_step.values()) >= times and all(
+        shapes[shape] >= c for shape, c in per_step.items())
+
+
 @rule("per_tensor_optimizer", needs=("parameters",))
 def per_tensor_optimizer(tl, ctx, found):
     """The optimizer's step updates the parameters tensor by tensor (issue #56: a mechanism, not an effect): in its

@@ -38,6 +38,7 @@ from collections import Counter
 
 from profiling.profile.findings.contract import following, framework, idle_ms, rule, scaled, top
 from profiling.profile.findings.contract import finding as make
+from profiling.profile.findings.cpu import layer_stack
 from profiling.profile.trace.eager_ops import top_of
 from profiling.profile.trace.timeline import SYNC_CALLS as SYNCS
 
@@ -486,7 +487,9 @@ def _cpu_rule(kind):
             recognized = mechanism(line, tensors, tl.n, cpu=True) if line and not _framework_entry(tl, line) else None
             if not recognized or recognized[0] != kind or optimizer and ".step(" in line.text:
                 continue
-            _, times = loop(line.ops)
+            body, times = loop(line.ops)
+            if kind == "python_loop" and layer_stack(tl, key, body, times):
+                continue  # a stack of layers, each with weights of its own (cpu.layer_stack): no loop to vectorize
             ms = row["ms_per_step"] * scale * (1 - 1 / times)
             ctx.setdefault("loop_lines", set()).add(key)
             evidence = (f"{line.label} `{line.text}`: {recognized[1]}; its operators took {row['ms_per_step']:.1f} "

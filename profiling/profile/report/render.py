@@ -149,10 +149,12 @@ def to_markdown(summary, previous=None, top=10):
 
 def _title(s, view, cpu):
     """`# Profile: N ms/step`: the unprofiled step where profiling lengthened it (its check failed), as the
-    README says; on a CPU the title alone (its operator times stay the profiled ones)."""
+    README says; on a CPU the title alone (its operator times stay the profiled ones), and there wherever the
+    unprofiled step is the shorter, its check passed or not: the CPU profiler's ~8 us an operator is the step's
+    own cost only under the profiler (a deep MLP, 4,821 operators a step recorded: 19.3 ms profiled, 7.6-9.3 unprofiled,
+    its check passing, since the profiler explains the difference)."""
     u, step = s.get("unprofiled_step_ms"), s["step_ms"]
-    check = next((c for c in s.get("checks", []) if c["name"] == STEP_CHECK), None)
-    if cpu and check and not check["ok"] and num(u) and 0 < u < step:
+    if cpu and num(u) and 0 < u < step:
         return (f"# Profile: {_ms(u)} ms/step (CPU, unprofiled; profiled {_ms(step)}: the operator times below "
                 "are the profiled ones)")
     title = f"# Profile: {_ms(view['step_ms'])} ms/step" + (" (CPU)" if cpu else "")

@@ -1,0 +1,78 @@
+"""Issue #56's CPU acceptance line on real CPU traces (tests/data/make_cpu_new_user_fixes_traces.py; the live
+benchmark is benchmarks/findings/live/new_user_fixes_cpu.py): a stack of layers on one line is no Python loop to
+vectorize (findings/cpu.py `layer_stack`), a loop whose sequence length changes every step keeps its long timed
+step in the unprofiled figure (trace/irregular.py `_spread`), and a CPU report's title is the unprofiled step
+wherever that is the shorter (report/render.py `_title`)."""
+import os
+import statistics
+
+import pytest
+
+from profiling.profile.report.render import to_markdown
+from profiling.profile.report.summary import summarize
+from profiling.profile.trace.traceio import load_trace
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+
+
+def summary(name):
+    return summarize(load_trace(os.path.join(DATA, name)))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return summary("cpu-mlp16-adamw-foreach-off.trace.json.gz")
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return summary("cpu-hf-gpt2-dropout.trace.json.gz")
+
+
+@pytest.fixture(scope="module")
+def varlen():
+    t = load_trace(os.path.join(DATA, "cpu-varlen-steps.trace.json.gz"))
+    return t, summarize(t)
+
+
+def kinds(s):
+    return [f["kind"] for f in s["findings"]]
+
+
+def test_a_stack_of_layers_on_one_line_is_no_python_loop(mlp):
+    # `cross_entropy(model(x), y)`: nn.Sequential runs (linear, layer_norm, gelu) 16 times, each Linear its own
+    # weight (16 parameters of [64, 64]); "vectorize the loop" has nothing to vectorize
+    assert "python_loop" not in kinds(mlp), mlp["findings"]
+    top = mlp["findings"][0]
+    assert top["kind"] == "per_tensor_optimizer" and "fused=True" in top["fix"]
+
+
+def test_gpt2s_conv1d_line_run_once_a_layer_is_no_python_loop(hf):
+    # transformers/pytorch_utils.py `torch.addmm(self.bias, x, self.weight)`: 16 calls a step over 4 weight
+    # shapes, 4 parameters of each
+    assert "python_loop" not in kinds(hf), [(f["kind"], f["evidence"][:120]) for f in hf["findings"]]
+    assert not any("pytorch_utils.py" in f["fix"] for f in hf["findings"])
+
+
+def test_a_loop_over_a_batchs_samples_is_still_a_python_loop():
+    s = summary("cpu-per-sample-loss.trace.json.gz")  # one loss per sample: the same module for every sample
+    assert s["findings"][0]["kind"] == "python_loop"
+
+
+def test_steps_of_changing_length_keep_their_long_timed_step(varlen):
+    t, s = varlen
+    meta = t["autoresearch"]
+    timed = meta["timed_step_ms_each"]
+    assert max(timed) >= 2 * statistics.median(timed)  # the 512-token timed step: an outlier by the 2x rule
+    assert s["unprofiled_step_ms"] == pytest.approx(statistics.mean(timed))  # kept: the loop's own work
+    check = next(c for c in s["checks"] if c["name"] == "profiled steps alike")
+    assert "by design" in check["detail"], check
+    each = s["step_ms_each"]
+    assert max(each) >= 2 * min(each) and len(each) == 3  # every profiled step kept
+
+
+def test_a_cpu_title_is_the_unprofiled_step_where_that_is_the_shorter(mlp, varlen):
+    for s in (mlp, varlen[1]):
+        u = s["unprofiled_step_ms"]
+        assert 0 < u < s["step_ms"]
+        assert f"\n# Profile: {u:.2f} ms/step (CPU, unprofiled; profiled {s['step_ms']:.2f}" in to_markdown(s)
