@@ -13,7 +13,8 @@ A rule is a function `match(tl, ctx, found) -> finding or None`, declared with `
   (`_kernels`; `_gaps`, the gaps its rule gave a cause) for the ledger.
 - a finding: {kind, ms_per_step, pct_of_step, evidence, fix}; its `ms_per_step` is what applying its fix
   would save, so a rule that cannot name a fix that recovers the time reports under `unknown` instead
-  (`ctx["unknown"]`: the rule, the evidence it lacked, the ms/step it leaves unexplained).
+  (`ctx["unknown"]`: the rule, the evidence it lacked, the ms/step it leaves unexplained; `unpriced` where the
+  cause is known but no fix measured to pay, as the CPU's eager chains).
 
 Rules run in the explicit order of profiling/profile/findings/__init__.py (root causes before what they
 expose), and the findings come out costliest first.
@@ -130,10 +131,12 @@ def finding(kind, ms, ctx, evidence, fix):
             "evidence": evidence, "fix": fix}
 
 
-def unknown(ctx, kind, missing, ms, what):
-    """Record time a rule saw but could not explain: the rule, the evidence that would tell, the ms/step."""
+def unknown(ctx, kind, missing, ms, what, priced=True):
+    """Record time a rule saw but could not explain: the rule, the evidence that would tell, the ms/step.
+    priced=False: time the rule explains but whose fix no measurement shows to pay (the CPU's eager chains:
+    compiling measured slower there), so no finding prices it (`"unpriced": true`, "not priced:" in the report)."""
     ctx.setdefault("unknown", []).append({"rule": kind, "missing": missing, "ms_per_step": round(ms, 2),
-                                          "what": what})
+                                          "what": what, **({} if priced else {"unpriced": True})})
 
 
 def idle_ms(gaps, ctx):

@@ -298,11 +298,11 @@ def _findings(s, shown=MAX_FINDINGS):
 
 
 def _unknown(s):
-    """What rules saw and could not explain, with the evidence that would tell; the rules this trace could not
-    run."""
+    """What rules saw and could not explain, with the evidence that would tell ("not priced": a cause named whose
+    fix no measurement shows to pay); the rules this trace could not run."""
     step = s["step_ms"]
-    lines = [f"unexplained: {u['what']} (~{_ms(u['ms_per_step'])} ms/step, {u['rule']}"
-             + (f"; would need: {', '.join(u['missing'])})" if u.get("missing") else ")")
+    lines = [("not priced" if u.get("unpriced") else "unexplained") + f": {u['what']} (~{_ms(u['ms_per_step'])} "
+             f"ms/step, {u['rule']}" + (f"; would need: {', '.join(u['missing'])})" if u.get("missing") else ")")
              for u in s.get("unknown") or () if u["ms_per_step"] >= SHOW_PERCENT / 100 * step]
     skipped = [f"{x['rule']} ({', '.join(x['missing'])})" for x in s.get("skipped") or ()]
     if skipped:
