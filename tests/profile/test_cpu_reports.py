@@ -146,10 +146,18 @@ def test_section_0_runs_the_cpu_rules_and_names_the_others_in_one_sentence(summa
     report = render.to_markdown(s)
     assert "## 0. Findings" in report
     sentence = [line for line in report.splitlines() if "not run, for want of a GPU's timeline" in line]
-    assert len(sentence) == 1 and "host syncs" in sentence[0] and "eager code" in sentence[0]
-    eager = next(f for f in s["findings"] if f["kind"] == "eager_code")
-    assert "torch.compile" in eager["fix"] and 0 < eager["ms_per_step"] < s["step_ms"]
+    assert len(sentence) == 1 and "host syncs" in sentence[0] and "eager elementwise chains" in sentence[0]
+    # the eager chains are named, not priced: torch.compile measured slower on every CPU loop timed (issue #56),
+    # so they are an `unknown` entry ("not priced:" in the report), not a finding whose fix is to compile
+    assert not any(f["kind"] == "eager_code" for f in s["findings"])
+    eager = next(u for u in s["unknown"] if u["rule"] == "eager_code")
+    assert u_shown(report, eager) and 0 < eager["ms_per_step"] < s["step_ms"]
     assert sum(f["ms_per_step"] for f in s["findings"] if f["kind"] != "profiler_overhead") <= s["step_ms"]
+
+
+def u_shown(report, u):
+    """Whether the report shows an unpriced `unknown` entry on its own line."""
+    return any(line.startswith("not priced: ") and u["what"] in line for line in report.splitlines())
 
 
 def test_gemms_waiting_for_cores_are_named_with_the_threads(summaries):

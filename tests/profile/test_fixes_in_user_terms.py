@@ -88,11 +88,14 @@ def test_a_trainers_settings_are_named_only_where_its_loop_ran():
 
 
 def test_a_cpu_report_never_says_train_py_compiles_there(data_trace):
-    """train.py compiles on CUDA only: its CPU report's eager fix says compile, not "as train.py does by default"."""
+    """train.py compiles on CUDA only, and compiling measured slower on every CPU loop timed (issue #56): its CPU
+    report names the eager chains unpriced, with no fix saying to compile nor "as train.py does by default"."""
     trace = data_trace("cpu-gpt-2steps")
     trace["autoresearch"]["trainer"] = "train.py"
-    (f,) = [f for f in summarize(trace)["findings"] if f["kind"] == "eager_code"]
-    assert "torch.compile the model" in f["fix"] and "train.py" not in f["fix"], f["fix"]
+    s = summarize(trace)
+    assert not any("torch.compile" in f["fix"] or "train.py" in f["fix"] for f in s["findings"]), s["findings"]
+    (u,) = [u for u in s["unknown"] if u["rule"] == "eager_code"]
+    assert "train.py" not in u["what"] and "time the compiled step" in u["what"], u["what"]
 
 
 def test_a_module_compile_that_compiled_nothing_is_named_where_compiling_is_the_fix(data_trace):
