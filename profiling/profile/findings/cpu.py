@@ -6,8 +6,8 @@ A CPU run has no GPU to idle, no launches and no kernels: the GPU rules have no 
 - eager_code: chains of elementwise operators run one by one outside torch.compile (each a pass over memory and
   a dispatch), named in `unknown` ("not priced"), never a finding: the GPU's price (each chain fused into one
   pass as long as its longest operator, waste.eager_code) assumes torch.compile recovers it, and compiling made
-  every CPU loop this project timed slower (COMPILE_MEASURED), so its fix is unmeasured on a CPU: time the
-  compiled step first. Dropout's random masks, where they are DROPOUT_SHARE of the step or more, get a line there
+  every CPU loop this project timed slower (below), so its fix is unmeasured on a CPU: time the compiled step
+  first. Dropout's random masks, where they are DROPOUT_SHARE of the step or more, get a line there
   too: their only remedies (a lower p, fewer dropout layers) change the model, an experiment, not a fix.
 - cpu_threads: GEMMs that took far longer than one core needs for their FLOPs (the intra-op threads waiting for
   cores: more threads than free cores, the machine's other processes); priced only as far as the unprofiled
@@ -190,10 +190,10 @@ def per_tensor_optimizer(tl, ctx, found):
     return finding("per_tensor_optimizer", ms, ctx, evidence, fix)
 
 
-# What the project measured of torch.compile on CPU loops (benchmarks/findings/live/new_user_fixes_cpu_results.md,
-# issue #56; this 2-core host, torch 2.11): compiling made every loop tried slower, so no CPU finding prices it.
-COMPILE_MEASURED = ("an HF GPT-2 with dropout +4 to +6 ms/step, a loop whose sequence length changes every step "
-                    "+23 ms/step, a tiny HF BERT +15 to +20 ms/step after 40-70 s of compile")
+# Why no CPU finding prices torch.compile: compiling made every CPU loop this project timed slower (an HF GPT-2 with
+# dropout +4 to +6 ms/step, a loop whose sequence length changes every step +23, a tiny HF BERT +15 to +20 after
+# 40-70 s of compile; benchmarks/findings/live/new_user_fixes_cpu_results.md, a 2-core host, torch 2.11). The
+# report speaks of the user's run only (issue #56 item 4): it says the gain is unmeasured, not our anecdote.
 COMPILE_UNMEASURED = "the compiled step timed on this host against this one"
 # Dropout's random masks on the CPU: aten::bernoulli_ under aten::dropout (native_dropout where torch fuses it),
 # then a multiply, and the multiply's backward (autograd's node of the same sequence number). The HF GPT-2 of
@@ -209,8 +209,8 @@ DROPOUT_MISSING = "an experiment, not a fix: a lower p or fewer dropout layers c
 def eager_code(tl, ctx, found):
     """Eager elementwise chains on the CPU, by thread and time, named in `unknown`, never a priced finding: on a
     GPU each would cost about its longest operator as one fused pass (waste.eager_code), but torch.compile
-    measured slower on every CPU loop this project timed (COMPILE_MEASURED), so a fix that recovers that time on
-    this CPU is unknown. The optimizer's chains are left to per_tensor_optimizer where it found the update tensor
+    measured slower on every CPU loop this project timed (above), so a fix that recovers that time on this CPU is
+    unknown. The optimizer's chains are left to per_tensor_optimizer where it found the update tensor
     by tensor; dropout's random masks, where they are a large share of the step, get a line of their own."""
     skip_optimizer = any(f["kind"] == "per_tensor_optimizer" for f in found)
     loops, placer = ctx.get("loop_lines") or set(), getattr(tl.ix, "placer", None)  # a loop's line is priced whole
@@ -241,8 +241,8 @@ def eager_code(tl, ctx, found):
             + "; top operators: " + ", ".join(f"{op} {t / n / 1e3:.1f} ms" for op, t in top(ops))
             + ("; the model is compiled, these ran outside its graphs" if compiled else "; no compiled graph in the "
                "trace") + f"; on a GPU, each chain fused into one pass would save ~{gain:.1f} ms/step, but whether "
-            "torch.compile recovers any of it on this CPU is unmeasured: compiling made every CPU loop this project "
-            f"timed slower ({COMPILE_MEASURED}), so time the compiled step against this one before keeping it")
+            "torch.compile recovers any of it on a CPU is unmeasured here (its compiled code has a cost of its own "
+            "per call, and a compile's time): time the compiled step against this one before keeping it")
     unknown(ctx, "eager_code", [COMPILE_UNMEASURED], us / n / 1e3, what, priced=False)
     return None
 
@@ -266,8 +266,7 @@ def _dropout(tl, ctx):
     unknown(ctx, "dropout", [DROPOUT_MISSING], ms,
             f"dropout's random masks (`aten::bernoulli_` under `aten::dropout`) and their backward take "
             f"{ms:.1f} ms/step, {100 * ms / ctx['step']:.0f}% of the step (forward {fwd / n / 1e3:.1f}, backward "
-            f"{bwd / n / 1e3:.1f}); no fix that keeps the model was measured to recover it (torch.compile made the "
-            "HF GPT-2 with dropout slower): "
+            f"{bwd / n / 1e3:.1f}); no change that keeps what the model computes is known to recover it on a CPU: "
             "a lower p or fewer dropout layers is an experiment for the research memory, judged by its validation "
             "loss, so no finding prices it", priced=False)
 
