@@ -27,6 +27,7 @@ BASELINES names the form each one's exit code must equal. END: "done" (the run s
 "raise" (RuntimeError in step STEPS), "interrupt" (KeyboardInterrupt there), "close" (prof.close() after
 STEPS steps; the loop forms). COUNTS: "1-20" or "3,10,12".
 """
+import faulthandler
 import gc
 import importlib.util
 import json
@@ -291,7 +292,12 @@ def problems(codes, logs):
         with open(os.path.join(logs, case.replace(" ", "-") + ".log")) as f:
             shown = "RuntimeError: the user's own error" in f.read()
         if codes[case] != want or shown != (want == 1):
-            found.append(f"{case}: exit {codes[case]} (without the profiler {want}), traceback: {shown}")
+            crash = ""
+            if codes[case] < 0:  # killed by a signal: faulthandler's stacks, where it wrote them
+                with open(os.path.join(logs, case.replace(" ", "-") + ".log")) as f:
+                    text = f.read()
+                crash = "; " + text[text.find("Fatal Python error"):][:3000] if "Fatal Python error" in text else ""
+            found.append(f"{case}: exit {codes[case]} (without the profiler {want}), traceback: {shown}{crash}")
     return found
 
 CALLBACK_CASES = {
@@ -335,6 +341,7 @@ def child(case, run, out):
     log = os.open(os.path.join(out, f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # a crash (a signal) leaves its threads' stacks in the log
     try:
         facts = run()
     except BaseException:  # what the interpreter does with an uncaught exception: the traceback, exit 1
