@@ -534,13 +534,15 @@ def run(out, cases, timeout, budget, variants=("mistake", "fix"), profile=True, 
 # The table, from what a run brought back (the claims re-read from the traces with today's rules)
 # ---------------------------------------------------------------------------------------------------------
 
-def rows(out):
-    """{case: {variant: [the rows of its processes]}}."""
+def rows(out, timings=()):
+    """{case: {variant: [the rows of its processes]}}: OUT's results.jsonl, or, given, the raw timing files pooled
+    (each case's variants from all of them: more processes against the host's drift)."""
     by = {}
-    with open(os.path.join(out, "results.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            by.setdefault(r["case"], {}).setdefault(r["variant"], []).append(r)
+    for path in timings or (os.path.join(out, "results.jsonl"),):
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                by.setdefault(r["case"], {}).setdefault(r["variant"], []).append(r)
     return by
 
 
@@ -550,15 +552,16 @@ def ms_of(processes):
     return statistics.median(each) if each else None
 
 
-def report(out):
+def report(out, timings=()):
     """The table: each case's gain against the report's top finding and the finding of its mistake (MECHANISM);
-    where the run timed the model compiled with the mistake kept, what that recovered (launch_bound's remedy)."""
+    where the run timed the model compiled with the mistake kept, what that recovered (launch_bound's remedy).
+    `timings`: raw .jsonl files whose processes give the gains instead of OUT's (the traces stay OUT's)."""
     sys.path.insert(0, ROOT)
     from profiling.profile.report.ranks import summarize_path
     lines = ["| case | mistake ms/step | fix ms/step | gain | top finding: claim (claim / gain) | the mistake's "
              "finding (rank): claim (claim / gain) | compiled, mistake kept: recovered |",
              "|---|--:|--:|--:|---|---|--:|"]
-    for case, r in rows(out).items():
+    for case, r in rows(out, timings).items():
         before, after = ms_of(r.get("mistake", ())), ms_of(r.get("fix", ()))
         traces = glob.glob(os.path.join(out, case, "*.json.gz"))
         if before is None or after is None or not traces:
@@ -597,13 +600,15 @@ def main(argv=None):
     o.add_argument("--profile", action="store_true")
     t = sub.add_parser("report", help="the table of claims against gains, from a run's folder")
     t.add_argument("out")
+    t.add_argument("--timings", nargs="+", default=(), help="raw .jsonl files to pool the gains from (every "
+                   "process of each case's variants in them), in place of OUT's results.jsonl")
     a = p.parse_args(argv)
     if a.cmd == "run":
         run(a.out, a.cases, a.timeout, a.budget, a.variants, not a.no_profile, a.rounds)
     elif a.cmd == "one":
         print(json.dumps(one(a.case, a.variant, a.out, a.profile)))
     else:
-        report(a.out)
+        report(a.out, a.timings)
     return 0
 
 
