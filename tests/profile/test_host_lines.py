@@ -190,3 +190,13 @@ def test_a_host_tensor_names_the_intra_op_pool_where_the_capture_recorded_one(da
     trace["autoresearch"]["cpu_threads"] = {"intra_op": 1, "inter_op": 1, "cores": 16, "load_average": 0.5}
     f = next(f for f in summarize(trace)["findings"] if f["kind"] == "host_tensor")
     assert "intra-op" not in f["evidence"] and "set_num_threads" not in f["fix"]
+
+
+def test_a_block_the_line_record_step_saw_repeated_but_the_profiled_steps_did_not_launch_is_no_loop(data_summary):
+    """Lightning's validation pass ran 20 batches through `logits = self.head(x)` while the line-record step was
+    recorded: the block (conv2d, batch_norm, relu, pool, flatten, linear) 20 times in a row there, once a step in
+    the profiled steps' launches (14 forward kernels a step, not 20 x 5). Read as a loop, it was a per-parameter
+    loop (20 tensors, by coincidence) and then a Python loop to vectorize; it is neither."""
+    s = data_summary("h200-uneven-eval_in_window-lightning")
+    assert not [f for f in s["findings"] if f["kind"] in ("python_loop", "per_parameter_loop")], s["findings"]
+    assert s["findings"][0]["kind"] == "launch_bound"

@@ -192,8 +192,11 @@ def loop(names):
 def mechanism(line, tensors, n, cpu=False):
     """(kind, what it does in words, the remedy) for a line, or None. cpu: a CPU run's (no launches, no syncs)."""
     body, times = loop(line.ops)
-    if body and len(line.visits) >= times:  # the line entered once a repeat: its function called that many times
-        body = None                         # (a framework's validation loop over batches), no loop on the line
+    launching = {o for o in body or () if o in line.launched}
+    if launching and not cpu and sum(line.launched[o] for o in launching) / n < times * len(launching) / 4:
+        body = None  # the line-record step saw the block repeated, the profiled steps' launches do not (a loop
+                     # launches a kernel or more per launching operator an iteration): not the loop's own work,
+                     # as an eval's batches run through the line while that step was recorded
     # the recorded step's sync operators that copied from the device (one on a host tensor, as a single-tensor
     # AdamW's step count or an index in a host loop, launches nothing and waits for nothing); counted from the
     # operators: the trace's sync calls miss a copy that found the GPU done
