@@ -13,28 +13,18 @@ ones showed and the corpus lacked, recorded the way people record them (plain to
 
 Run on one GPU (an H200 here, torch 2.11, torchvision's models with random weights: nothing downloaded).
 """
-import gzip
 import os
-import shutil
 import sys
 import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
+from make_cpu_traces import save  # this folder's: the Chrome trace, gzipped, as torch.profiler writes it
 from torch.profiler import ProfilerActivity, profile, schedule
 
 CPU, CUDA = ProfilerActivity.CPU, ProfilerActivity.CUDA
 DEV = "cuda"
-
-
-def save(prof, path):
-    """The Chrome trace, gzipped, as torch.profiler writes it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(raw)
-        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=9) as dst:
-            shutil.copyfileobj(src, dst)
 
 
 def resnet(depth=18, classes=10):
