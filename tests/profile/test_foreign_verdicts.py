@@ -164,8 +164,12 @@ def test_a_long_gap_inside_a_blocking_call_is_not_launch_work(foreign):
 
 
 def test_many_short_kernels_stay_launch_bound(foreign):
-    s = foreign("particle-a100-partransformer-small-batch-inference-no-steps")  # 513 kernels, median 11 us
-    assert s["findings"][0]["kind"] == "launch_bound" and s["findings"][0]["ms_per_step"] > 25
+    """513 kernels, median 11 us, 28.2 ms/step of idle between them: launch_bound leads, priced by what its first
+    remedy (compiling the eager model) saves the host, not the whole idle."""
+    s = foreign("particle-a100-partransformer-small-batch-inference-no-steps")
+    top = s["findings"][0]
+    assert top["kind"] == "launch_bound" and 5 < top["ms_per_step"] < 28.2
+    assert "fewer kernels a step" in top["evidence"] and top["fix"].startswith("fewer, larger kernels: torch.compile")
 
 
 def test_allocator_churn_in_a_trace_with_python_stacks(foreign):

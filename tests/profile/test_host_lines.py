@@ -79,6 +79,40 @@ def test_launch_bound_names_the_lines_it_waits_on(findings):
     assert "`logits = self.model(self.x)`" in found["launch_bound"]["evidence"]
 
 
+def test_launch_bound_prices_compiling_by_the_launches_it_removes_so_the_mistake_leads(findings):
+    """An EMA over state_dict() beside an eager GPT-2-small-sized model: launch_bound used to price the model
+    line's whole idle (14.3 ms/step on the whole trace) and led, where compiling the model recovered 9.1 and the
+    mistake's fix 15.5. Its price is now what compiling saves: the model's fusible kernels it would no longer
+    launch, at the host's time per launch; the mistake's line leads."""
+    found, order = findings("ema-state-dict")
+    assert order[0] == "per_parameter_loop"
+    f = found["launch_bound"]
+    idle = float(f["evidence"].split("GPU idle between kernels ")[1].split(" ms/step")[0])
+    saves = float(f["evidence"].split("of the host's time: ~")[1].split(" ms/step")[0])
+    assert f["ms_per_step"] == pytest.approx(saves, abs=0.01) and saves < idle / 2
+    assert "fewer kernels a step" in f["evidence"] and "only fewer steps per sample amortize" in f["evidence"]
+    assert f["fix"].startswith("fewer, larger kernels: torch.compile the model") and "then a larger micro-batch" \
+        in f["fix"] and "it changes the optimization" in f["fix"]
+
+
+@pytest.mark.parametrize("name, lines", [
+    # GPT-2 from transformers' own config: Conv1D's addmm, 48 calls a step (4 weights x 12 layers)
+    ("h200-public-hf-gpt2-eager", ("transformers/pytorch_utils.py:119",)),
+    # torchvision's ResNet-50: each Bottleneck line runs 16 times a step (its conv, its norm, its ReLU, its add)
+    ("h200-public-resnet50-eager", ("torchvision/models/resnet.py:150", "torchvision/models/resnet.py:148")),
+])
+def test_a_stack_of_layers_is_no_python_loop(data_summary, name, lines):
+    """Public models nobody planted a mistake in (benchmarks/findings/live/compile_price.py, H200): a library line
+    run once per layer is a stack of layers, each call with weights of its own, not a loop to vectorize; before,
+    both led with python_loop at a library line ("vectorize the loop": no edit a user can make)."""
+    s = data_summary(name)
+    assert "python_loop" not in [f["kind"] for f in s["findings"]]
+    assert s["findings"][0]["kind"] == "launch_bound"
+    rows = {f"{r['file']}:{r['line']}": r for r in s["host_lines"]["rows"]}
+    for line in lines:
+        assert line not in rows or rows[line]["mechanism"] is None, rows.get(line)
+
+
 def test_the_gaps_a_mechanism_prices_are_not_priced_again(findings, data_summary):
     """The optimizer's per-group launches are the finding's; launch_bound keeps the model's idle only."""
     found, _ = findings("param-group-each")

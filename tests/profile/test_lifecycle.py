@@ -392,8 +392,8 @@ def test_a_checkpoint_save_in_a_timed_and_a_profiled_step_is_named(out, tmp_path
     s, md = prof.summary, prof.report
     assert "timed step 3 of 7 took" in md and "left out of the unprofiled step time" in md
     check = next(c for c in s["checks"] if c["name"] == irregular.CHECK)
-    # (a loaded 2-core host may make one more tiny step an outlier: the save is the one named first)
-    assert check["outliers"] >= 1 and check["detail"].startswith("profiled step 2 of 4"), check
+    # (a loaded 2-core host may make one more tiny step an outlier, named before it: a cold first pass in step 1)
+    assert check["outliers"] >= 1 and "profiled step 2 of 4" in check["detail"], check
     assert "a checkpoint save" in check["detail"] and s["steps"] <= 3  # left out of the per-step figures
     assert "one-off, not per step: profiled step 2 of 4" in md
     assert "serialization.py" in check["detail"], check  # torch.save's frames, sampled only in it

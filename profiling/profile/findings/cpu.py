@@ -25,7 +25,7 @@ import re
 from collections import Counter
 
 from profiling.profile.findings.contract import finding, rule, top, unknown
-from profiling.profile.findings.waste import EAGER_CATEGORIES, EAGER_MIN_SHARE, FUSED_OPTIMIZERS, _part
+from profiling.profile.findings.waste import EAGER_CATEGORIES, EAGER_MIN_SHARE, FUSED_OPTIMIZERS, part
 from profiling.profile.tables.roofline import GEMM_OPS, gemm_flops
 from profiling.profile.trace.classify import classify_cpu_op
 from profiling.profile.trace.timeline import COMPILED
@@ -113,7 +113,9 @@ def _eager(chain, cat):
 # The input that is a layer's weight, by operator (its index in the recorded Input Dims): a GEMM's second operand
 # (addmm's third: transformers' Conv1D calls addmm(bias, x, weight)), a convolution's weight.
 WEIGHT_ARG = {"aten::linear": 1, "aten::addmm": 2, "aten::mm": 1, "aten::matmul": 1, "aten::conv1d": 1,
-              "aten::conv2d": 1, "aten::conv3d": 1, "aten::convolution": 1}
+              "aten::conv2d": 1, "aten::conv3d": 1, "aten::convolution": 1, "aten::batch_norm": 1,
+              "aten::layer_norm": 2, "aten::group_norm": 2, "aten::embedding": 0}
+NORMS = ("aten::batch_norm", "aten::layer_norm", "aten::group_norm")  # their weight is one-dimensional
 
 
 def layer_stack(tl, key, body, times):
@@ -125,19 +127,26 @@ def layer_stack(tl, key, body, times):
     each time, which no call over the batch replaces; a loop over a batch's samples reuses one module's weight for
     every sample. A block that takes no weight cannot be told so: False."""
     shapes = Counter(tuple(sorted(s)) for s in (tl.meta.get("parameters") or {}).values() if isinstance(s, list))
-    placer = getattr(tl.ix, "placer", None)
-    if not shapes or placer is None:
+    placer = getattr(tl.ix, "placer", None) or getattr(tl, "placer", None)  # a CPU run's, a device trace's
+    if not shapes or placer is None or not body:
         return False
-    used = Counter()
-    for op, _, _ in tl.placed:
+    ops = ([op for op, _, _ in tl.placed] if hasattr(tl, "placed") else
+           [op for op in tl.ix.cpu_ops if tl.step_of(op["ts"]) is not None])
+    used, steps = Counter(), set()
+    for op in ops:
         name = str(op.get("name", ""))
         at = WEIGHT_ARG.get(name)
         if at is None or name not in body or (placer.place(op, op)[0] or (None,))[0] != key:
             continue
+        if tuple(tl.chain(op)[1:2]) == (name,):
+            continue  # the same operator inside itself (autocast's dispatch of aten::addmm): counted once
         dims = (op.get("args") or {}).get("Input Dims") or []
-        if at < len(dims) and isinstance(dims[at], list) and len(dims[at]) >= 2:
+        if at < len(dims) and isinstance(dims[at], list) and len(dims[at]) >= (1 if name in NORMS else 2):
             used[tuple(sorted(dims[at]))] += 1
-    per_step = {shape: c / tl.n for shape, c in used.items()}
+            steps.add(None if hasattr(tl, "placed") else tl.step_of(op["ts"]))
+    # per step: a CPU run's steps, or the device trace's steps whose operators are here (its timed steps may hold
+    # none, their operators joined from untimed ones)
+    per_step = {shape: c / (tl.n if hasattr(tl, "placed") else max(1, len(steps))) for shape, c in used.items()}
     return bool(per_step) and sum(per_step.values()) >= times and all(
         shapes[shape] >= c for shape, c in per_step.items())
 
@@ -221,11 +230,11 @@ def eager_code(tl, ctx, found):
         run = runs.setdefault(op.get("tid"), [[]])
         if loops and placer is not None and (placer.place(op, op)[0] or (None,))[0] in loops:
             continue
-        if _eager(chain, cat) and not (skip_optimizer and _part(chain, cat) == "the optimizer"):
+        if _eager(chain, cat) and not (skip_optimizer and part(chain, cat) == "the optimizer"):
             run[-1].append(us)
             ops[chain[0]] = ops.get(chain[0], 0.0) + us
-            part = _part(chain, cat)
-            parts[part] = parts.get(part, 0.0) + us
+            name = part(chain, cat)
+            parts[name] = parts.get(name, 0.0) + us
         elif run[-1]:
             run.append([])
     _dropout(tl, ctx)

@@ -7,7 +7,7 @@ import re
 import statistics
 from collections import Counter
 
-from profiling.profile.findings import lines
+from profiling.profile.findings import lines, waste
 from profiling.profile.findings.contract import (
     claim,
     compile_ignored,
@@ -383,18 +383,71 @@ def launch_bound(tl, ctx, found):
                 f"ms/step; GPU idle between kernels {idle_ms(gaps, ctx):.1f} ms/step{scaled(ctx)}"
                 + (f"; it waits on the launches of {where}: kernels too small for the host to keep ahead of them, no "
                    "one mistake on those lines recognized" if where else ""))
-    return finding("launch_bound", idle_ms(gaps, ctx), ctx, evidence,
+    ms = idle_ms(gaps, ctx)
+    if not tl.ix.graph_calls:
+        saves, fewer, each = _compile_saves(tl, ctx, gaps)
+        evidence += (f"; compiled, the model would launch ~{fewer:.0f} fewer kernels a step (about a third of its "
+                     f"eager elementwise and copy kernels, the share Inductor's fusion removes), each {each:.0f} us "
+                     f"of the host's time: ~{saves:.1f} ms/step, the price here; the rest of the idle waits on "
+                     "launches compiled code still makes (matmuls, convolutions, its fused kernels), which only "
+                     "fewer steps per sample amortize")
+        ms = min(ms, saves)
+    return finding("launch_bound", ms, ctx, evidence,
                    f"fewer, larger kernels: {_fewer_kernels(tl)}" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
 
 
+FUSIBLE = ("other compute", "memory")  # kernels torch.compile fuses into its own (elementwise, casts, copies)
+FUSED_SHARE = 0.34  # of an eager model's FUSIBLE kernels its compiled graphs no longer launch: GPT-2 small (768
+                    # wide, 12 layers, 16 x 512 tokens) on the H200, 776 -> 515 of its model line's 971 kernels (a
+                    # small BatchNorm conv net's: 90 -> 75, 17%); each launch compiled cost the host 36 us against 38
+                    # eager, so compiling saves launches, not time per launch (eager_mistakes_results.md)
+
+
+def _compile_saves(tl, ctx, gaps):
+    """(ms/step, kernels/step fewer, us each): what torch.compile of the model saves the host in a launch-bound
+    eager loop: the FUSIBLE kernels of the model's part that the lines these gaps wait on launch, FUSED_SHARE of
+    them, at those lines' host time per launch (their allocation calls' time left out: compiling keeps those);
+    without a line record, the whole step's launches at the step's host time each."""
+    waited, fusible, kernels, alloc = set(), Counter(), Counter(), Counter()
+    for g in gaps:
+        line = lines.line_of(tl, tl.op_of(g.launch), g.launch)
+        waited.add(line.key if line is not None else None)
+    for evs, cats in zip(tl.per_step, tl.labels):
+        for (e, launch), cat in zip(evs, cats):
+            op = tl.op_of(launch)
+            line = lines.line_of(tl, op, launch)
+            key = line.key if line is not None else None
+            if key not in waited:
+                continue
+            kernels[key] += 1
+            chain = tl.chain(op)
+            if cat in FUSIBLE and not any(c.startswith(COMPILED) for c in chain) and waste.part(chain, cat) == waste.MODEL:
+                fusible[key] += 1
+    for e in tl.ix.launches.values():
+        if cuda_calls.kind(str(e.get("name", ""))) == "allocation" and tl.step_of(e["ts"]) is not None:
+            line = lines.line_of(tl, tl.op_of(e), e)
+            alloc[line.key if line is not None else None] += e["dur"]
+    by_line, n = lines.lines_of(tl), ctx["n"]
+    saves = fewer = 0.0
+    for key, count in kernels.items():
+        host = (lines.host_ms(tl, ctx, [by_line[key]]) if key is not None else
+                ctx["step"] * sum(kernels.values()) / max(1, sum(len(evs) for evs in tl.per_step)))
+        each = max(0.0, host - alloc[key] / n / 1e3) / (count / n)
+        saves, fewer = saves + FUSED_SHARE * fusible[key] / n * each, fewer + FUSED_SHARE * fusible[key] / n
+    return saves, fewer, 1e3 * saves / fewer if fewer else 0.0
+
+
 def _fewer_kernels(tl):
-    """The remedies for a host that launches too many small kernels, in this loop's terms."""
+    """The remedies for a host that launches too many small kernels, in this loop's terms: compiling first where
+    nothing is (it changes nothing the model computes), a larger micro-batch (fewer steps per sample; it changes
+    the optimization, so it is an experiment, not a fix)."""
     bigger = ("raise DEVICE_BATCH_SIZE (fewer micro-batches per step)" if trainer_is_train_py(tl.meta) else
-              "a larger micro-batch (fewer, longer kernels per step)")
-    fuse = ("keep the model compiled (torch.compile fuses the small ones)" if tl.ix.graph_calls else
-            "torch.compile the model (it fuses the small ones; no compiled graph is in this trace)"
-            + compile_ignored(tl.meta))
-    return f"{bigger}, {fuse}"
+              "a larger micro-batch (fewer, longer kernels per sample; in training it changes the optimization: an "
+              "experiment)")
+    if tl.ix.graph_calls:
+        return f"{bigger}, keep the model compiled (torch.compile fuses the small ones)"
+    return ("torch.compile the model (it fuses the small ones; no compiled graph is in this trace)"
+            + compile_ignored(tl.meta) + f"; then {bigger}")
 
 
 

@@ -162,6 +162,12 @@ def recorded(meta, eager):
     return out
 
 
+def line_of(tl, op, anchor):
+    """The Line of the user's code that called this operator (lines_of's), or None."""
+    placer = getattr(tl, "placer", None)
+    return _line(tl, placer, op, anchor, lines_of(tl)) if placer is not None and lines_of(tl) else None
+
+
 def _line(tl, placer, op, anchor, out):
     if op is None:
         return None
@@ -234,6 +240,28 @@ def mechanism(line, tensors, n, cpu=False):
     return None
 
 
+def recognize(tl, line, by_line, tensors, n):
+    """mechanism() of a line of a device trace, but no python_loop where the repeats are a stack of layers
+    (`stacked`)."""
+    found = mechanism(line, tensors, n)
+    return None if found and found[0] == "python_loop" and stacked(tl, line, by_line) else found
+
+
+def stacked(tl, line, by_line):
+    """Whether the block a line repeats is a stack of layers, not a loop over data: each weight-taking call has a
+    parameter of its own (cpu.layer_stack), or the line runs once per visit as often as such a line of the same
+    module does (a ResNet block's ReLU beside its convolutions: torchvision's Bottleneck, run once per block by
+    nn.Sequential, puts each of its lines 16 times in a step; a loop over a batch's samples repeats its block
+    within one visit of its line)."""
+    body, times = loop(line.ops)
+    if layer_stack(tl, line.key, body, times):
+        return True
+    visits = len(line.visits)
+    return visits >= times and any(
+        other is not line and len(other.visits) == visits and other.key[0] == line.key[0]
+        and layer_stack(tl, other.key, *loop(other.ops)) for other in by_line.values())
+
+
 def _launches_nothing(line):
     """Whether the line's loop body runs on the host only (its operators launched no kernel in the profiled steps)."""
     body, _ = loop(line.ops)
@@ -288,7 +316,7 @@ def _line_rule(kind):
             elif _framework_entry(tl, line):
                 continue
             else:
-                lines, recognized = [line], mechanism(line, tensors, n)
+                lines, recognized = [line], recognize(tl, line, by_line, tensors, n)
                 if recognized is not None:
                     same = _same_mistake(tl, line, recognized, by_line, tensors, n)
                     lines += same
@@ -330,7 +358,7 @@ def _same_mistake(tl, line, recognized, by_line, tensors, n):
     for other in by_line.values():
         if other is line or not any(g.cause is None for g in other.gaps) or _framework_entry(tl, other):
             continue
-        theirs = mechanism(other, tensors, n) if loop_body(tl, other, by_line) is None else None
+        theirs = recognize(tl, other, by_line, tensors, n) if loop_body(tl, other, by_line) is None else None
         if theirs and theirs[0] == recognized[0] and theirs[2] == recognized[2]:
             out.append(other)
     return sorted(out, key=lambda o: o.key)
@@ -421,7 +449,7 @@ def host_table(tl):
     n, tensors = tl.n, len(tl.meta.get("parameters") or ())
 
     def row(line):
-        recognized = None if _framework_entry(tl, line) else mechanism(line, tensors, n)
+        recognized = None if _framework_entry(tl, line) else recognize(tl, line, by_line, tensors, n)
         return {"file": line.key[0], "line": line.key[1], "text": line.text,
                 "launches": round(sum(line.launched.values()) / n, 1),
                 "syncs": sum(o in SYNC_CALLS and o in line.launched for o in line.ops),

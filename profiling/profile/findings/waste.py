@@ -72,12 +72,15 @@ EAGER_PARTS = (
 PART_MIN_SHARE = 0.10  # of the eager time: a part smaller than this is listed in the evidence, not the fix
 
 
-def _part(chain, cat):
-    """The eager part (EAGER_PARTS' name) a kernel's operators belong to, else "the model"."""
+MODEL = "the model"
+
+
+def part(chain, cat):
+    """The eager part (EAGER_PARTS' name) a kernel's operators belong to, else MODEL."""
     for name, marks, _ in EAGER_PARTS:
         if any(m in c for c in chain for m in marks) or (name == "the optimizer" and cat == "optimizer"):
             return name
-    return "the model"
+    return MODEL
 
 
 def _compiled(tl):
@@ -107,8 +110,8 @@ def eager_code(tl, ctx, found):
                 aten = [c for c in chain if c.startswith("aten::")]
                 name = aten[-1] if aten else chain[0]
                 ops[name] = ops.get(name, 0.0) + e["dur"]
-                part = _part(chain, cat)
-                parts[part] = parts.get(part, 0.0) + e["dur"]
+                kind = part(chain, cat)
+                parts[kind] = parts.get(kind, 0.0) + e["dur"]
             elif run:
                 us, gain, kernels, chains = us + sum(run), gain + sum(run) - max(run), kernels + len(run), chains + 1
                 longest, run = max(longest, len(run)), []
@@ -134,8 +137,8 @@ def eager_code(tl, ctx, found):
 def _eager_fix(tl, parts, compiled, cpu=False):
     """The remedies of the eager parts, largest first. cpu: a CPU run's (train.py compiles on CUDA only)."""
     fixes = []
-    for part in parts:
-        own = next((fix for name, _, fix in EAGER_PARTS if name == part), None)
+    for shown in parts:
+        own = next((fix for name, _, fix in EAGER_PARTS if name == shown), None)
         if own:
             fixes.append(own)
         elif compiled:
