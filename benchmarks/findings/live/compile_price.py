@@ -9,12 +9,14 @@ process:
     1. eager: warm-up, then a profile (profiling.Profiler's defaults): the trace whose launch_bound is priced;
     2. the model's forward compiled (torch.compile, default mode): warm-up, then a profile of it (its kernels);
     3. BLOCKS alternated blocks of STEPS steps, eager then compiled, each between two syncs (one process, so a
-       host whose pace drifts between processes moves both alike): ms/step of each block.
+       host whose pace drifts between processes moves both alike): ms/step of each block; for the conv net, the
+       same again with the model and its input in channels_last (conv_layout's remedy).
 
     python3 benchmarks/findings/live/compile_price.py run OUT [--cases ...]   # the GPU
     uv run python benchmarks/findings/live/compile_price.py report OUT        # anywhere: the table
 
-`run` writes OUT/results.jsonl (a line per case) and OUT/<case>/{eager,compiled}-{trace.json.gz,report.md};
+`run` writes OUT/results.jsonl (a line per case) and OUT/<case>.tar of <case>/{eager,compiled}-{trace.json.gz,report.md}
+(`tar xf` them before `report`);
 `report` reads the eager traces with today's rules.
 """
 import argparse
@@ -24,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -42,8 +45,13 @@ def resnet50(dev, small):
     import torchvision
     model = torchvision.models.resnet50(num_classes=100)
     b, s = (2, 64) if small else (16, 224)
-    x, y = torch.randn(b, 3, s, s, device=dev), torch.randint(0, 100, (b,), device=dev)
-    return model, lambda m: torch.nn.functional.cross_entropy(m(x), y), None
+    batch = {"x": torch.randn(b, 3, s, s, device=dev), "y": torch.randint(0, 100, (b,), device=dev)}
+
+    def channels_last():  # conv_layout's remedy, timed after the main blocks
+        model.to(memory_format=torch.channels_last)
+        batch["x"] = batch["x"].contiguous(memory_format=torch.channels_last)
+    model.channels_last = channels_last
+    return model, lambda m: torch.nn.functional.cross_entropy(m(batch["x"]), batch["y"]), None
 
 
 def vit_small(dev, small):
@@ -86,15 +94,17 @@ def one(case, out, small):
     torch.manual_seed(0)
     model, loss_of, tokens = CASES[case](dev, small)
     model = model.to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if dev == "cuda" else {}))
+    def adamw():
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if dev == "cuda" else {}))
+    opt = [adamw()]
     eager = model.forward
 
     def step():
         with torch.autocast(dev, torch.bfloat16):
             loss = loss_of(model)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt[0].step()
+        opt[0].zero_grad(set_to_none=True)
 
     def block(n=STEPS):
         _sync(dev)
@@ -136,6 +146,18 @@ def one(case, out, small):
         row["eager_ms"].append(block())
         model.forward = compiled
         row["compiled_ms"].append(block())
+    if hasattr(model, "channels_last"):  # a conv net: channels_last too, eager and compiled (it recompiles)
+        model.channels_last()
+        opt[0] = adamw()  # its state in the parameters' new layout (fused AdamW takes one layout)
+        row["channels_last_eager_ms"], row["channels_last_compiled_ms"] = [], []
+        for form in (eager, compiled):
+            model.forward = form
+            block(WARMUP)
+        for _ in range(BLOCKS):
+            model.forward = eager
+            row["channels_last_eager_ms"].append(block())
+            model.forward = compiled
+            row["channels_last_compiled_ms"].append(block())
     return row
 
 
@@ -156,6 +178,11 @@ def run(out, cases, timeout, small):
             f.write(json.dumps(row) + "\n")
         print(json.dumps({k: row.get(k) for k in ("case", "eager_ms", "compiled_ms", "compile_s", "eager_top",
                                                   "failed", "seconds")}), flush=True)
+        folder = os.path.join(out, case)
+        if os.path.isdir(folder):  # one file a case: a device call returns few files
+            with tarfile.open(folder + ".tar", "w") as tar:
+                tar.add(folder, arcname=case)
+            shutil.rmtree(folder)
 
 
 def report(out):
@@ -166,8 +193,12 @@ def report(out):
     print("| case | eager ms/step | compiled ms/step | gain | launch_bound: price (price / gain) | top finding | "
           "kernels/step eager -> compiled |")
     print("|---|--:|--:|--:|---|---|---|")
+    notes = []
     with open(os.path.join(out, "results.jsonl")) as f:
         for row in map(json.loads, f):
+            if row.get("channels_last_eager_ms"):
+                cl = [statistics.median(row[f"channels_last_{k}_ms"]) for k in ("eager", "compiled")]
+                notes.append(f"{row['case']} in channels_last: eager {cl[0]:.1f}, compiled {cl[1]:.1f} ms/step")
             if row.get("failed") is not None:
                 print(f"| {row['case']} | failed ({row['failed']}) | | | | | |")
                 continue
@@ -182,6 +213,8 @@ def report(out):
                      f"{lb['ms_per_step']:.1f}" if lb else "none")
                   + f" | {found[0]['kind'] + ' ' + format(found[0]['ms_per_step'], '.1f') if found else '-'} | "
                   + " -> ".join(str(k) for k in kernels) + " |")
+    for note in notes:
+        print(f"\n{note}")
 
 
 def main(argv=None):

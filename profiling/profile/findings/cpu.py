@@ -130,7 +130,8 @@ def layer_stack(tl, key, body, times):
     placer = getattr(tl.ix, "placer", None) or getattr(tl, "placer", None)  # a CPU run's, a device trace's
     if not shapes or placer is None or not body:
         return False
-    ops = ([op for op, _, _ in tl.placed] if hasattr(tl, "placed") else
+    cpu_run = hasattr(tl, "placed")  # else a device trace's timeline
+    ops = ([op for op, _, _ in tl.placed] if cpu_run else
            [op for op in tl.ix.cpu_ops if tl.step_of(op["ts"]) is not None])
     used, steps = Counter(), set()
     for op in ops:
@@ -143,10 +144,10 @@ def layer_stack(tl, key, body, times):
         dims = (op.get("args") or {}).get("Input Dims") or []
         if at < len(dims) and isinstance(dims[at], list) and len(dims[at]) >= (1 if name in NORMS else 2):
             used[tuple(sorted(dims[at]))] += 1
-            steps.add(None if hasattr(tl, "placed") else tl.step_of(op["ts"]))
+            steps.add(None if cpu_run else tl.step_of(op["ts"]))
     # per step: a CPU run's steps, or the device trace's steps whose operators are here (its timed steps may hold
     # none, their operators joined from untimed ones)
-    per_step = {shape: c / (tl.n if hasattr(tl, "placed") else max(1, len(steps))) for shape, c in used.items()}
+    per_step = {shape: c / (tl.n if cpu_run else max(1, len(steps))) for shape, c in used.items()}
     return bool(per_step) and sum(per_step.values()) >= times and all(
         shapes[shape] >= c for shape, c in per_step.items())
 
