@@ -234,3 +234,12 @@ def test_a_block_the_line_record_step_saw_repeated_but_the_profiled_steps_did_no
     s = data_summary("h200-uneven-eval_in_window-lightning")
     assert not [f for f in s["findings"] if f["kind"] in ("python_loop", "per_parameter_loop")], s["findings"]
     assert s["findings"][0]["kind"] == "launch_bound"
+
+
+def test_a_misaligned_head_is_its_shape_not_a_slow_device(data_summary):
+    """HF GPT-2's 50257-word head: its three GEMMs a step ran at ~121 TFLOP/s on a healthy H200 (no clock event),
+    read before as slow_device, "check the GPU before editing code"; they are misaligned_shapes' (pad to 50304)."""
+    s = data_summary("h200-public-hf-gpt2-eager")
+    kinds = {f["kind"]: f for f in s["findings"]}
+    assert "slow_device" not in kinds
+    assert "pad the vocabulary 50257 to 50304" in kinds["misaligned_shapes"]["fix"]

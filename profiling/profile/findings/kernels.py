@@ -20,6 +20,7 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 from collections import Counter
 
 from profiling.profile.findings import convs, lines
+from profiling.profile.findings.waste import ALIGN
 from profiling.profile.findings.contract import (
     capped,
     claim,
@@ -239,7 +240,8 @@ def slow_device(tl, ctx, found):
     all (a braked or throttled GPU: priced at EXPECTED_GEMM_FRACTION). GEMMs some of which reach a healthy
     rate, each shape at a steady one, are slow kernels (their shapes), not a slow device: no finding. Kernels
     an earlier rule priced are not priced again."""
-    large = [g for g in _gemms(tl, ctx.get("claimed", ())) if g[3] and g[3] >= LARGE_GEMM_FLOPS and _half(g)]
+    large = [g for g in _gemms(tl, ctx.get("claimed", ())) if g[3] and g[3] >= LARGE_GEMM_FLOPS and _half(g)
+             and not _misaligned(g[1])]
     us, flops = sum(g[2] for g in large), sum(g[3] for g in large)
     if not large or us <= 0 or flops / (us / 1e6) >= SLOW_DEVICE_FRACTION * ctx["peak"]:
         return None
@@ -268,6 +270,14 @@ def slow_device(tl, ctx, found):
                    "check the GPU before editing code: `nvidia-smi -q -d PERFORMANCE` (clocks event reasons: "
                    "power brake, thermal), other processes on it (`nvidia-smi`), one timed 8192^3 bf16 "
                    "matmul")
+
+
+def _misaligned(op):
+    """Whether a GEMM's operands have a dimension not a multiple of ALIGN: slow for its shape on any device (HF
+    GPT-2's 50257-word head: 121 TFLOP/s on a healthy H200), misaligned_shapes' to price, no sign of the device."""
+    dims = (op.get("args") or {}).get("Input Dims") if op else None
+    return isinstance(dims, list) and any(isinstance(d, list) and any(isinstance(x, int) and x % ALIGN for x in d)
+                                          for d in dims[:3])
 
 
 def _half(g):
