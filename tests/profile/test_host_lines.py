@@ -233,7 +233,7 @@ def test_a_block_the_line_record_step_saw_repeated_but_the_profiled_steps_did_no
     loop (20 tensors, by coincidence) and then a Python loop to vectorize; it is neither."""
     s = data_summary("h200-uneven-eval_in_window-lightning")
     assert not [f for f in s["findings"] if f["kind"] in ("python_loop", "per_parameter_loop")], s["findings"]
-    assert s["findings"][0]["kind"] == "launch_bound"
+    assert "launch_bound" in [f["kind"] for f in s["findings"][:2]]  # the idle is the small net's launches
 
 
 def test_a_misaligned_head_is_its_shape_not_a_slow_device(data_summary):
