@@ -252,7 +252,8 @@ def main():
                   f"{' TIMED OUT' if rec['timed_out'] else ''} | {rec['wrote'] or tail(rec['stderr_tail'], 300)}",
                   flush=True)
         shutil.rmtree(data_dir, ignore_errors=True)
-    todo = [r for r in records if "raw_error" not in r and os.path.exists(os.path.join(outdir, "raw", f"{r['name']}.json.gz"))]
+    todo = [r for r in records if "raw_error" not in r
+            and os.path.exists(os.path.join(outdir, "raw", f"{r['name']}.json.gz"))]
     if a.no_trim or left() < 90:
         print("trimming skipped", flush=True)
     else:
