@@ -148,8 +148,9 @@ def host_span(path):
     return (min(ts), max(ts)) if ts else (0, 0)
 
 
-def trim_one(name, outdir):
-    """trim.py SRC DST 0, dropping flows, then Python frames, until the cut keeps COVER of the host span."""
+def trim_one(name, outdir, deadline=float("inf")):
+    """trim.py SRC DST 0, dropping flows, then Python frames, until the cut keeps COVER of the host span; no
+    attempt runs past `deadline` (time.time())."""
     raw, dst = os.path.join(outdir, "raw", f"{name}.json.gz"), os.path.join(outdir, f"{name}.json.gz")
     lo, hi = host_span(raw)
     tries = [{}, {"DROP_FLOWS": "1"}, {"DROP_FLOWS": "1", "DROP_PY": "2"}, {"DROP_FLOWS": "1", "DROP_PY": "1"}]
@@ -157,8 +158,13 @@ def trim_one(name, outdir):
     best = None
     for k, extra in enumerate(tries):
         out = f"{dst}.try{k}"
-        p = subprocess.run([sys.executable, TRIM, raw, out, "0"], env=dict(env, **extra), capture_output=True,
-                           text=True, cwd=REPO)
+        limit = None if deadline == float("inf") else max(1.0, deadline - time.time())
+        try:
+            p = subprocess.run([sys.executable, TRIM, raw, out, "0"], env=dict(env, **extra), capture_output=True,
+                               text=True, cwd=REPO, timeout=limit)
+        except subprocess.TimeoutExpired:
+            best = best or {"trim_error": "budget: trimming stopped"}
+            break
         if p.returncode:
             best = best or {"trim_error": tail(p.stderr, 1500)}
             continue
@@ -258,7 +264,7 @@ def main():
         print("trimming skipped", flush=True)
     else:
         with concurrent.futures.ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2) // 2))) as pool:
-            futs = {pool.submit(trim_one, r["name"], outdir): r for r in todo}
+            futs = {pool.submit(trim_one, r["name"], outdir, time.time() + left() - 30): r for r in todo}
             for f in concurrent.futures.as_completed(futs):
                 r = futs[f]
                 try:
