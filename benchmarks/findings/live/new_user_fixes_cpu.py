@@ -25,6 +25,7 @@ within 10% of the loop's measured mean step"), read for each loop:
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py report OUT     # the table, each trace read again
                                                                                   # with today's code
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py time OUT --loop hf --variants mistake,compiled
+    uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop varlen --fix fused  # one process
 
 `run` writes OUT/results.jsonl (a row per process: loop, variant, profiled or timed, the step times, the top
 findings) and OUT/<loop>/ (the profile's folder). OMP_NUM_THREADS is left as a new user leaves it (unset: torch's
@@ -402,6 +403,39 @@ def _cell(text, n=220):
     return text if len(text) <= n else text[:n] + "..."
 
 
+class _Feed:
+    """The varlen loop's lengths for the block being timed: each variant runs the same ones."""
+
+    def __init__(self):
+        self.xs = iter(())
+
+    def __next__(self):
+        return next(self.xs)
+
+
+def inprocess(loop, fix, blocks, steps):
+    """The mistake and the fix in ONE process, each its own model (the same init), timed in alternated blocks of
+    `steps` steps (the order flipped every block; varlen's blocks each a new draw of lengths, the same for both):
+    the host's drift between processes, which buried these gains in `run`'s fresh processes, moves both alike.
+    Prints and returns {variant: [ms/step of each block]}."""
+    feed, rng, variants = _Feed(), random.Random(0), ("mistake", fix)
+    step = {v: (unfused_parts(v) if loop == "unfused" else varlen_parts(v, feed))[1] for v in variants}
+    times = {v: [] for v in variants}
+    for b in range(blocks + 1):  # block 0: the warm-up
+        xs = [rng.randint(MIN_LEN, MAX_LEN) for _ in range(steps)]
+        for v in variants if b % 2 else variants[::-1]:
+            feed.xs = iter(xs)
+            t = time.perf_counter()
+            for _ in range(steps):
+                step[v]()
+            if b:
+                times[v].append(round((time.perf_counter() - t) / steps * 1e3, 3))
+    med = {v: statistics.median(ms) for v, ms in times.items()}
+    print(json.dumps({"loop": loop, "fix": fix, "blocks": times, "median_ms": med,
+                      "gain_ms": round(med["mistake"] - med[fix], 3)}))
+    return times
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -418,6 +452,11 @@ def main(argv=None):
     s = sub.add_parser("report", help="the table from OUT/results.jsonl")
     s.add_argument("out")
     s.add_argument("--again", action="store_true", help="each trace summarized again with today's code")
+    i = sub.add_parser("inprocess", help="the mistake and a fix alternated in blocks inside one process")
+    i.add_argument("--loop", choices=("unfused", "varlen"), required=True)
+    i.add_argument("--fix", default="fused")
+    i.add_argument("--blocks", type=int, default=10)
+    i.add_argument("--steps", type=int, default=20)
     c = sub.add_parser("child", help="one process's work (what run spawns)")
     c.add_argument("--loop", choices=LOOPS, required=True)
     c.add_argument("--variant", default="mistake")
@@ -425,6 +464,9 @@ def main(argv=None):
     c.add_argument("--dir", required=True)
     a = p.parse_args(argv)
     sys.path.insert(0, ROOT)
+    if a.cmd == "inprocess":
+        inprocess(a.loop, a.fix, a.blocks, a.steps)
+        return 0
     if a.cmd == "child":
         return child(a.loop, a.variant, a.mode, a.dir) or 0
     if a.cmd == "run":
