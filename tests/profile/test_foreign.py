@@ -30,7 +30,8 @@ def report(trace):
 
 def test_the_corpus_is_there_small_and_described():
     assert len(FOREIGN) >= 86 and len(sources_of(FOREIGN)) >= 14  # #48 asks for 14 sources
-    assert sum(os.path.getsize(p) for p in FOREIGN) < 12 * 2**20  # #48 let the corpus grow by up to ~8 MB
+    # #48 let the corpus grow by up to ~8 MB; #57's 20 traces of public scripts, ~280 KB each, by ~5.6 MB more
+    assert sum(os.path.getsize(p) for p in FOREIGN) < 18 * 2**20
     assert all(os.path.getsize(p) < 300 * 2**10 for p in FOREIGN)
     with open(os.path.join(DATA, "foreign", "SOURCES.md")) as f:
         sources = f.read()

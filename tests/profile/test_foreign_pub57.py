@@ -117,20 +117,18 @@ def test_cpu_activity_of_a_cuda_model_says_so_and_claims_nothing(name, foreign):
 # ---------------------------------------------------------------------------------------------------------
 # What the wrong verdicts rest on (strict xfails: a fix makes them pass)
 
-@pytest.mark.xfail(strict=True, reason="only_in_step's EVAL word 'evaluat' matches autograd's "
-                   "`autograd::engine::evaluate_function: ...`, which every backward runs")
 def test_a_backward_is_no_eval():
+    """only_in_step's EVAL word 'evaluat' matched autograd's `autograd::engine::evaluate_function: ...`, which every
+    backward runs."""
     evaluate = "autograd::engine::evaluate_function: ConvolutionBackward0"
     assert only_in_step.kind_of([evaluate]) != only_in_step.EVAL
 
 
-@pytest.mark.xfail(strict=True, reason="the one iteration that ran a backward is named 'an eval' (the word "
-                   "above)")
 @pytest.mark.parametrize("arch", ["resnet50", "mobilenetv3small"])
 def test_the_training_iteration_is_not_named_an_eval(arch, foreign):
     """imagenet with CPU activity, trimmed in the second iteration's forward: two iterations by the
-    DataLoader's next batch; the first, the only one with a backward and SGD's step, is left out as 'an eval',
-    and the second's 19-22 ms forward fragment is the like step."""
+    DataLoader's next batch; the first, the only one with a backward and SGD's step, was left out as 'an eval'
+    (the word above), and the second's 19-22 ms forward fragment is the like step."""
     s = foreign(f"pub-examples-imagenet-{arch}-cpuactivity-no-steps")
     first = [r for r in s["one_off"] if r.get("position") == 1]
     assert first and first[0]["kind"] != "eval"

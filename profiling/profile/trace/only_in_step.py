@@ -23,8 +23,9 @@ KIND_WORDS = ((COMPILE, ("torch/_dynamo/", "torch/_inductor/", "fake_tensor.py",
               (LOG, ("log_metrics", "log_dict", "on_log", "logging/__init__", "add_scalar", "summarywriter",
                      "tensorboard", "wandb", "flush", "/loggers/")))
 # HF's one wrapper around its log, save and eval (`_maybe_log_save_evaluate`) names none of them by itself: its
-# "evaluate" would call a log-and-save step an eval
-WRAPPERS = ("maybe_log_save_evaluate",)
+# "evaluate" would call a log-and-save step an eval; autograd's `autograd::engine::evaluate_function: ...Backward0`
+# is the backward, which no eval runs (a training iteration that ran only in one window was named "an eval")
+WRAPPERS = ("maybe_log_save_evaluate", "engine::evaluate_function")
 MIN_SAMPLES = 2   # host samples of the named work, at least: one sample in a frame is chance (2 ms each,
                   # sampler.INTERVAL_S); HF's save had 3 in each run of
                   # benchmarks/findings/live/new_user_cpu_results.md
