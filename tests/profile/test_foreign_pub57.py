@@ -145,11 +145,11 @@ def test_the_workers_start_up_in_a_one_batch_window_is_no_step_cost(arch, foreig
     assert "input_bound" not in kinds(s)
 
 
-@pytest.mark.xfail(strict=True, reason="cold.first_calls takes an operator's first call by name only: "
-                   "cuDNN's set-up for each new convolution shape (108-139 ms for one, 3-4 ms for others) "
-                   "stays GPU idle that gpu_waits_on_host prices, 'cause unknown'")
 @pytest.mark.parametrize("arch", ["resnet50", "mobilenetv3small"])
 def test_a_first_iteration_window_has_no_unknown_host_wait(arch, foreign):
+    """cold.first_calls took an operator's first call by name only: cuDNN's set-up for each new convolution shape
+    (108-139 ms for one, 3-4 ms for others) stayed GPU idle that gpu_waits_on_host priced, 'cause unknown'; it takes
+    the first call on each operator's shapes now."""
     s = foreign(f"pub-examples-imagenet-{arch}-cold-no-steps")
     waits = [f for f in s["findings"] if f["kind"] == "gpu_waits_on_host"]
     assert not [f for f in waits if f["ms_per_step"] > 0.1 * s["step_ms"]]

@@ -13,9 +13,10 @@ model warm ran 6.9 ms.
 What is cold, each read from the trace's own events inside the window:
 - runtime calls only a first call makes (`COLD_CALLS`);
 - a kernel's first launch of FIRST_LAUNCH_US or more (its module loading);
-- an operator's first call FIRST_OP_RATIO times its later calls' median and FIRST_OP_MIN_US over it (a library
-  loaded and set up inside it); an operator called once, FIRST_OP_MIN_US of its own host time without waiting
-  for the GPU (an elementwise kernel's first call took 4.6-12.7 ms of host in own-h200-cold-mlp-first-call-no-steps,
+- an operator's first call on its input shapes FIRST_OP_RATIO times its later calls' median and FIRST_OP_MIN_US
+  over it (a library loaded and set up inside it; cuDNN sets up each new convolution shape: 108-139 ms for one in
+  pytorch/examples' imagenet, pub-examples-imagenet-*-cold); an operator called once on its shapes,
+  FIRST_OP_MIN_US of its own host time without waiting for the GPU (an elementwise kernel's first call took 4.6-12.7 ms of host in own-h200-cold-mlp-first-call-no-steps,
   autograd's first backward among them).
 The GPU idle while the host was in them (`ms`) is the cold start's cost; trace/irregular.py reports it once, and
 the timeline leaves those gaps to no finding (Gap.cause COLD).
@@ -85,12 +86,12 @@ def first_calls(ix, window, events):
                 spans.append((e["ts"], e["ts"] + e["dur"]))
                 slow, launch_us = slow + 1, launch_us + e["dur"]
             launched.setdefault(k, e)
-    by_name, own, found_ops = {}, {}, []
+    by_call, own, found_ops = {}, {}, []
     for e, us, _ in self_times([e for e in ix.cpu_ops if inside(e)]):
-        by_name.setdefault(_name(e), []).append(e)
+        by_call.setdefault((_name(e), str((e.get("args") or {}).get("Input Dims"))), []).append(e)
         own[id(e)] = us
     waits = sorted((e["ts"], e["ts"] + e["dur"]) for e in ix.runtime if inside(e) and WAITS.search(_name(e)))
-    for name, evs in by_name.items():
+    for (name, _), evs in by_call.items():  # by operator and shapes: cuDNN sets up each new convolution shape
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
         outer = _outermost(evs)  # aten::div inside aten::div is one call
         first = outer[0]
