@@ -389,9 +389,9 @@ def launch_bound(tl, ctx, found):
         evidence += (f"; compiled, the model would launch ~{fewer:.0f} fewer kernels a step (about a third of its "
                      f"{fewer / FUSED_SHARE:.0f} eager elementwise and copy kernels: more where they are long "
                      "chains of pointwise ops, fewer beside convolutions with BatchNorm), each "
-                     f"{each:.0f} us of the host's time: ~{saves:.1f} ms/step, the price here; the rest of the idle waits on "
-                     "launches compiled code still makes (matmuls, convolutions, its fused kernels), which only "
-                     "fewer steps per sample amortize")
+                     f"{each:.0f} us of the host's time: ~{saves:.1f} ms/step, the price here; the rest of the "
+                     "idle waits on launches compiled code still makes (matmuls, convolutions, its fused kernels), "
+                     "which only fewer steps per sample amortize")
         ms = min(ms, saves)
     return finding("launch_bound", ms, ctx, evidence,
                    f"fewer, larger kernels: {_fewer_kernels(tl)}" + ("" if not mb or mb <= 2 else f" ({mb} micro-batches now)"))
@@ -424,7 +424,8 @@ def _compile_saves(tl, ctx, gaps):
                 continue
             kernels[key] += 1
             chain = tl.chain(op)
-            if cat in FUSIBLE and not any(c.startswith(COMPILED) for c in chain) and waste.part(chain, cat) == waste.MODEL:
+            eager = not any(c.startswith(COMPILED) for c in chain)
+            if cat in FUSIBLE and eager and waste.part(chain, cat) == waste.MODEL:
                 fusible[key] += 1
     for e in tl.ix.launches.values():
         if cuda_calls.kind(str(e.get("name", ""))) == "allocation" and tl.step_of(e["ts"]) is not None:

@@ -20,7 +20,6 @@ call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs c
 from collections import Counter
 
 from profiling.profile.findings import convs, lines
-from profiling.profile.findings.waste import ALIGN
 from profiling.profile.findings.contract import (
     capped,
     claim,
@@ -33,6 +32,7 @@ from profiling.profile.findings.contract import (
     training,
 )
 from profiling.profile.findings.settings import attribute
+from profiling.profile.findings.waste import ALIGN
 from profiling.profile.tables import attention_kind
 from profiling.profile.tables.attention_kind import BIDIRECTIONAL, CAUSAL, bias_masks, square_masks
 from profiling.profile.tables.roofline import ATTENTION_OP, GEMM_OPS, attention_flops, causal_flag, gemm_flops

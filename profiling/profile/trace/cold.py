@@ -16,8 +16,8 @@ What is cold, each read from the trace's own events inside the window:
 - an operator's first call on its input shapes FIRST_OP_RATIO times its later calls' median and FIRST_OP_MIN_US
   over it (a library loaded and set up inside it; cuDNN sets up each new convolution shape: 108-139 ms for one in
   pytorch/examples' imagenet, pub-examples-imagenet-*-cold); an operator called once on its shapes,
-  FIRST_OP_MIN_US of its own host time without waiting for the GPU (an elementwise kernel's first call took 4.6-12.7 ms of host in own-h200-cold-mlp-first-call-no-steps,
-  autograd's first backward among them).
+  FIRST_OP_MIN_US of its own host time without waiting for the GPU (an elementwise kernel's first call took
+  4.6-12.7 ms of host in own-h200-cold-mlp-first-call-no-steps, autograd's first backward among them).
 The GPU idle while the host was in them (`ms`) is the cold start's cost; trace/irregular.py reports it once, and
 the timeline leaves those gaps to no finding (Gap.cause COLD).
 """
