@@ -115,3 +115,10 @@ class _DataSummary:
 def data_summary(computed):
     """See _DataSummary."""
     return _DataSummary(computed)
+
+
+@pytest.fixture(scope="session")
+def foreign(data_summary):
+    """foreign(name) -> the summary of tests/data/foreign/<name>.json.gz (data_summary's: made once per run, a fresh
+    copy)."""
+    return lambda name: data_summary(os.path.join(DATA, "foreign", f"{name}.json.gz"))

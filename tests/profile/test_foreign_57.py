@@ -14,11 +14,9 @@ FOREIGN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture(scope="module")
-def own(data_summary):
+def own(foreign):
     """own(name) -> the summary of tests/data/foreign/own-h200-<name>.json.gz (made once per run)."""
-    def get(name):
-        return data_summary(os.path.join(FOREIGN, f"own-h200-{name}.json.gz"))
-    return get
+    return lambda name: foreign(f"own-h200-{name}")
 
 
 def test_the_corpus_holds_57s_kinds():

@@ -19,14 +19,6 @@ CPU = [n for n in NAMES if n.endswith("-cpuactivity-no-steps")]
 COLD_CALL = "cold first pass"
 
 
-@pytest.fixture(scope="module")
-def foreign(data_summary):
-    """foreign(name) -> the summary of tests/data/foreign/<name>.json.gz (made once per run, a fresh copy)."""
-    def get(name):
-        return data_summary(os.path.join(FOREIGN, f"{name}.json.gz"))
-    return get
-
-
 def kinds(s):
     return [f["kind"] for f in s["findings"]]
 

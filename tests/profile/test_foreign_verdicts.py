@@ -2,21 +2,9 @@
 benchmarks/findings/corpus/foreign_results.md): the rules that led with a wrong top finding, each checked on
 the traces that showed it. Every assertion names the trace's own evidence (the events read in Python when
 judging), so a rule that drifts back fails here."""
-import os
-
 import pytest
 
 from profiling.profile.trace import hardware
-
-FOREIGN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "foreign")
-
-
-@pytest.fixture(scope="module")
-def foreign(data_summary):
-    """foreign(name) -> the foreign trace's summary (conftest's data_summary: made once per run, a fresh copy)."""
-    def get(name):
-        return data_summary(os.path.join(FOREIGN, f"{name}.json.gz"))
-    return get
 
 
 def kinds(s):

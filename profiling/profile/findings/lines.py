@@ -164,8 +164,8 @@ def recorded(meta, eager):
 
 def line_of(tl, op, anchor):
     """The Line of the user's code that called this operator (lines_of's), or None."""
-    placer = getattr(tl, "placer", None)
-    return _line(tl, placer, op, anchor, lines_of(tl)) if placer is not None and lines_of(tl) else None
+    placer, by_line = getattr(tl, "placer", None), lines_of(tl)
+    return _line(tl, placer, op, anchor, by_line) if placer is not None and by_line else None
 
 
 def _line(tl, placer, op, anchor, out):
