@@ -13,6 +13,9 @@ os.environ.setdefault("AUTORESEARCH_VOCAB_SIZE", "512")  # trains in about a sec
 # tests/profile/test_lines.py's). "1" takes the ISAs the CPU reports (cpuid) without the probe builds; the
 # avx512-bf16/vnni sub-checks still build. No test here is about the ISA check; the kernels are the same.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# No pool of compile workers in any process the tests start or run: starting one costs ~10 s of a 2-core CPU
+# per compiling process, more than the few kernels a test compiles take on one thread. A value set outside wins.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # One OpenMP thread in every process the tests start (train.py, the example scripts, the compiling and
 # profiling subprocesses): on a 2-core CI machine running two xdist workers, a subprocess with torch's default
 # of a thread per core spins against the other worker, and a loaded shared machine makes it worse: a tiny

@@ -26,6 +26,7 @@ within 10% of the loop's measured mean step"), read for each loop:
                                                                                   # with today's code
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py time OUT --loop hf --variants mistake,compiled
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop varlen --fix fused  # one process
+    uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop hf --fix nodropout
 
 `run` writes OUT/results.jsonl (a row per process: loop, variant, profiled or timed, the step times, the top
 findings) and OUT/<loop>/ (the profile's folder). OMP_NUM_THREADS is left as a new user leaves it (unset: torch's
@@ -100,6 +101,27 @@ def hf_run(variant, steps, folder, profiled):
     Trainer(model=model, args=args, train_dataset=RandomTokens(steps * batch, seq_len, 2048),
             data_collator=default_data_collator, callbacks=callbacks).train()
     return [1e3 * (b - a) for a, b in zip(times, times[1:])], (callbacks[-1].folder if profiled else None)
+
+
+def hf_step_parts(variant):
+    """(model, step) of the HF loop's training step without the Trainer around it, for `inprocess`: what the
+    Trainer's step does with its defaults (the loss, backward, clip_grad_norm_ at 1.0, its fused AdamW, a linear
+    schedule, zero_grad), on the same model and batch size; the Trainer's own per-step overhead is the same in
+    both variants, so the gain between them is the model's."""
+    import torch
+    model, _ = hf_parts(variant)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: max(0.0, 1 - i / 1e6))
+    ids = torch.randint(2048, (8, 128), generator=torch.Generator().manual_seed(0))
+
+    def step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+    return model, step
 
 
 def unfused_parts(variant):
@@ -419,7 +441,8 @@ def inprocess(loop, fix, blocks, steps):
     the host's drift between processes, which buried these gains in `run`'s fresh processes, moves both alike.
     Prints and returns {variant: [ms/step of each block]}."""
     feed, rng, variants = _Feed(), random.Random(0), ("mistake", fix)
-    step = {v: (unfused_parts(v) if loop == "unfused" else varlen_parts(v, feed))[1] for v in variants}
+    parts = {"hf": hf_step_parts, "unfused": unfused_parts, "varlen": lambda v: varlen_parts(v, feed)}[loop]
+    step = {v: parts(v)[1] for v in variants}
     times = {v: [] for v in variants}
     for b in range(blocks + 1):  # block 0: the warm-up
         xs = [rng.randint(MIN_LEN, MAX_LEN) for _ in range(steps)]
@@ -453,7 +476,7 @@ def main(argv=None):
     s.add_argument("out")
     s.add_argument("--again", action="store_true", help="each trace summarized again with today's code")
     i = sub.add_parser("inprocess", help="the mistake and a fix alternated in blocks inside one process")
-    i.add_argument("--loop", choices=("unfused", "varlen"), required=True)
+    i.add_argument("--loop", choices=LOOPS, required=True)
     i.add_argument("--fix", default="fused")
     i.add_argument("--blocks", type=int, default=10)
     i.add_argument("--steps", type=int, default=20)

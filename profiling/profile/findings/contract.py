@@ -131,12 +131,16 @@ def finding(kind, ms, ctx, evidence, fix):
             "evidence": evidence, "fix": fix}
 
 
-def unknown(ctx, kind, missing, ms, what, priced=True):
+def unknown(ctx, kind, missing, ms, what, priced=True, experiment=False):
     """Record time a rule saw but could not explain: the rule, the evidence that would tell, the ms/step.
     priced=False: time the rule explains but whose fix no measurement shows to pay (the CPU's eager chains:
-    compiling measured slower there), so no finding prices it (`"unpriced": true`, "not priced:" in the report)."""
+    compiling measured slower there), so no finding prices it (`"unpriced": true`, "not priced:" in the report).
+    experiment=True: time the rule explains whose only remedy changes what the model computes (dropout): ms is
+    what that remedy could recover at most, an experiment to judge by its loss, never a fix (`"experiment":
+    true`, "experiment:" in the report)."""
+    flags = {"experiment": True} if experiment else {} if priced else {"unpriced": True}
     ctx.setdefault("unknown", []).append({"rule": kind, "missing": missing, "ms_per_step": round(ms, 2),
-                                          "what": what, **({} if priced else {"unpriced": True})})
+                                          "what": what, **flags})
 
 
 def idle_ms(gaps, ctx):

@@ -213,6 +213,7 @@ DROPOUT_OPS = ("aten::dropout", "aten::native_dropout", "aten::feature_dropout",
                "aten::feature_alpha_dropout", "aten::bernoulli_", "aten::bernoulli")
 DROPOUT_BACKWARD = ("NativeDropoutBackward", "aten::native_dropout_backward")
 DROPOUT_MISSING = "an experiment, not a fix: a lower p or fewer dropout layers change what the model computes"
+SDPA_MATH = "aten::_scaled_dot_product_attention_math"  # SDPA's unfused path: on a CPU, wherever dropout_p > 0
 
 
 @rule("eager_code", needs=())
@@ -258,27 +259,50 @@ def eager_code(tl, ctx, found):
 
 
 def _dropout(tl, ctx):
-    """Dropout's random masks and their backward, where they are DROPOUT_SHARE of the step or more: a line in
-    `unknown` (its ms/step and share), never a finding: its only remedies change what the model computes."""
+    """Dropout's random masks and their backward, where they are DROPOUT_SHARE of the step or more: an
+    experiment line in `unknown` (its ms/step and share: what p=0 could recover of them), never a finding: its
+    only remedies change what the model computes. Attention's dropout inside SDPA is said apart: on a CPU the
+    fused attention kernel takes no dropout, so SDPA runs its math path (the scores materialized) wherever
+    dropout_p > 0, and p=0 there swaps that path for the fused kernel too (HF GPT-2 with attn_pdrop 0.1:
+    the masks priced 51.1 ms/step, dropout off recovered 65 of a 162 ms step in one process;
+    new_user_fixes_cpu_results.md)."""
     seqs, fwd, bwd, n = set(), 0.0, 0.0, tl.n
+    math_us, math_calls = 0.0, set()
     for op, us, _ in tl.placed:
-        if any(c.startswith(DROPOUT_OPS) for c in tl.chain(op)):
+        chain = tl.chain(op)
+        if any(c.startswith(DROPOUT_OPS) for c in chain):
             fwd += us
             seq = (op.get("args") or {}).get("Sequence number")
             if seq is not None:
                 seqs.add(seq)
+        elif SDPA_MATH in chain:
+            math_us += us
+        if SDPA_MATH in chain and any(c.startswith(DROPOUT_OPS) for c in chain):
+            math_calls.add(_ancestor(tl, op, SDPA_MATH))
     for op, us, _ in tl.placed:
         if _dropout_backward(tl, op, seqs):
             bwd += us
     ms = (fwd + bwd) / n / 1e3
     if ms < DROPOUT_SHARE * ctx["step"]:
         return
+    attention = (f"; {len(math_calls) / n:g} attention calls a step ran SDPA's math path "
+                 f"(`{SDPA_MATH}`, {math_us / n / 1e3:.1f} ms/step besides the masks) because their dropout_p > 0: "
+                 "on a CPU the fused attention kernel takes no dropout, so attention's p=0 also swaps that path for "
+                 "it, a gain beyond this price") if math_calls else ""
     unknown(ctx, "dropout", [DROPOUT_MISSING], ms,
             f"dropout's random masks (`aten::bernoulli_` under `aten::dropout`) and their backward take "
             f"{ms:.1f} ms/step, {100 * ms / ctx['step']:.0f}% of the step (forward {fwd / n / 1e3:.1f}, backward "
-            f"{bwd / n / 1e3:.1f}); no change that keeps what the model computes is known to recover it on a CPU: "
-            "a lower p or fewer dropout layers is an experiment for the research memory, judged by its validation "
-            "loss, so no finding prices it", priced=False)
+            f"{bwd / n / 1e3:.1f}){attention}; no change that keeps what the model computes is known to recover "
+            "them on a CPU: dropout 0 (or fewer dropout layers) is an experiment for the research memory, kept if "
+            "its validation loss at equal steps holds, not a fix", experiment=True)
+
+
+def _ancestor(tl, op, name):
+    """The enclosing event named `name` of op (or op itself)."""
+    node = op
+    while node is not None and str(node.get("name", "")) != name:
+        node = tl.parent.get(id(node))
+    return id(node)
 
 
 def _dropout_backward(tl, op, seqs):
@@ -384,6 +408,6 @@ def device_unused(tl, ctx, found):
 CPU_RULES = (per_tensor_optimizer, eager_code, cpu_threads, device_unused)
 LABELS = {"per_tensor_optimizer": "an optimizer updating tensor by tensor",
           "per_parameter_loop": "a loop over the parameters", "python_loop": "a Python loop on one line",
-          "eager_code": "eager elementwise chains and dropout (named, not priced)",
+          "eager_code": "eager elementwise chains (named, not priced) and dropout (an experiment)",
           "cpu_threads": "threads waiting for cores",
           "input_pipeline": "the input pipeline", "device_unused": "a GPU left unused"}

@@ -19,9 +19,11 @@ work costs nothing).
   judged batch by batch (`_pace`): slow ones in one run at the window's start or end, or waits shrinking batch
   by batch, are a pipeline not yet steady (the workers starting, their queue filling): priced at what the fast
   batches wait (the steady state's, ~0 where they keep up: then no finding, the wait said once as a one-off
-  row with "profile later in the run"), never as "more workers"; slow ones recurring among fast ones are an uneven
-  loader (batches in bursts), priced at the window's mean as before. More workers are never advised past the
-  cores the host has spare (the live capture's `cpu_threads.cores`).
+  row with "profile later in the run"), never as "more workers"; a window from a model's first pass (cold,
+  trace/cold.py) holding the workers' first batch and no other is the same start-up, said once, not priced;
+  slow ones recurring among fast ones are an uneven loader (batches in bursts), priced at the window's mean as
+  before. More workers are never advised past the cores the host has spare (the live capture's
+  `cpu_threads.cores`).
 - cpu_input_bound: a CPU trace has no GPU idle: the step's own time inside the loader's spans is what the
   training thread spends on its input.
 """
@@ -84,6 +86,14 @@ def input_bound(tl, ctx, found):
                    if sampled_us else ""))
     details = _ops_text(tl, ctx, spans) + _samples_text(tl, picked, spans) + _stacks_text(tl, ctx)
     lines, cores = _work_lines(tl, picked, spans), _cores(tl)
+    if workers and len(spans) == 1 and getattr(tl.ix, "cold", None):  # one batch, in a model's first pass
+        total = us / 1e3
+        ctx.setdefault("one_off", []).append({"kind": STARTUP, "step": None, "ms": round(total, 1), "text": (
+            f"the DataLoader's first batch, the only one in a window that holds the model's first calls (cold): "
+            f"{total:,.1f} ms of GPU idle waiting on it, which includes the workers' start (a process each, its "
+            "imports and the Dataset's first items) that no later batch pays; one batch cannot tell that start-up "
+            "from workers too few to keep up: " + evidence + "; " + STARTUP_FIX)})
+        return None
     pace = _pace(tl, picked, ctx) if workers is not False and not sampled_us else None
     if pace is None:
         return finding(KIND, ms, ctx, evidence + details, fix(workers, framework(tl), lines, cores=cores))
