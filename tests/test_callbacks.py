@@ -343,6 +343,7 @@ def test_a_variable_lightning_sets_on_import_is_named_as_lightnings(start, by):
 
 
 @pytest.mark.slow  # two runs of each framework in processes of their own: ~1 min on a 2-core CPU
+@pytest.mark.heavy
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_ctrl_c_inside_the_window_exits_as_without_the_callback(tmp_path, framework):
     """Issue #49: Ctrl-C in the window exited 130 where the same HF run without the profiler exits 1 (CPython

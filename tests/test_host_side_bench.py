@@ -14,6 +14,7 @@ from tests.scripts import load
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_driver_times_and_profiles_each_variant(tmp_path, capsys):
     host_side = load("benchmarks/findings/live/host_side.py")
     out = tmp_path / "out"

@@ -59,6 +59,7 @@ def test_val_bpb_on_two_ranks_is_the_one_rank_metric(prepared_cache, tmp_path, m
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("mode,error", [("crash", "planted failure on rank 1"), ("hang", "Signal 9")])
 def test_one_rank_failing_ends_the_others_with_its_error(prepared_cache, tmp_path, mode, error):
     proc, seconds = torchrun([WORKER, mode, str(tmp_path)], tmp_path, timeout=120)

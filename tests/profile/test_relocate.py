@@ -246,6 +246,7 @@ def run_in(folder, source, cache):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_second_checkout_reading_the_cache_names_its_own_file_and_shifted_lines(tmp_path):
     cache = str(tmp_path / "inductor")
     first = run_in(str(tmp_path / "baseline"), SCRIPT, cache)

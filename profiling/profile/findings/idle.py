@@ -406,10 +406,16 @@ FUSED_SHARE = 0.34  # of an eager model's FUSIBLE kernels its compiled graphs no
                     # mask Dynamo folds away): the price is known to about 2x (compile_price_results.md)
 
 
+def _kept_compiled(chain):
+    """Whether a kernel is one compiled code launches as well: BatchNorm's, which Inductor emits as reductions of
+    its own (ResNet-50's BatchNorm kernels grew 525 -> 560 compiled, and its compiled step was no faster)."""
+    return any("batch_norm" in c for c in chain)
+
+
 def _compile_saves(tl, ctx, gaps):
     """(ms/step, kernels/step fewer, us each): what torch.compile of the model saves the host in a launch-bound
-    eager loop: the FUSIBLE kernels of the model's part that the lines these gaps wait on launch, FUSED_SHARE of
-    them, at those lines' host time per launch (their allocation calls' time left out: compiling keeps those);
+    eager loop: the FUSIBLE kernels of the model's part that the lines these gaps wait on launch (BatchNorm's
+    left out: compiled code launches as many), FUSED_SHARE of them, at those lines' host time per launch (their allocation calls' time left out: compiling keeps those);
     without a line record, the whole step's launches at the step's host time each."""
     waited, fusible, kernels, alloc = set(), Counter(), Counter(), Counter()
     for g in gaps:
@@ -425,7 +431,7 @@ def _compile_saves(tl, ctx, gaps):
             kernels[key] += 1
             chain = tl.chain(op)
             eager = not any(c.startswith(COMPILED) for c in chain)
-            if cat in FUSIBLE and eager and waste.part(chain, cat) == waste.MODEL:
+            if cat in FUSIBLE and eager and waste.part(chain, cat) == waste.MODEL and not _kept_compiled(chain):
                 fusible[key] += 1
     for e in tl.ix.launches.values():
         if cuda_calls.kind(str(e.get("name", ""))) == "allocation" and tl.step_of(e["ts"]) is not None:

@@ -217,6 +217,7 @@ def split(ix, meta):
     ix.one_off = _outside_rows(ix, spans)
     ix.cold = cold.first_calls(ix, windows[0], [e for e, _ in per_step[0]]) if ix.whole and windows else None
     if ix.cold:  # one window from a model's first call: its cold start, said once, priced in no finding
+        ix.cold["once"] = iterations.ran_once(ix)  # and nothing but that first iteration: no steady pace in it
         ix.one_off.append({"kind": COLD, "step": None, "ms": ix.cold["ms"], "text": cold.text(ix.cold)})
     host = [(b - a) / 1e3 for a, b, _ in ix.steps]
     why = {} if ix.whole or len(ix.steps) < 2 else one_offs(each, work, inside, ix.iterations and host)

@@ -80,6 +80,13 @@ def iterations(ix, lo, hi):
     return None
 
 
+def ran_once(ix):
+    """What shows that a trace with no repeating marker holds one iteration of its loop: the kind of the first
+    marker (MARKERS' order) recorded exactly once (one optimizer step, one DataLoader batch, one forward root),
+    or None where none was recorded (a loop with no optimizer, no DataLoader and no module scopes)."""
+    return next((kind for kind, marks, _ in markers(ix) if len(_outermost(marks)) == 1), None)
+
+
 def _repeats(marks):
     """(name, sorted (start, end)) of the outermost mark that repeats most, or None."""
     marks = _outermost(marks)

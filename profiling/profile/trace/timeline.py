@@ -117,12 +117,14 @@ class Timeline:
 
     def _cold(self, found):
         """The gaps the host spent mostly in a cold start's first calls (trace/cold.py): no finding's, said once as
-        a one-off (cause COLD)."""
+        a one-off (cause COLD); every gap, where the window is one iteration and that the first (found["once"]),
+        but the DataLoader's (input_bound says a first batch once)."""
         if not found:
             return
         spans = found["spans"]
         for g in self.gaps:
-            if sum(max(0.0, min(g.end, b) - max(g.start, a)) for a, b in spans) >= g.us / 2:
+            if (found.get("once") and self.loader_overlap(g.start, g.end) < g.us / 2
+                    or sum(max(0.0, min(g.end, b) - max(g.start, a)) for a, b in spans) >= g.us / 2):
                 g.cause = COLD
 
     def _gaps(self, k):
