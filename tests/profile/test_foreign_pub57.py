@@ -161,3 +161,24 @@ def test_a_window_of_one_first_iteration_prices_no_step(arch, foreign):
     assert [f["kind"] for f in s["findings"] if f["ms_per_step"] >= 0.01 * s["step_ms"]] == []
     assert [r for r in s["one_off"] if r["kind"] == "loader not yet steady"]
 
+
+
+def test_a_gans_two_optimizer_steps_a_batch_make_one_iteration(foreign):
+    """dcgan updates netD then netG for each batch (two `Optimizer.step#Adam.step` a batch): by the optimizer's
+    step each iteration was two "steps" (the D half, the G half; like steps of 225, 202 and 5.6 ms); by the
+    DataLoader's batch, the iteration is whole."""
+    s = foreign("pub-examples-dcgan-fake-cpuactivity-no-steps")
+    assert s["iterations"]["by"] == "the DataLoader's next batch", s["iterations"]
+
+
+@pytest.mark.parametrize("variant", ["cold", "stack-cold"])
+def test_cudnn_benchmarks_first_calls_are_the_cold_pass_not_alloc_churn_or_syncs(variant, foreign):
+    """dcgan with cudnn.benchmark, trimmed in its first iteration: each new convolution shape's first call builds
+    and times cuDNN's candidates (879 ms of host in one `convolution_backward`, a few syncs among them). With
+    those syncs the cold rule took none of it, and the window priced alloc_churn 1,050 ms/step (the candidates'
+    workspaces) or host_sync (their timing syncs); now the first calls are the cold pass, said once."""
+    s = foreign(f"pub-examples-dcgan-fake-{variant}-no-steps")
+    (row,) = [r for r in s["one_off"] if r["kind"] == COLD_CALL]
+    assert "the first `aten::convolution_backward`" in row["text"] and row["ms"] > 0.7 * s["step_ms"], row
+    assert not {"alloc_churn", "host_sync", "gpu_waits_on_host"} & {
+        f["kind"] for f in s["findings"] if f["ms_per_step"] >= 0.01 * s["step_ms"]}

@@ -75,18 +75,19 @@ def input_bound(tl, ctx, found):
             sampled_us += share * g.us
     us = covered_us + sampled_us
     ms = us / n / 1e3 * ctx["scale"]
-    if not picked or ms < FIRE_SHARE * ctx["step"]:
+    workers = _workers(tl, picked)
+    first = workers and _first_of_cold(tl, spans)  # one batch, in a model's first pass: said once, any share
+    if not picked or ms < FIRE_SHARE * ctx["step"] and not first:
         return None
     for g in picked:
         g.cause = KIND
-    workers = _workers(tl, picked)
     evidence = (_spans_text(tl, ctx, workers) + f"; the GPU idle while it waited {ms:.1f} ms/step{scaled(ctx)}"
                 f" ({100 * us / n / 1e3 / ctx['idle']:.0f}% of the GPU idle), in {len(picked) / n:g} gaps/step"
                 + (f" ({sampled_us / n / 1e3 * ctx['scale']:.1f} ms/step of it where only host samples show the loader)"
                    if sampled_us else ""))
     details = _ops_text(tl, ctx, spans) + _samples_text(tl, picked, spans) + _stacks_text(tl, ctx)
     lines, cores = _work_lines(tl, picked, spans), _cores(tl)
-    if workers and len(spans) == 1 and getattr(tl.ix, "cold", None):  # one batch, in a model's first pass
+    if first:
         total = us / 1e3
         ctx.setdefault("one_off", []).append({"kind": STARTUP, "step": None, "ms": round(total, 1), "text": (
             f"the DataLoader's first batch, the only one in a window that holds the model's first calls (cold): "
@@ -111,6 +112,11 @@ def input_bound(tl, ctx, found):
                    + details,
                    STARTUP_FIX + "; if a later window's batches still wait, "
                    + fix(workers, framework(tl), lines, cores=cores))
+
+
+def _first_of_cold(tl, spans):
+    """Whether the window is a model's first pass (trace/cold.py) and holds one batch, the loader's first."""
+    return len(spans) == 1 and bool(getattr(tl.ix, "cold", None))
 
 
 STARTUP = "loader not yet steady"  # the one-off row's kind (summary `one_off`, beside irregular.split's)

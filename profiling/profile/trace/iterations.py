@@ -2,7 +2,8 @@
 from what repeats; one call's inner loop as that one call; else one window less the run's start-up. Stdlib.
 
 What marks one iteration, most telling first (`MARKERS`): the optimizer's step ends one (torch.profiler annotates
-Optimizer.step); a DataLoader's __next__ begins one; a forward root (with_stack/with_modules: the outermost
+Optimizer.step), unless each DataLoader batch is followed by the same two or more steps (several optimizers: a
+GAN's); a DataLoader's __next__ begins one; a forward root (with_stack/with_modules: the outermost
 nn.Module scope) or a call of a compiled region (`Torch-Compiled Region: N/M`, `## Call CompiledFxGraph`: a
 compiled model records neither modules nor, with a hand-written update, an optimizer; the region called least
 often, so micro-batches are not steps) begins one; on a CPU-only trace, the operators themselves: the one that
@@ -15,6 +16,7 @@ import re
 from collections import Counter
 
 ITERATION_NAME = "iteration#"
+OPTIMIZERS, LOADER = "the optimizer's step", "the DataLoader's next batch"
 OPTIMIZER_STEP = "Optimizer.step#"
 DATALOADER_NEXT = "enumerate(DataLoader)#"
 COMPILED_REGION = "Torch-Compiled Region"  # Dynamo's record_function around each call of a compiled frame
@@ -41,11 +43,30 @@ def _name(e):
 
 def markers(ix):
     """(kind, marks, at_end) in the order tried."""
-    return (("the optimizer's step", [m for m in ix.optimizer_marks if _name(m).startswith(OPTIMIZER_STEP)], True),
-            ("the DataLoader's next batch", ix.loader, False),
+    return ((OPTIMIZERS, _steps(ix), True),
+            (LOADER, ix.loader, False),
             ("the model's forward", ix.modules, False),
             ("a compiled region's call", _least([m for m in ix.cpu_ops if _name(m).startswith(COMPILED_REGION)])
              or _least(ix.graph_calls), False))
+
+
+def _steps(ix):
+    return [m for m in ix.optimizer_marks if _name(m).startswith(OPTIMIZER_STEP)]
+
+
+def _steps_per_batch(ix):
+    """k where every DataLoader batch in the trace is followed, before the next batch (or the trace's end), by the
+    same k >= 2 optimizer steps: several optimizers updated per batch (a GAN's discriminator and generator,
+    pytorch/examples' dcgan), whose steps would split each iteration in k; else None. Fewer steps than batches
+    (gradient accumulation) is the optimizer's step ending an iteration as usual."""
+    batches = sorted(m["ts"] for m in _outermost(ix.loader))
+    steps = sorted(m["ts"] for m in _outermost(_steps(ix)))
+    if not batches or not steps or steps[0] < batches[0]:
+        return None
+    counts = [sum(a <= t < b for t in steps) for a, b in zip(batches, batches[1:] + [float("inf")])]
+    if len(counts) > 1 and counts[-1] == 0:  # the loop's last `__next__` (its StopIteration), or a trim's cut
+        counts.pop()
+    return counts[0] if counts[0] >= 2 and len(set(counts)) == 1 else None
 
 
 def _least(marks):
@@ -64,7 +85,11 @@ def iterations(ix, lo, hi):
     marker that repeats at least twice; [(start, end, name)] of one call when the repeats all run inside one
     annotation the trace holds once (a `record_function("generate")` around a decode loop: the call is the
     step, record["one_call"]); None when nothing repeats."""
+    several = _steps_per_batch(ix)
     for kind, marks, at_end in markers(ix) + ((("the operators' sequence", None, False),) if not ix.device else ()):
+        if several and kind != LOADER:
+            continue  # each batch updates several optimizers (a GAN's D and G, each model called more than once
+            # a batch): only the batch is the iteration
         times = _sequence(ix) if marks is None else _repeats(marks)
         if not times:
             continue

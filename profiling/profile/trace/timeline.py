@@ -123,7 +123,8 @@ class Timeline:
             return
         spans = found["spans"]
         for g in self.gaps:
-            if (found.get("once") and self.loader_overlap(g.start, g.end) < g.us / 2
+            loader = g.launch["ts"] >= g.start and self.loader_overlap(g.start, g.end) >= g.us / 2
+            if (found.get("once") and not loader
                     or sum(max(0.0, min(g.end, b) - max(g.start, a)) for a, b in spans) >= g.us / 2):
                 g.cause = COLD
 
