@@ -3,7 +3,8 @@ imagenet/main.py (--dummy), word_language_model/main.py and dcgan/main.py (--dat
 process profiled from outside by public_harness/sitecustomize.py (torch.profiler started at the interpreter's start,
 no schedule, so no ProfilerStep markers; stopped after N top-level module forwards). Three kinds: `cold` (CPU + CUDA
 from the process's start: first launches, cudaFuncGetAttributes, lazy module loads), `cpuactivity` (CPU activity
-only, the model on the GPU), `stack-cold` (cold with with_stack=True). Before the first forward the host works
+only, the model on the GPU), `stack-cold` (cold with with_stack=True), and `warm` (CPU + CUDA from the first
+forward after WARM_AFTER iterations to WARM_AFTER + 5: a loop's steady state, still without markers). Before the first forward the host works
 for seconds outside the GPU's span: imports, model building, DataLoader workers starting, wlm's tokenizing.
 
     python3 tests/data/foreign/make/make_public_traces_57.py OUTDIR [--examples .public/examples] [NAME|GLOB ...]
@@ -53,6 +54,9 @@ COVER = 0.98       # a trim is accepted when its host events reach this share of
 # Top-level module forwards per training iteration (what the harness counts): imagenet: DataParallel(model),
 # CrossEntropyLoss = 2; wlm: RNNModel/TransformerModel, NLLLoss = 2; dcgan: netD(real), BCELoss, netG(noise),
 # netD(fake.detach()), BCELoss, netD(fake), BCELoss = 7, and iteration 0 one more (netG(fixed_noise), i % 100 == 0).
+WARM_AFTER = 10    # `warm`: the window starts after this many iterations (each script's first ones are cold)
+
+
 def forwards(script, iters):
     return {"imagenet": 2 * iters, "wlm": 2 * iters, "dcgan": 7 * iters + 1}[script]
 
@@ -62,23 +66,27 @@ def runs(small):
     out = []
     def add(script, model, folder, argv, iters, variants):
         for v in variants:
+            start = forwards(script, WARM_AFTER) if v == "warm" else 0
             env = {"PUB_PROF_ACTIVITY": "cpu" if v == "cpuactivity" else "cuda",
                    "PUB_PROF_STACK": "1" if v == "stack-cold" else "0",
-                   "PUB_PROF_FORWARDS": str(forwards(script, iters)), "PUB_PROF_SECONDS": str(HARD_CAP)}
+                   "PUB_PROF_FORWARDS": str(start + forwards(script, iters) - (script == "dcgan" and start > 0)),
+                   "PUB_PROF_SECONDS": str(HARD_CAP), **({"PUB_PROF_START": str(start)} if start else {})}
             out.append((f"pub-examples-{script}-{model}-{v}-no-steps", folder, argv, env))
-    for arch, batch, iters, stack in [("resnet18", 32, 5, True), ("resnet50", 32, 5, True),
-                                      ("mobilenet_v3_small", 32, 5, True), ("densenet121", 16, 4, False)]:
+    for arch, batch, iters, stack, warm in [("resnet18", 32, 5, True, True), ("resnet50", 32, 5, True, True),
+                                            ("mobilenet_v3_small", 32, 5, True, False),
+                                            ("densenet121", 16, 4, False, False)]:
         argv = ["--dummy", "-a", arch, "-b", str(2 if small else batch), "-j", "1" if small else "2", "--gpu", "0"]
         add("imagenet", arch.replace("_", ""), "imagenet", argv, 2 if small else iters,
-            ["cold", "cpuactivity"] + (["stack-cold"] if stack else []))
+            ["cold", "cpuactivity"] + (["stack-cold"] if stack else []) + (["warm"] if warm else []))
     for model in ["LSTM", "GRU", "Transformer"]:
         argv = ["--accel", "--model", model, "--epochs", "1", "--data", "{wlm_data}", "--save", "{tmp}/model.pt"]
         argv += ["--emsize", "32", "--nhid", "32", "--batch_size", "4", "--bptt", "10"] if small else []
-        add("wlm", model.lower(), "word_language_model", argv, 2 if small else 5, ["cold", "cpuactivity"])
+        add("wlm", model.lower(), "word_language_model", argv, 2 if small else 5,
+            ["cold", "cpuactivity"] + (["warm"] if model != "GRU" else []))
     argv = ["--dataset", "fake", "--accel", "--niter", "1", "--manualSeed", "1", "--outf", "{tmp}"]
     argv += ["--batchSize", "4", "--ngf", "8", "--ndf", "8", "--workers", "0"] if small else [
         "--batchSize", "64", "--workers", "2"]
-    add("dcgan", "fake", "dcgan", argv, 2 if small else 5, ["cold", "cpuactivity", "stack-cold"])
+    add("dcgan", "fake", "dcgan", argv, 2 if small else 5, ["cold", "cpuactivity", "stack-cold", "warm"])
     return out
 
 

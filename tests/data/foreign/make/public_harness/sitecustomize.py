@@ -6,6 +6,7 @@ this module at start-up when its folder is on PYTHONPATH; it does nothing unless
     PUB_PROF_STACK=1             # with_stack=True
     PUB_PROF_FORWARDS=N          # stop after N top-level module forwards (a loss module counts as one)
     PUB_PROF_SECONDS=S           # or at the first top-level forward S seconds after start (one done), if sooner
+    PUB_PROF_START=M             # start at the M-th top-level forward (M > 0: a warm window), not at import
 
 The profiler starts here, right after `import torch`, with no schedule: one window from the process's start, no
 ProfilerStep markers. Global forward hooks count top-level forwards (depth 0, main thread); the stop is checked in
@@ -33,18 +34,20 @@ if _OUT:
     _PID = os.getpid()
     _CUDA = os.environ.get("PUB_PROF_ACTIVITY", "cuda") != "cpu"
     _FORWARDS = int(os.environ.get("PUB_PROF_FORWARDS") or 0)
+    _START = int(os.environ.get("PUB_PROF_START") or 0)
     _SECONDS = float(os.environ.get("PUB_PROF_SECONDS") or 0)
     _state = {"forwards": 0, "done": False}
     _depth = threading.local()
 
     _prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _CUDA else []),
                     record_shapes=True, with_stack=os.environ.get("PUB_PROF_STACK") == "1")
-    _prof.start()
+    if not _START:
+        _prof.start()
 
     def _write():
         """Stops the profiler and writes the gzipped trace; returns False when it was already written."""
-        if _state["done"] or os.getpid() != _PID:  # once, and never from a forked DataLoader worker
-            return False
+        if _state["done"] or os.getpid() != _PID or _START and _state["forwards"] < _START:
+            return False  # once, never from a forked DataLoader worker, never before a warm window began
         _state["done"] = True
         if _CUDA and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the last iteration's kernels finished, so recorded
@@ -65,6 +68,11 @@ if _OUT:
         if d or threading.current_thread() is not threading.main_thread():
             return None
         n = _state["forwards"]
+        if _START and n == _START and not _state.get("started"):
+            _state["started"] = True
+            if _CUDA and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the window begins with nothing of the iterations before it queued
+            _prof.start()
         if (_FORWARDS and n >= _FORWARDS) or (_SECONDS and n and time.monotonic() - _T0 >= _SECONDS):
             _write()
             sys.stdout.flush(); sys.stderr.flush()
