@@ -16,6 +16,7 @@ NAMES = sorted(n[:-len(".json.gz")] for n in os.listdir(FOREIGN)
                if n.startswith("pub-examples-") and n.endswith(".json.gz"))
 COLD = [n for n in NAMES if n.endswith("-cold-no-steps")]  # cold and stack-cold
 CPU = [n for n in NAMES if n.endswith("-cpuactivity-no-steps")]
+WARM = [n for n in NAMES if n.endswith("-warm-no-steps")]  # after 10 iterations (make_public_traces_57.py `warm`)
 COLD_CALL = "cold first pass"
 
 
@@ -25,8 +26,8 @@ def kinds(s):
 
 def test_the_20_public_script_traces_are_there_and_described():
     """Issue #57 asked for 20 public traces of its kinds: 12 from the process's first call (cold, 4 of them
-    with Python stacks), 8 with CPU activity only; SOURCES.md describes each."""
-    assert (len(NAMES), len(COLD), len(CPU)) == (20, 12, 8)
+    with Python stacks), 8 with CPU activity only; then 4 warm ones; SOURCES.md describes each."""
+    assert (len(NAMES), len(COLD), len(CPU), len(WARM)) == (24, 12, 8, 4)
     with open(os.path.join(FOREIGN, "SOURCES.md")) as f:
         sources = f.read()
     assert [n for n in NAMES if f"{n}.json.gz" not in sources] == []
@@ -182,3 +183,34 @@ def test_cudnn_benchmarks_first_calls_are_the_cold_pass_not_alloc_churn_or_syncs
     assert "the first `aten::convolution_backward`" in row["text"] and row["ms"] > 0.7 * s["step_ms"], row
     assert not {"alloc_churn", "host_sync", "gpu_waits_on_host"} & {
         f["kind"] for f in s["findings"] if f["ms_per_step"] >= 0.01 * s["step_ms"]}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Warm windows of the same scripts (after 10 iterations): their iterations read from what the loop records
+
+def test_a_warm_gan_window_is_its_batches_each_with_both_updates(foreign):
+    """dcgan warm: the window begins inside iteration 10 (its two optimizer steps before the first batch in it),
+    then 4 whole iterations, then the epoch's last batch arriving as it ends (3 device events: its copy). By
+    the optimizer's step it read 9 half-iterations of 12.4 ms; by the batch, 4 of ~26 ms, the cut one merged."""
+    s = foreign("pub-examples-dcgan-fake-warm-no-steps")
+    assert s["iterations"]["by"] == "the DataLoader's next batch" and s["steps"] == 4, s["iterations"]
+    assert all(c["ok"] for c in s["checks"] if c["name"] in ("device events per step", "profiled steps alike"))
+    assert 20 < s["step_ms"] < 35
+
+
+@pytest.mark.parametrize("model", ["lstm", "transformer"])
+def test_a_loop_with_no_marker_is_read_by_its_losss_backward(model, foreign):
+    """word_language_model warm records no optimizer step, DataLoader or module scope: its 5 iterations are read
+    from the autograd thread, where each backward begins with the loss's node; before, the window was one
+    "step" of 5 iterations (60-69 ms)."""
+    s = foreign(f"pub-examples-wlm-{model}-warm-no-steps")
+    assert s["iterations"]["by"] == "the operators' sequence", s["iterations"]
+    assert s["iterations"]["marker"] == "autograd::engine::evaluate_function: NllLossBackward0"
+    assert s["steps"] >= 4 and s["step_ms"] < 20
+
+
+def test_a_warm_imagenet_window_is_read_by_its_optimizer(foreign):
+    s = foreign("pub-examples-imagenet-resnet18-warm-no-steps")
+    assert s["iterations"]["by"] == "the optimizer's step" and s["steps"] >= 3
+    assert not s["one_off"] or all(r["kind"] != "cold first pass" for r in s["one_off"])
+

@@ -248,10 +248,17 @@ def split(ix, meta):
 
 def _last_is_empty(ix, per_step):
     """Whether a trace's last iteration read from a marker that begins one (a DataLoader's `__next__`, a forward)
-    launched nothing: the loop's final `__next__`, which raised StopIteration (0.2 ms after a ViT eval's 6 batches
-    of 150-290 ms, own-h200-nomarkers-vit-inference-eval-loader), merged into the iteration before it."""
-    return bool(ix.iterations and not ix.iterations.get("one_call") and len(ix.steps) > 2 and per_step
-                and not per_step[-1] and all(per_step[:-1]))
+    launched nothing, or under FRAGMENT of the others' median count: the loop's final `__next__`, which raised
+    StopIteration (0.2 ms after a ViT eval's 6 batches of 150-290 ms, own-h200-nomarkers-vit-inference-eval-loader),
+    or the window's end cutting an iteration just begun (its batch's copy: 3 device events against 398,
+    pub-examples-dcgan-fake-warm), merged into the iteration before it."""
+    if not (ix.iterations and not ix.iterations.get("one_call") and len(ix.steps) > 2 and per_step
+            and all(per_step[:-1])):
+        return False
+    return len(per_step[-1]) < FRAGMENT * statistics.median(len(evs) for evs in per_step[:-1])
+
+
+FRAGMENT = 0.1  # of the other iterations' device events (median): a last iteration this small is a cut one
 
 
 NAMED_RATIO = 1.3   # over the others' median: a step whose own work names a save, an eval or a log goes from here,

@@ -6,8 +6,11 @@ Optimizer.step), unless each DataLoader batch is followed by the same two or mor
 GAN's); a DataLoader's __next__ begins one; a forward root (with_stack/with_modules: the outermost
 nn.Module scope) or a call of a compiled region (`Torch-Compiled Region: N/M`, `## Call CompiledFxGraph`: a
 compiled model records neither modules nor, with a hand-written update, an optimizer; the region called least
-often, so micro-batches are not steps) begins one; on a CPU-only trace, the operators themselves: the one that
-begins every repetition of the same sequence, which holds nearly all of the thread's operators.
+often, so micro-batches are not steps) begins one; last, the operators themselves: the one that begins every
+repetition of the same sequence on the busiest thread, which holds nearly all of that thread's operators (a CPU
+loop; on a GPU only where that operator is a loss's backward node, as in pytorch/examples' word_language_model,
+a loop with no optimizer, DataLoader or module scope whose autograd thread begins each backward with
+NllLossBackward0: an inference's layers, and a backward's, repeat too, and are no iterations).
 
 Whether the first iteration (the run's start-up: CUDA's initialisation, first allocations, compilation) is like
 the others is not decided here: irregular.split leaves out every step that does not repeat.
@@ -17,6 +20,9 @@ from collections import Counter
 
 ITERATION_NAME = "iteration#"
 OPTIMIZERS, LOADER = "the optimizer's step", "the DataLoader's next batch"
+# the autograd node that begins a backward where the loss is a loss function's (NllLossBackward0 after
+# cross_entropy, MseLossBackward0, BinaryCrossEntropyBackward0): once per backward, where a layer's nodes repeat
+LOSS_ROOT = re.compile(r"autograd::engine::evaluate_function: \w*(Loss|CrossEntropy)\w*Backward")
 OPTIMIZER_STEP = "Optimizer.step#"
 DATALOADER_NEXT = "enumerate(DataLoader)#"
 COMPILED_REGION = "Torch-Compiled Region"  # Dynamo's record_function around each call of a compiled frame
@@ -61,8 +67,8 @@ def _steps_per_batch(ix):
     (gradient accumulation) is the optimizer's step ending an iteration as usual."""
     batches = sorted(m["ts"] for m in _outermost(ix.loader))
     steps = sorted(m["ts"] for m in _outermost(_steps(ix)))
-    if not batches or not steps or steps[0] < batches[0]:
-        return None
+    if not batches or not steps:
+        return None  # (steps before the first batch end an iteration the window began inside of)
     counts = [sum(a <= t < b for t in steps) for a, b in zip(batches, batches[1:] + [float("inf")])]
     if len(counts) > 1 and counts[-1] == 0:  # the loop's last `__next__` (its StopIteration), or a trim's cut
         counts.pop()
@@ -86,13 +92,14 @@ def iterations(ix, lo, hi):
     annotation the trace holds once (a `record_function("generate")` around a decode loop: the call is the
     step, record["one_call"]); None when nothing repeats."""
     several = _steps_per_batch(ix)
-    for kind, marks, at_end in markers(ix) + ((("the operators' sequence", None, False),) if not ix.device else ()):
+    for kind, marks, at_end in markers(ix) + (("the operators' sequence", None, False),):
         if several and kind != LOADER:
             continue  # each batch updates several optimizers (a GAN's D and G, each model called more than once
             # a batch): only the batch is the iteration
         times = _sequence(ix) if marks is None else _repeats(marks)
-        if not times:
-            continue
+        if not times or marks is None and ix.device and not LOSS_ROOT.match(str(times[0])):
+            continue  # on a GPU, only a loss's backward node marks a loop (an inference's or a backward's layers
+            # repeat too)
         name, times = times
         call = None if at_end else _one_call(ix.annotations, times)
         if call is not None:
