@@ -191,9 +191,11 @@ def test_cudnn_benchmarks_first_calls_are_the_cold_pass_not_alloc_churn_or_syncs
 def test_a_warm_gan_window_is_its_batches_each_with_both_updates(foreign):
     """dcgan warm: the window begins inside iteration 10 (its two optimizer steps before the first batch in it),
     then 4 whole iterations, then the epoch's last batch arriving as it ends (3 device events: its copy). By
-    the optimizer's step it read 9 half-iterations of 12.4 ms; by the batch, 4 of ~26 ms, the cut one merged."""
+    the optimizer's step it read 9 half-iterations of 12.4 ms; by the batch, 4 of ~26 ms, the cut one said once."""
     s = foreign("pub-examples-dcgan-fake-warm-no-steps")
     assert s["iterations"]["by"] == "the DataLoader's next batch" and s["steps"] == 4, s["iterations"]
+    (cut,) = [r for r in s["one_off"] if r["kind"] == "cut by the window's end"]
+    assert "3 device events against the others' median of 398" in cut["text"], cut
     assert all(c["ok"] for c in s["checks"] if c["name"] in ("device events per step", "profiled steps alike"))
     assert 20 < s["step_ms"] < 35
 

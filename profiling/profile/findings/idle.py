@@ -152,8 +152,10 @@ def _exposed_gaps(tl, syncs):
     exposed = []
     for g in tl.gaps:
         k = tl.step_of(g.launch["ts"])
+        if k is None:  # launched outside the steps (a merged last iteration's launch after the window's end)
+            continue
         after = first_end.get(k, math.inf), first_end.get(k - 1, math.inf)
-        if g.cause is None and k is not None and not _in_one_call(g) and (
+        if g.cause is None and not _in_one_call(g) and (
                 g.us >= LONG_GAP_US and after[0] <= g.start or g.us >= FRAGMENT_GAP_US and min(after) <= g.start):
             g.cause = "host_sync"
             exposed.append(g)

@@ -195,11 +195,17 @@ def split(ix, meta):
     windows, attributed, meta): the device events per like step and their windows on the GPU timeline
     (traceio.attribute, step_windows; None on a CPU trace), what attribution left out, and the metadata with the
     host samples renumbered to the like steps. Every table and finding then sees the same like steps."""
-    per_step = windows = attributed = None
+    per_step = windows = attributed = cut = None
     if ix.device:
         per_step, attributed = traceio.attribute(ix)
-        if _last_is_empty(ix, per_step):  # the loop's last `__next__` (StopIteration): no iteration of its own
+        last = _last_iteration(ix, per_step)
+        if last == EMPTY:  # the loop's last `__next__` (StopIteration): no iteration of its own
             ix.steps = ix.steps[:-2] + [(ix.steps[-2][0], ix.steps[-1][1], ix.steps[-2][2])]
+        elif last == CUT:  # an iteration the window's end cut: no step, said once below
+            cut = (len(per_step[-1]), statistics.median(map(len, per_step[:-1])),
+                   sum(e.get("dur", 0.0) for e, _ in per_step[-1]) / 1e3)
+            ix.steps = ix.steps[:-1]
+        if last:
             ix.iterations = dict(ix.iterations, count=len(ix.steps))
             per_step = per_step[:-1]
         windows = traceio.step_windows(per_step, ix.steps, host=bool(ix.whole or ix.iterations), device=ix.device)
@@ -215,6 +221,12 @@ def split(ix, meta):
     if windows is not None:
         inside = [max(ms, sum(e - s for s, e in spans if a <= e < b) / 1e3) for ms, (a, b) in zip(inside, windows)]
     ix.one_off = _outside_rows(ix, spans)
+    if cut:
+        n, median, ms = cut
+        ix.one_off.append({"kind": CUT, "step": None, "ms": round(ms, 3), "text": (
+            f"the window's last iteration, cut by its end ({n} device events against the others' median of "
+            f"{median:g}, {ms:.2f} ms of device time: a batch arriving, or the last batch begun): left out of "
+            "every per-step figure")})
     ix.cold = cold.first_calls(ix, windows[0], [e for e, _ in per_step[0]]) if ix.whole and windows else None
     if ix.cold:  # one window from a model's first call: its cold start, said once, priced in no finding
         ix.cold["once"] = iterations.ran_once(ix)  # and nothing but that first iteration: no steady pace in it
@@ -246,19 +258,23 @@ def split(ix, meta):
     return per_step, windows, attributed, _renumbered(meta, keep)
 
 
-def _last_is_empty(ix, per_step):
-    """Whether a trace's last iteration read from a marker that begins one (a DataLoader's `__next__`, a forward)
-    launched nothing, or under FRAGMENT of the others' median count: the loop's final `__next__`, which raised
-    StopIteration (0.2 ms after a ViT eval's 6 batches of 150-290 ms, own-h200-nomarkers-vit-inference-eval-loader),
-    or the window's end cutting an iteration just begun (its batch's copy: 3 device events against 398,
-    pub-examples-dcgan-fake-warm), merged into the iteration before it."""
+def _last_iteration(ix, per_step):
+    """EMPTY where a trace's last iteration read from a marker that begins one (a DataLoader's `__next__`, a
+    forward) launched nothing: the loop's final `__next__`, which raised StopIteration (0.2 ms after a ViT eval's
+    6 batches of 150-290 ms, own-h200-nomarkers-vit-inference-eval-loader), merged into the iteration before it;
+    CUT where it launched under FRAGMENT of the others' median count: an iteration just begun when the window
+    ended (a batch's copies and a fill: 3 device events against 398 in pub-examples-dcgan-fake-warm; the ViT
+    eval's last batch, 10 against 385), left out; else None."""
     if not (ix.iterations and not ix.iterations.get("one_call") and len(ix.steps) > 2 and per_step
             and all(per_step[:-1])):
-        return False
-    return len(per_step[-1]) < FRAGMENT * statistics.median(len(evs) for evs in per_step[:-1])
+        return None
+    if not per_step[-1]:
+        return EMPTY
+    return CUT if len(per_step[-1]) < FRAGMENT * statistics.median(map(len, per_step[:-1])) else None
 
 
-FRAGMENT = 0.1  # of the other iterations' device events (median): a last iteration this small is a cut one
+EMPTY, CUT = "empty", "cut by the window's end"
+FRAGMENT = 0.1  # of the other iterations' device events (median): a last iteration this small was cut
 
 
 NAMED_RATIO = 1.3   # over the others' median: a step whose own work names a save, an eval or a log goes from here,
