@@ -410,15 +410,8 @@ def _summarize_device(ix, meta, how, per_step, windows, out):
     s["bound"] = _step_bound(tl, bounds, rate, s)
     s["cuda_calls"] = cuda_calls.table(tl)
     tl.bounds = bounds
-    once = (getattr(ix, "cold", None) or {}).get("once")
     if step_ms >= MIN_JUDGED_MS:
         s.update(findings.diagnose(tl, s, stacks=how["stacks"]))
-        if once:  # the loop's first iteration and nothing else: its one-offs stand, no per-step price does
-            s.update(findings=[], no_findings=(
-                f"the window is the loop's first iteration only ({once} recorded once), from the model's first "
-                "calls: neither its host's pace nor its kernels (first launches, each new shape's set-up, "
-                "cudnn.benchmark's candidates) are a later step's, so nothing here is priced per step; profile "
-                "after a warm-up (torch.profiler.schedule(wait=1, warmup=1, active=3))"))
     else:
         s.update(findings=[], unknown=[], skipped=[],
                  no_findings=f"the step is {_ms_text(step_ms)} of device timeline, shorter than {MIN_JUDGED_MS:g} ms: "
