@@ -152,7 +152,7 @@ def _exposed_gaps(tl, syncs):
     exposed = []
     for g in tl.gaps:
         k = tl.step_of(g.launch["ts"])
-        if k is None:  # launched outside the steps (a merged last iteration's launch after the window's end)
+        if k is None:  # launched outside the steps (in an iteration the window's end cut, left out)
             continue
         after = first_end.get(k, math.inf), first_end.get(k - 1, math.inf)
         if g.cause is None and not _in_one_call(g) and (
@@ -417,8 +417,9 @@ def _kept_compiled(chain):
 def _compile_saves(tl, ctx, gaps):
     """(ms/step, kernels/step fewer, us each): what torch.compile of the model saves the host in a launch-bound
     eager loop: the FUSIBLE kernels of the model's part that the lines these gaps wait on launch (BatchNorm's
-    left out: compiled code launches as many), FUSED_SHARE of them, at those lines' host time per launch (their allocation calls' time left out: compiling keeps those);
-    without a line record, the whole step's launches at the step's host time each."""
+    left out: compiled code launches as many), FUSED_SHARE of them, at those lines' host time per launch (their
+    allocation calls' time left out: compiling keeps those); without a line record, the whole step's launches at
+    the step's host time each."""
     waited, fusible, kernels, alloc = set(), Counter(), Counter(), Counter()
     for g in gaps:
         line = lines.line_of(tl, tl.op_of(g.launch), g.launch)

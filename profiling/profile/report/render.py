@@ -287,10 +287,11 @@ def _findings(s, shown=MAX_FINDINGS):
         lines.append(f"No findings: {s['no_findings']}")
     elif not big:
         idle = "outside operators" if s.get("kind") == "cpu" else "GPU idle"
-        tried = any(u.get("experiment") and u["ms_per_step"] >= SHOW_PERCENT / 100 * step for u in s.get("unknown") or ())
+        tried = any(u.get("experiment") and u["ms_per_step"] >= SHOW_PERCENT / 100 * step
+                    for u in s.get("unknown") or ())
         lines.append(f"No rule found a cause costing {SHOW_PERCENT:g}% of the step or more "
-                     + ("with a fix that keeps what the model computes; an experiment that changes it is below " if tried else "")
-                     + f"({idle} {s['idle_percent']:.1f}%)" + _unexplained(s.get("bound")))
+                     + ("with a fix that keeps what the model computes; an experiment that changes it is below "
+                        if tried else "") + f"({idle} {s['idle_percent']:.1f}%)" + _unexplained(s.get("bound")))
     if len(found) > len(big):
         lines.append(f"({len(found) - len(big)} smaller in summary.json `findings`)")
     lines += [f"note: {f['evidence']}" for f in s["findings"] if f["kind"] == "profiler_overhead"]
@@ -308,9 +309,9 @@ def _unknown(s):
     fix no measurement shows to pay; "experiment": a cause whose only remedy changes the model, at what that
     remedy could recover); the rules this trace could not run."""
     step = s["step_ms"]
-    lines = [_UNKNOWN_LABEL[bool(u.get("experiment")), bool(u.get("unpriced"))] + f": {u['what']} (~{_ms(u['ms_per_step'])} "
-             f"ms/step, {u['rule']}" + (f"; would need: {', '.join(u['missing'])})" if u.get("missing")
-                                         and not u.get("experiment") else ")")
+    lines = [_UNKNOWN_LABEL[bool(u.get("experiment")), bool(u.get("unpriced"))]
+             + f": {u['what']} (~{_ms(u['ms_per_step'])} ms/step, {u['rule']}"
+             + (f"; would need: {', '.join(u['missing'])})" if u.get("missing") and not u.get("experiment") else ")")
              for u in s.get("unknown") or () if u["ms_per_step"] >= SHOW_PERCENT / 100 * step]
     skipped = [f"{x['rule']} ({', '.join(x['missing'])})" for x in s.get("skipped") or ()]
     if skipped:

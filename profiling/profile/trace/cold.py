@@ -134,9 +134,9 @@ def text(found):
     parts += [f"`{k}` {v:,.1f} ms" for k, v in list(found["calls"].items())[:SHOWN]]
     parts += [f"the first `{k}` {v:,.1f} ms over its later calls" for k, v in list(found["ops"].items())[:SHOWN]]
     once = (f"; and it holds one iteration of the loop ({found['once']} recorded once), the first: its host ran "
-            "at a first pass's pace throughout, so none of its GPU idle is priced as a step's") if found.get("once") else ""
+            "at a first pass's pace throughout, so none of its GPU idle is priced as a step's"
+            if found.get("once") else "")
     return (f"the window holds the model's first calls, cold: the GPU waited {found['ms']:,.1f} ms while the host was "
             "in them (" + "; ".join(parts) + "); no later step pays them, so that idle is left out of every finding"
-            + once + "; "
-            "profile after a warm-up to see the steady state (torch.profiler.schedule(wait=1, warmup=1, active=3), "
-            "or one call of the model before the profile)")
+            + once + "; profile after a warm-up to see the steady state (torch.profiler.schedule(wait=1, warmup=1, "
+            "active=3), or one call of the model before the profile)")
