@@ -40,7 +40,8 @@ def test_workers_still_starting_are_said_once_not_priced_per_step(startup):
     (row,) = [r for r in startup["one_off"] if r["kind"] == input_pipeline.STARTUP]
     assert row["step"] is None and 240 < row["ms"] < 246  # the window's GPU idle under the waits, said once
     text = row["text"]
-    assert "187.1, 0.03, 49.5, 0.03, 6.6, 0.05 ms" in text and "the waits shrank batch by batch" in text
+    assert "187.1, 0.03, 49.5, 0.03, 6.6, 0.05 (after the last step: 0.04) ms" in text
+    assert "the waits shrank batch by batch" in text
     assert "~0 ms/step" in text and "profile later in the run" in text and "persistent_workers=True" in text
     assert "more of them" not in text
     md = render.to_markdown(startup)

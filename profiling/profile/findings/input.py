@@ -142,17 +142,27 @@ def _pace(tl, picked, ctx):
     fast = [i for i in range(len(waits)) if i not in set(slow)]
     if not slow or not fast:
         return None
-    run = slow == list(range(slow[0], slow[-1] + 1))
-    edge = run and (slow[0] == 0 or slow[-1] == len(waits) - 1)
-    shrinking = len(slow) > 1 and fast[-1] == len(waits) - 1 and all(
-        waits[j] <= SHRINK * waits[i] for i, j in zip(slow, slow[1:]))
-    listed = ", ".join(f"{w:.1f}" if w >= 0.1 else f"{w:.2f}" for w in waits)
+    # the pattern is read with the batches the window recorded after its last step too (the next iteration's,
+    # cut by the window's end: pytorch/examples' imagenet, 2 workers, waits 30, 0.1, 5, 0.1 in the steps and 21
+    # after them: batches in bursts, not a queue filling)
+    end = tl.windows[-1][1] if tl.windows else float("inf")
+    after = [m["dur"] / 1e3 for m in getattr(getattr(tl, "ix", None), "loader", ()) if m["ts"] >= end and m.get("dur")]
+    every = waits + after
+    late = [i for i, w in enumerate(every) if w >= SLOW_WAIT * fastest]
+    run = late == list(range(late[0], late[-1] + 1))
+    edge = run and (late[0] == 0 or late[-1] == len(every) - 1)
+    shrinking = len(late) > 1 and late[-1] < len(every) - 1 and all(
+        every[j] <= SHRINK * every[i] for i, j in zip(late, late[1:]))
+    listed = ", ".join(f"{w:.1f}" if w >= 0.1 else f"{w:.2f}" for w in waits) + (
+        " (after the last step: " + ", ".join(f"{w:.1f}" if w >= 0.1 else f"{w:.2f}" for w in after) + ")"
+        if after else "")
     ms_each = [_idle_under(a, b, picked) for a, b, _ in spans]
     fast_ms = sum(ms_each[i] for i in fast) / len(fast) * len(spans) / tl.n * ctx["scale"]
-    where = ("the first" if slow[0] == 0 else "the last") if edge else ""
+    where = ("the first" if late[0] == 0 else "the last") if edge else ""
     if edge or shrinking:
-        how = (f"{where} {len(slow)} of {len(waits)} batches waited, the other {len(fast)} came without a wait"
-               if edge else f"the waits shrank batch by batch while {len(fast)} of {len(waits)} batches came without "
+        n_fast = len(every) - len(late)
+        how = (f"{where} {len(late)} of {len(every)} batches waited, the other {n_fast} came without a wait"
+               if edge else f"the waits shrank batch by batch while {n_fast} of {len(every)} batches came without "
                "a wait")
         return {"uneven": False, "steady_ms": fast_ms, "text": (
             f"its next-batch waits, batch by batch, {listed} ms: {how} (under "
@@ -160,7 +170,7 @@ def _pace(tl, picked, ctx):
             f"queue fills; at the fast batches' pace the loader costs "
             + (f"{fast_ms:.1f} ms/step" if fast_ms >= 0.05 else "~0 ms/step"))}
     return {"uneven": True, "steady_ms": None, "text": (
-        f"uneven: its next-batch waits, batch by batch, {listed} ms: {len(slow)} of {len(waits)} batches waited, "
+        f"uneven: its next-batch waits, batch by batch, {listed} ms: {len(late)} of {len(every)} batches waited, "
         f"among others that came without a wait (batches that come in bursts, as workers that finish together); "
         f"priced at the window's mean, what the loader costs while the pattern holds")}
 

@@ -7,6 +7,8 @@ this module at start-up when its folder is on PYTHONPATH; it does nothing unless
     PUB_PROF_FORWARDS=N          # stop after N top-level module forwards (a loss module counts as one)
     PUB_PROF_SECONDS=S           # or at the first top-level forward S seconds after start (one done), if sooner
     PUB_PROF_START=M             # start at the M-th top-level forward (M > 0: a warm window), not at import
+    PUB_PROF_TIME=1              # no profiler: PUB_PROF_OUT gets {"forwards": [seconds at each top-level
+                                 # forward from START on]} as JSON (a fix's unprofiled iteration times)
 
 The profiler starts here, right after `import torch`, with no schedule: one window from the process's start, no
 ProfilerStep markers. Global forward hooks count top-level forwards (depth 0, main thread); the stop is checked in
@@ -39,9 +41,11 @@ if _OUT:
     _state = {"forwards": 0, "done": False}
     _depth = threading.local()
 
-    _prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _CUDA else []),
-                    record_shapes=True, with_stack=os.environ.get("PUB_PROF_STACK") == "1")
-    if not _START:
+    _TIMES = [] if os.environ.get("PUB_PROF_TIME") == "1" else None
+    _prof = None if _TIMES is not None else profile(
+        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _CUDA else []), record_shapes=True,
+        with_stack=os.environ.get("PUB_PROF_STACK") == "1")
+    if not _START and _prof is not None:
         _prof.start()
 
     def _write():
@@ -52,6 +56,13 @@ if _OUT:
         if _CUDA and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the last iteration's kernels finished, so recorded
         secs = time.monotonic() - _T0
+        if _prof is None:
+            import json
+            with open(_OUT + ".tmp", "w") as f:
+                json.dump({"forwards": _TIMES}, f)
+            os.replace(_OUT + ".tmp", _OUT)
+            print(f"pub-prof: wrote {_OUT} ({_state['forwards']} forwards, {secs:.1f} s)", flush=True)
+            return True
         _prof.stop()
         raw, tmp = (_OUT[:-3] if _OUT.endswith(".gz") else _OUT + ".json"), _OUT + ".tmp"
         _prof.export_chrome_trace(raw)
@@ -72,7 +83,10 @@ if _OUT:
             _state["started"] = True
             if _CUDA and torch.cuda.is_initialized():
                 torch.cuda.synchronize()  # the window begins with nothing of the iterations before it queued
-            _prof.start()
+            if _prof is not None:
+                _prof.start()
+        if _TIMES is not None and n >= _START:
+            _TIMES.append(time.monotonic())
         if (_FORWARDS and n >= _FORWARDS) or (_SECONDS and n and time.monotonic() - _T0 >= _SECONDS):
             _write()
             sys.stdout.flush(); sys.stderr.flush()
