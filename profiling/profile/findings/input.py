@@ -46,6 +46,7 @@ INNERMOST = 3       # frames the sampler keeps whatever their file (profiling/pr
 SLOW_WAIT = 0.1     # a batch was waited on when its __next__ took this share of the window's fastest step or more
 SHRINK = 0.5        # slow waits each at most this share of the one before: the queue filling, not a steady shortfall
 MIN_BATCHES = 3     # fewer batches cannot tell a start-up from a steady loader
+APART = 3.0         # the waited batches at least this many times the fast ones' longest wait: two groups, not one
 IDLE_FRAMES = ("threading.py", "queues.py", "queue.py", "selectors.py", "connection.py", "multiprocessing/",
                "futures/")  # a wait on other threads or processes, no work of its own
 
@@ -140,8 +141,8 @@ def _pace(tl, picked, ctx):
     waits = [(b - a) / 1e3 for a, b, _ in spans]
     slow = [i for i, w in enumerate(waits) if w >= SLOW_WAIT * fastest]
     fast = [i for i in range(len(waits)) if i not in set(slow)]
-    if not slow or not fast:
-        return None
+    if not slow or not fast or min(waits[i] for i in slow) < APART * max(waits[i] for i in fast):
+        return None  # one cluster the line cuts (dcgan's 1.6-3.0 ms, every batch alike) is no split
     # the pattern is read with the batches the window recorded after its last step too (the next iteration's,
     # cut by the window's end: pytorch/examples' imagenet, 2 workers, waits 30, 0.1, 5, 0.1 in the steps and 21
     # after them: batches in bursts, not a queue filling)
