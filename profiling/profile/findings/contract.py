@@ -230,6 +230,13 @@ def capped(rate, peak):
     return rate, ""
 
 
+def ancestors(tl, op):
+    """An operator and those around it, innermost first."""
+    while op is not None:
+        yield op
+        op = tl.parent.get(id(op))
+
+
 def top(counts, k=3):
     """The k largest (key, value) pairs of a dict."""
     return sorted(counts.items(), key=lambda kv: -kv[1])[:k]

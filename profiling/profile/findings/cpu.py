@@ -24,7 +24,7 @@ import math
 import re
 from collections import Counter
 
-from profiling.profile.findings.contract import finding, rule, top, unknown
+from profiling.profile.findings.contract import ancestors, finding, rule, top, unknown
 from profiling.profile.findings.waste import EAGER_CATEGORIES, EAGER_MIN_SHARE, FUSED_OPTIMIZERS, part
 from profiling.profile.tables.roofline import GEMM_OPS, gemm_flops
 from profiling.profile.trace.classify import classify_cpu_op
@@ -270,15 +270,16 @@ def _dropout(tl, ctx):
     math_us, math_calls = 0.0, set()
     for op, us, _ in tl.placed:
         chain = tl.chain(op)
-        if any(c.startswith(DROPOUT_OPS) for c in chain):
+        masks = any(c.startswith(DROPOUT_OPS) for c in chain)
+        if masks:
             fwd += us
             seq = (op.get("args") or {}).get("Sequence number")
             if seq is not None:
                 seqs.add(seq)
-        elif SDPA_MATH in chain:
-            math_us += us
-        if SDPA_MATH in chain and any(c.startswith(DROPOUT_OPS) for c in chain):
-            math_calls.add(_ancestor(tl, op, SDPA_MATH))
+        if SDPA_MATH in chain:
+            math_us += 0.0 if masks else us
+            if masks:
+                math_calls.add(id(next(o for o in ancestors(tl, op) if o.get("name") == SDPA_MATH)))
     for op, us, _ in tl.placed:
         if _dropout_backward(tl, op, seqs):
             bwd += us
@@ -297,25 +298,12 @@ def _dropout(tl, ctx):
             "its validation loss at equal steps holds, not a fix", experiment=True)
 
 
-def _ancestor(tl, op, name):
-    """The enclosing event named `name` of op (or op itself)."""
-    node = op
-    while node is not None and str(node.get("name", "")) != name:
-        node = tl.parent.get(id(node))
-    return id(node)
-
-
 def _dropout_backward(tl, op, seqs):
     """Whether op runs in dropout's backward: under a dropout backward node, or under the autograd node whose
     sequence number a dropout's forward operator recorded (the multiply by the mask's MulBackward0)."""
-    node = op
-    while node is not None:
-        name = str(node.get("name", ""))
-        if name.startswith(DROPOUT_BACKWARD) or (name.startswith("autograd::engine::evaluate_function") and (
-                node.get("args") or {}).get("Sequence number") in seqs):
-            return True
-        node = tl.parent.get(id(node))
-    return False
+    return any(str(node.get("name", "")).startswith(DROPOUT_BACKWARD) or (
+        str(node.get("name", "")).startswith("autograd::engine::evaluate_function")
+        and (node.get("args") or {}).get("Sequence number") in seqs) for node in ancestors(tl, op))
 
 
 def _waits(tl):

@@ -21,6 +21,7 @@ from collections import Counter
 
 from profiling.profile.findings import convs, lines
 from profiling.profile.findings.contract import (
+    ancestors,
     capped,
     claim,
     device_share,
@@ -334,7 +335,7 @@ def _attention_calls(tl, kind):
         for (e, launch), cat in zip(evs, tl.labels[k]):
             if cat in ("memory", "optimizer"):
                 continue
-            op = next((o for o in _ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))),
+            op = next((o for o in ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))),
                       None)
             if op is None:
                 continue
@@ -352,17 +353,11 @@ def _attention_calls(tl, kind):
     return {key: (us, len(ids), f, dims, causal) for key, (us, ids, f, dims, causal, _) in groups.items()}
 
 
-def _ancestors(tl, op):
-    while op is not None:
-        yield op
-        op = tl.parent.get(id(op))
-
-
 def fused_causal(tl, launch):
     """Whether a kernel belongs to an attention call that is causal (or a window op) off the math path: the
     form attention should take, however fast its kernel runs for these shapes (a fused kernel at head size 64
     runs well under its rate at 128); no finding prices it as slow."""
-    op = next((o for o in _ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))), None)
+    op = next((o for o in ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))), None)
     if op is None or "attention_math" in str(op["name"]):
         return False
     return "window" in str(op["name"]) or causal_flag((op.get("args") or {}).get("Concrete Inputs")) is True
@@ -545,7 +540,7 @@ def _math_attention(tl):
             dims = (op.get("args") or {}).get("Input Dims") if op is not None else None
             if not isinstance(dims, list) or not any(isinstance(d, list) and len(d) >= 3 for d in dims):
                 continue  # score matrices and batched GEMMs are 3-D or more
-            if not any(ATTENTION_OP.search(str(o.get("name", ""))) for o in _ancestors(tl, op)):
+            if not any(ATTENTION_OP.search(str(o.get("name", ""))) for o in ancestors(tl, op)):
                 ops[id(e)] = (e, cat, dims)
     for e, cat, dims in ops.values():
         g = _score_gemm(dims) if cat == "GEMM" else None
@@ -651,7 +646,7 @@ def _backend_calls(tl, kind):
         for (e, launch), cat in zip(evs, tl.labels[k]):
             if cat in ("memory", "optimizer"):
                 continue
-            ops = [o for o in _ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))]
+            ops = [o for o in ancestors(tl, tl.op_of(launch)) if ATTENTION_OP.search(str(o.get("name", "")))]
             if not ops:
                 continue
             call = calls.setdefault(id(ops[-1]), {"op": ops[-1], "names": [str(o["name"]) for o in ops],
