@@ -230,6 +230,7 @@ def main(argv=None):
         print(f"plain trace: {args.plain_trace}")
     print(f"loss {loss.item():.4f} after {step + 1} steps; {ms:.2f} ms/step over the last {step + 1 - timed_from}")
     if prof:
+        prof.close()  # a loop that ended first: the report of what was recorded (a no-op once done)
         print(prof.report)
 
 

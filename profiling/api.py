@@ -47,7 +47,8 @@ the unprofiled step time and named in the report (profiling/profile/trace/irregu
 profiled steps. The report compares itself with profiles/latest only when that one is of the same script and
 model (profiling/profile/report/folder.py's run_identity).
 
-What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 = 16 steps; each trains the model as usual):
+What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 + 5 = 21 steps at the least; each trains the
+model as usual):
     warmup_steps            untimed: compilation, autotuning, the allocator settling
     timed_steps             unprofiled, timed between two device syncs: the step time the report checks the
                             profiled one against (or give `unprofiled_step_ms` and set timed_steps=0)
@@ -60,6 +61,12 @@ What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 = 16 steps; ea
     1 more                  CUDA only (off with memory=False): GPU memory at the step's peak by category, and
                             with micro_batch the largest micro-batch predicted to fit
                             (profiling/profile/capture/memory.py, gpu_memory.py)
+    timed_steps more        unprofiled, timed as before the window; more of them, one round at a time, while
+                            the mean of all the timed steps is not known within 3% (inputs whose size changes
+                            every step, a noisy host) or the steps after the window ran at another pace than
+                            those before it (a loaded host's): up to max_timed_steps (200) in all and 30 s.
+                            Never in a several-process run; max_timed_steps=timed_steps: none. The report is
+                            written after them; a loop that ends meanwhile gets it with the steps timed so far
 
 Lines of compiled code: the compiler records which source lines each kernel came from only for graphs
 compiled after the Profiler was created; create it before the first call of a torch.compile'd function (the
@@ -70,6 +77,7 @@ import torch; creating a Profiler does.
 """
 import atexit
 import contextlib
+import gc
 import os
 import sys
 import tempfile
@@ -82,6 +90,10 @@ from profiling.profile.trace import whose
 from profiling.profile.trace.join import OPS
 
 PROFILER_WARMUP = 1   # torch.profiler's own start-up step, not recorded
+# The steps after the window are timed too, before the report (one round at least; more until irregular's
+# MEAN_ERROR and DRIFT are met), up to this many timed steps in all (max_timed_steps' default) and this long
+MORE_STEPS = 200
+MORE_S = 30.0
 # Timed steps whose time still rises are warm-up (a DataLoader with workers fills its prefetch queue at start
 # and drains it in the first steps: an H100 ResNet-18 with 2 workers timed 28, 29, 92, 101, 93 ms, its steady
 # state ~100 ms): the timing starts again after them, at most this many times.
@@ -108,6 +120,7 @@ class Profiler:
     flops_per_token: model FLOPs per token (for MFU), or None: then MFU is computed from the FLOPs the trace
         shows (GEMMs and attention, from their recorded shapes).
     warmup_steps, timed_steps, profiler_warmup_steps, active_steps: the schedule above.
+    max_timed_steps: the timed steps at most, those after the window included (the schedule above).
     unprofiled_step_ms: a step time you measured yourself, instead of the timed steps.
     out_dir: where each profile's folder goes (default: $AUTORESEARCH_PROFILE_DIR, else ./profiles).
     reference: a profile's summary.json to look for a regression against, or None.
@@ -127,15 +140,16 @@ class Profiler:
     def __init__(self, model=None, *, tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
                  profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None, out_dir=None,
                  reference=None, metadata=None, top=10, ranks=None, micro_batch=None, memory=None,
-                 samples_per_step=None, code_roots=None, ops="device"):
+                 samples_per_step=None, code_roots=None, ops="device", max_timed_steps=MORE_STEPS):
         self.parameters = _parameters(model)
         check_arguments(tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
                         warmup_steps=warmup_steps, timed_steps=timed_steps,
                         profiler_warmup_steps=profiler_warmup_steps, active_steps=active_steps,
                         unprofiled_step_ms=unprofiled_step_ms, out_dir=out_dir, reference=reference,
                         metadata=metadata, top=top, micro_batch=micro_batch, memory=memory,
-                        samples_per_step=samples_per_step, code_roots=code_roots, ops=ops)
-        self.samples_per_step, self.ops = samples_per_step, ops
+                        samples_per_step=samples_per_step, code_roots=code_roots, ops=ops,
+                        max_timed_steps=max_timed_steps)
+        self.samples_per_step, self.ops, self.max_timed = samples_per_step, ops, max_timed_steps
 
         from profiling.profile.report import folder
         if out_dir is None:
@@ -159,6 +173,7 @@ class Profiler:
         self.memory = self.memory_asked and self.cuda
         self.model = model
         self.steps, self.done, self.result, self._window, self._guard = 0, False, None, None, None
+        self._each, self._held = [], None  # the timed steps' ms; the window's trace while more are timed after it
         self._settling = 0  # timing rounds restarted because the step time was still rising
         # wait for the steady state (SETTLE_ROUNDS, the window's _settle) on CUDA only: a CPU step's time swings
         # by 1.5x on a loaded 2-core host, which read as still rising would outrun a loop of fixed length
@@ -176,10 +191,11 @@ class Profiler:
 
     @property
     def total_steps(self):
-        """Steps the profile takes, the line-record and memory steps included."""
+        """Steps the profile takes at the least: the line-record and memory steps and one round of timed steps
+        after the window included (more where the timed steps do not yet pin their mean down)."""
         from profiling.profile.capture import eager_record
         return (self.warmup + self.timed + self.profiler_warmup + self.active + 1 + int(eager_record.enabled())
-                + int(self.memory))
+                + int(self.memory) + self.timed * self._times_after())
 
     def __enter__(self):
         return self
@@ -218,10 +234,17 @@ class Profiler:
                 self._start_timing()
                 return
             self._open()
+        elif self._held is not None:
+            self._marks.append(self._mark())
+            if self._timed_enough():
+                self._finish(*self._release())
         elif self._window is not None:
             trace = self._window.step()
             if trace is not None:
-                self._finish(trace, self._window.t_end)
+                if self._time_more():
+                    self._hold(trace, self._window.t_end)
+                else:
+                    self._finish(trace, self._window.t_end)
 
     def close(self):
         """End a profile the loop left unfinished; the context manager's exit calls it. What the profiled
@@ -248,7 +271,7 @@ class Profiler:
         stopped stepping inside the window without close() (its function returned, or it left its loop). The
         report is written, without what was recorded after the last step, inside whatever the program does
         next. False: not here (inside a backward pass), the watchdog asks again."""
-        if self.done or self._window is None:
+        if self.done or (self._window is None and self._held is None):
             return None
         if _in_backward():  # autograd's engine has the profiler's records of its own open: after it
             return False
@@ -266,6 +289,7 @@ class Profiler:
         asks to stop now, and on any cause in a several-process run, where the report's collectives could wait
         on a rank that has gone."""
         window, self._window = self._window, None
+        holding = self._held is not None  # the window's trace, while the steps after it were timed
         self._unguard()
         steps = self.steps
         if cause is None:
@@ -274,12 +298,16 @@ class Profiler:
                 f"the loop stopped after step {steps}"
         how = how or f"{cause} in step {steps + 1}"
         try:
-            trace = window.end_early(how, cut=cause == "stopped") if window is not None else None
+            if holding:  # with the steps timed so far
+                trace, t_end = self._release()
+            else:
+                trace = window.end_early(how, cut=cause == "stopped") if window is not None else None
+                t_end = time.perf_counter()
             if trace is None:
                 if window is not None and cause is not None:
                     _say(f"{how}: stopped before any profiled step was recorded; nothing saved")
             elif cause is None or (cause != "KeyboardInterrupt" and self.ranks is None):
-                self._finish(trace, time.perf_counter())
+                self._finish(trace, t_end)
             else:
                 _keep_trace(trace, self.out_dir, self.ranks, how)
         except Exception as e:  # noqa: BLE001 (the profiler must never change how the run ends)
@@ -291,7 +319,9 @@ class Profiler:
             warnings.warn(f"profiling: the loop ended after {steps} steps, before the profile was done: it "
                           f"takes {self.total_steps} (warmup_steps {self.warmup} + timed_steps {self.timed} + "
                           f"profiler_warmup_steps {self.profiler_warmup} + active_steps {self.active} + the "
-                          "shape, line-record and memory steps); run more steps or lower those", stacklevel=3)
+                          "shape, line-record and memory steps + timed_steps again); run more steps or lower those", stacklevel=3)
+        elif self.result is not None and cause is None and holding:
+            pass  # nothing is missing: the report's notes say how many steps were timed after the window
         elif self.result is not None and cause is None:
             _say(f"the loop ended after {steps} steps, before the profile was done: {self.folder} holds what "
                  "was recorded (its report says what is missing)")
@@ -345,6 +375,7 @@ class Profiler:
             each = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
         else:
             each = [1e3 * (b - a) for a, b in zip(marks, marks[1:])]
+        self._each = each
         self.unprofiled_ms, self.timed_outliers = irregular.timed(each)
         self.metadata["timed_step_ms_each"] = [round(x, 4) for x in each]
         self.metadata.pop("timed_outliers", None)
@@ -354,6 +385,90 @@ class Profiler:
         if rising and self.settle:  # timed again after them (CUDA only): said in the report
             self.metadata.setdefault("settling", []).append([round(x, 2) for x in each])
         return rising
+
+    def _time_more(self):
+        """Whether the steps after the window are timed too, before the report (`_timed_enough` says how many):
+        wherever steps were timed before it, in one process (several ranks' windows end together)."""
+        return self._times_after() and bool(self._each)
+
+    def _times_after(self):
+        alone = self.ranks is None or self.ranks.world_size == 1
+        return alone and 0 < self.timed < self.max_timed
+
+    def _hold(self, trace, t_end):
+        """Keep the window's trace while the steps after it are timed (`_time_more`); the guard now keeps the
+        trace (written as it is if the Profiler is dropped or the program exits first), the watchdog watches on."""
+        self._window = None
+        # the trace's objects out of the collector's walks while the steps are timed (held, they slowed a CPU
+        # loop's steps by a fifth); not where the program froze objects of its own, which unfreeze would free
+        frozen = not gc.get_freeze_count()
+        if frozen:
+            gc.freeze()
+        self._held = (trace, t_end, time.perf_counter(), frozen)
+        if self._guard is not None:
+            self._guard.detach()
+            _guards.discard(self._guard)
+        self._guard = weakref.finalize(self, _left_held, trace, self.out_dir, self.ranks, self._started_provenance,
+                                       self._watchdog, frozen)
+        _guards.add(self._guard)
+        self._start_timing()
+
+    def _timed_enough(self):
+        """Whether the timing after the window is done, asked once a round of timed steps (timed_steps of them):
+        one round at least, then until the mean of every timed step is known within irregular.MEAN_ERROR and
+        the steps after the window agree with those before it (irregular.drifted: a loaded host's pace changed
+        between them, so the mean takes in more of the run), or max_timed_steps are timed, or MORE_S spent."""
+        from profiling.profile.trace import irregular
+        n, spent = len(self._marks) - 1, time.perf_counter() - self._held[2]
+        if spent >= MORE_S or len(self._each) + n >= self.max_timed:
+            return True
+        if n % self.timed:
+            return False
+        after = self._after()[1]
+        return (irregular.mean_error(self._each + after) <= irregular.MEAN_ERROR
+                and not irregular.drifted(self._each, after))
+
+    def _after(self):
+        """(steps left out, [ms]) of the steps timed after the window: the first ones that ran under
+        window.SETTLE_SHARE of the steps timed before it are left out (the pause for the trace's export let a
+        DataLoader's workers fill their queue, which those steps used up), SETTLE_STEPS of them at most."""
+        from profiling.profile.capture import window
+        self._sync()
+        marks = self._marks
+        if self.cuda:
+            each = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        else:
+            each = [1e3 * (b - a) for a, b in zip(marks, marks[1:])]
+        bar = window.SETTLE_SHARE * sum(self._each) / len(self._each)
+        k = next((i for i, ms in enumerate(each) if ms >= bar), 0)  # none back at the pace before: none left out
+        k = k if k <= window.SETTLE_STEPS else 0
+        return k, each[k:]
+
+    def _release(self):
+        """(the held trace, t_end) with every timed step in its unprofiled step time; t_end moved on by the
+        timing, so that `seconds_after` counts the report's own work only."""
+        from profiling.profile.trace import irregular
+        trace, t_end, began, frozen = self._held
+        self._held = None
+        if frozen:
+            gc.unfreeze()
+        try:
+            left_out, after = self._after()
+        except Exception:  # noqa: BLE001 (a device error after the window: the report keeps the steps before it)
+            left_out, after = 0, []
+        each = self._each + after
+        meta = trace["autoresearch"]
+        meta["unprofiled_step_ms"], outliers = irregular.timed(each)
+        meta["timed_step_ms_each"] = [round(x, 4) for x in each]
+        meta.pop("timed_outliers", None)
+        if outliers:
+            meta["timed_outliers"] = outliers
+        meta["timed_after"] = {"before": len(self._each), "after": len(after), "left_out": left_out,
+                               "error": round(irregular.mean_error(each), 4),
+                               "before_ms": round(irregular.timed(self._each)[0], 4),
+                               "after_ms": round(irregular.timed(after)[0], 4) if after else None,
+                               "drifted": bool(after) and irregular.drifted(self._each, after)}
+        return trace, t_end + time.perf_counter() - began
 
     def _sync(self):
         if self.cuda:
@@ -444,17 +559,35 @@ def _left_open(window, out_dir, ranks, started_provenance, dog):
     if dog is not None:
         dog.stop()
     _guards.difference_update([g for g in list(_guards) if not g.alive])
-    if _exiting:
-        error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
-        cause = "the program exited" + (f" on {_cause(type(error), error)}" if error is not None else "")
-    else:
-        cause = "the Profiler was dropped"
     try:
-        _keep(window, out_dir, ranks, f"{cause} before the profile was done")
+        _keep(window, out_dir, ranks, f"{_gone()} before the profile was done")
     except Exception as e:  # noqa: BLE001 (never change how the run ends)
         _say(f"could not save what it recorded ({type(e).__name__}: {e})")
     finally:
         _restore(started_provenance)
+
+
+def _left_held(trace, out_dir, ranks, started_provenance, dog, frozen):
+    """A Profiler timing the steps after its window is dropped or outlived by the interpreter: write the trace."""
+    if dog is not None:
+        dog.stop()
+    if frozen:
+        gc.unfreeze()
+    _guards.difference_update([g for g in list(_guards) if not g.alive])
+    try:
+        _keep_trace(trace, out_dir, ranks, f"{_gone()} while it timed the steps after the profiled ones")
+    except Exception as e:  # noqa: BLE001 (never change how the run ends)
+        _say(f"could not save what it recorded ({type(e).__name__}: {e})")
+    finally:
+        _restore(started_provenance)
+
+
+def _gone():
+    """Why a guard runs, in words: the interpreter's exit (with its uncaught exception) or the Profiler dropped."""
+    if _exiting:
+        error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
+        return "the program exited" + (f" on {_cause(type(error), error)}" if error is not None else "")
+    return "the Profiler was dropped"
 
 
 def _keep(window, out_dir, ranks, how):
@@ -471,9 +604,10 @@ def _keep_trace(trace, out_dir, ranks, how):
     """Write a trace that ended early, alone (`research profile` makes its report later), and say where."""
     from profiling.profile.report import folder
     path = folder.save_trace(trace, ranks, out_dir)
-    n = trace["autoresearch"]["ended_early"]["active_steps"]
-    _say(f"{how}: the {n} profiled step{'s' * (n != 1)} recorded {'are' if n != 1 else 'is'} in {path}; "
-         f"`research profile {path}` reads {'them' if n != 1 else 'it'}")
+    n = (trace["autoresearch"].get("ended_early") or {}).get("active_steps")  # None: every profiled step
+    steps = "profiled steps" if n is None else f"{n} profiled step{'s' * (n != 1)}"
+    _say(f"{how}: the {steps} recorded {'is' if n == 1 else 'are'} in {path}; `research profile {path}` reads "
+         f"{'it' if n == 1 else 'them'}")
 
 
 def _say(text):
@@ -531,7 +665,7 @@ def _cpu_threads(torch):
 def check_arguments(tokens_per_step=None, flops_per_token=None, warmup_steps=3, timed_steps=5,
                     profiler_warmup_steps=PROFILER_WARMUP, active_steps=5, unprofiled_step_ms=None,
                     out_dir=None, reference=None, metadata=None, top=10, micro_batch=None, memory=None,
-                    samples_per_step=None, code_roots=None, ranks=None, ops="device"):
+                    samples_per_step=None, code_roots=None, ranks=None, ops="device", max_timed_steps=MORE_STEPS):
     """A one-line ValueError naming the first bad argument of Profiler (all but the model) and what it takes;
     the callbacks (profiling/callbacks.py) check their options so when they are made, before any training.
     An out_dir given is checked for writing; code_roots are set (profiling/profile/trace/whose.py)."""
@@ -549,6 +683,10 @@ def check_arguments(tokens_per_step=None, flops_per_token=None, warmup_steps=3, 
     if ops not in OPS:
         raise ValueError(f"ops must be \"device\" (operators joined from an untimed step) or \"full\" "
                          f"(operators recorded in the timed steps), not {ops!r}")
+    _check_count("max_timed_steps", max_timed_steps, 0)
+    if max_timed_steps < timed_steps:
+        raise ValueError(f"max_timed_steps must be at least timed_steps ({timed_steps}), not {max_timed_steps}: it "
+                         "bounds the timed steps, those after the window included")
     if timed_steps == 0 and unprofiled_step_ms is None:
         raise ValueError("timed_steps=0 needs unprofiled_step_ms (the step time measured without the "
                          "profiler); give it, or time at least one step")

@@ -15,6 +15,10 @@ threads spin against the other processes: a 16-block MLP recorded with two led w
   (LENGTHS: a 512-token step among the timed ones; the 3 profiled steps of 96, 320 and 512 tokens, none 2x
   their median, the longest over 2x the shortest), through
   profiling.profile_steps(active_steps=3).
+- cpu-varlen-one-line-step.trace.json.gz: the benchmark's varlen loop itself (4 blocks of width 128, 32 to 512
+  tokens a step, AdamW as CPU tensors get it: tensor by tensor) driven by `profile_steps(lambda: step(), ...)`
+  from this script, so that one line of the user's code runs the forward, the backward and the update (the
+  step's code lies outside this script's folder), with the default schedule: the steps timed after the window.
 
 Deterministic in shape (operator names and counts), not in timings. Each a few hundred KB at most.
 """
@@ -89,11 +93,19 @@ def varlen(tmp):
         loss.backward()
         opt.step()
         opt.zero_grad()
-    profiling.profile_steps(step, model, active_steps=3, out_dir=tmp)
+    profiling.profile_steps(step, model, active_steps=3, out_dir=tmp, max_timed_steps=5)  # LENGTHS' steps only
     _keep(tmp, "cpu-varlen-steps.trace.json.gz")
 
 
-MAKERS = {"mlp": mlp, "hf": hf, "varlen": varlen}
+def one_line(tmp):
+    import profiling
+    from benchmarks.findings.live.new_user_fixes_cpu import lengths_of, varlen_parts
+    model, step = varlen_parts("mistake", lengths_of(0))
+    profiling.profile_steps(lambda: step(), model, out_dir=tmp)  # the step's code outside this script's folder
+    _keep(tmp, "cpu-varlen-one-line-step.trace.json.gz")
+
+
+MAKERS = {"mlp": mlp, "hf": hf, "varlen": varlen, "one_line": one_line}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or MAKERS:

@@ -87,7 +87,7 @@ def no_profiler(steps, end, out):
 
 def plain_loop(steps, end, out):
     model, opt = setup()
-    prof = profiling.Profiler(model, tokens_per_step=64, out_dir=out)
+    prof = profiling.Profiler(model, tokens_per_step=64, out_dir=out, max_timed_steps=5)
     for i in range(steps):
         train_step(model, opt)
         if i == steps - 1:
@@ -100,7 +100,7 @@ def plain_loop(steps, end, out):
 
 def with_block(steps, end, out):
     model, opt = setup()
-    with profiling.Profiler(model, tokens_per_step=64, out_dir=out) as prof:
+    with profiling.Profiler(model, tokens_per_step=64, out_dir=out, max_timed_steps=5) as prof:
         for i in range(steps):
             train_step(model, opt)
             if i == steps - 1:
@@ -150,7 +150,7 @@ def left_open(steps, after, out):
     api.Profiler._stopped = lambda self, reason: (closed_on.append(threading.current_thread().name),
                                                   stopped(self, reason))[1]
     model, opt = setup()
-    prof = profiling.Profiler(model, tokens_per_step=64, out_dir=out)
+    prof = profiling.Profiler(model, tokens_per_step=64, out_dir=out, max_timed_steps=5)
 
     def loop():
         for _ in range(steps):

@@ -46,9 +46,9 @@ def setup():
 def test_the_loop_form_profiles_a_model_of_its_own(out):
     model, opt = setup()
     prof = profiling.Profiler(model, tokens_per_step=4 * 16, out_dir=out, **FAST)
-    assert prof.total_steps == 1 + 2 + 1 + 2 + 1 + 1  # the shape step, the line-record step
+    assert prof.total_steps == 1 + 2 + 1 + 2 + 1 + 1 + 2  # the shape and line-record steps, timed steps again
     steps = 0
-    for _ in range(50):
+    for _ in range(prof.total_steps + 40):
         x = torch.randint(0, 128, (4, 16))
         loss = nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())  # the loss line
         loss.backward()
@@ -58,7 +58,8 @@ def test_the_loop_form_profiles_a_model_of_its_own(out):
         prof.step()
         if prof.done:
             break
-    assert steps == prof.total_steps
+    assert steps >= prof.total_steps  # more timed steps where a loaded host's noise asks for them
+    prof.close()  # (where it asked for more than 40: the report with the steps timed so far)
     prof.step()  # nothing once done
     s, md = prof.summary, prof.report
     assert s["tokens_per_step"] == 64 and s["unprofiled_step_ms"] > 0 and s["steps"] == 2
@@ -92,7 +93,7 @@ def test_the_function_form_and_a_model_of_none(out):
 
 def test_a_loop_shorter_than_the_schedule_warns_and_keeps_nothing_half_written(out):
     model, opt = setup()
-    with pytest.warns(UserWarning, match=r"the loop ended after 4 steps.*it takes 8"):
+    with pytest.warns(UserWarning, match=r"the loop ended after 4 steps.*it takes 10"):
         with profiling.Profiler(model, out_dir=out, **FAST) as prof:
             for _ in range(4):
                 model(torch.randint(0, 128, (2, 8))).sum().backward()

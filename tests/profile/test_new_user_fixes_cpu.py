@@ -134,3 +134,31 @@ def test_attentions_dropout_is_named_as_what_keeps_sdpa_on_its_math_path(hf):
 
 def test_a_loop_without_dropout_has_no_dropout_line(mlp):
     assert not [u for u in mlp["unknown"] if u["rule"] == "dropout"]
+
+
+@pytest.fixture(scope="module")
+def one_line():
+    t = load_trace(os.path.join(DATA, "cpu-varlen-one-line-step.trace.json.gz"))
+    return t, summarize(t)
+
+
+def test_the_optimizers_own_loop_on_a_line_that_runs_the_whole_step_is_no_per_parameter_loop(one_line):
+    # `profile_steps(lambda: step(), ...)`, the step's code outside the script's folder: its one line of the user's
+    # code runs the forward, the backward and AdamW's update tensor by tensor (a block of 10 operators 54 times).
+    # That loop is the optimizer's, priced by per_tensor_optimizer; as a per_parameter_loop it was priced at the
+    # whole line's time (108.7 ms of a 157 ms step) and led
+    _, s = one_line
+    assert "per_parameter_loop" not in kinds(s), [(f["kind"], f["ms_per_step"]) for f in s["findings"]]
+    assert "per_tensor_optimizer" in kinds(s)
+
+
+def test_the_steps_timed_after_the_window_are_in_the_per_step_figure(one_line):
+    t, s = one_line
+    meta = t["autoresearch"]
+    after, each = meta["timed_after"], meta["timed_step_ms_each"]
+    assert after["before"] == 5 and len(each) == 5 + after["after"] and after["after"] > 5
+    assert after["error"] <= 0.035 or len(each) + after["left_out"] >= 200  # known within 3%, or the cap
+    assert s["unprofiled_step_ms"] == pytest.approx(statistics.fmean(each), rel=1e-6)  # every step: sizes vary
+    md = to_markdown(s)
+    assert f"5 steps timed before the window and {after['after']} after it" in md
+    assert "unprofiled step: measured before and after the profiled steps" in md

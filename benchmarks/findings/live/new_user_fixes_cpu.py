@@ -245,18 +245,19 @@ def own_loop(loop, variant, steps, folder, profiled):
     return times, seen, out
 
 
-def child(loop, variant, mode, folder):
-    """One process's work: a JSON line on stdout (the step times, or the profile's folder)."""
+def child(loop, variant, mode, folder, after=TIMED_STEPS):
+    """One process's work: a JSON line on stdout (the step times, or the profile's folder); `after`: the steps
+    timed after the warm-up (after the profile, in a profiled process)."""
     profiled = mode == "profile"
     if variant == "threads1":  # cpu_threads' fix: the intra-op pool on one core (it changes nothing computed)
         import torch
         torch.set_num_threads(1)
     t0 = time.perf_counter()
     if loop == "hf":  # the profiled Trainer runs on past its profile: its last TIMED_STEPS steps are timed
-        times, out = hf_run(variant, (PROFILED_STEPS if profiled else WARMUP) + TIMED_STEPS, folder, profiled)
-        times, seen = times[-TIMED_STEPS:], []
+        times, out = hf_run(variant, (PROFILED_STEPS if profiled else WARMUP) + after, folder, profiled)
+        times, seen = times[-after:], []
     else:
-        times, seen, out = own_loop(loop, variant, WARMUP + TIMED_STEPS, folder, profiled)
+        times, seen, out = own_loop(loop, variant, WARMUP + after, folder, profiled)
         times, seen = times[WARMUP:], seen[WARMUP:]
     row = {"loop": loop, "variant": variant, "mode": mode, "seconds": round(time.perf_counter() - t0, 1),
            "load": os.getloadavg()[0], "threads": _threads(), "folder": out,
@@ -273,11 +274,11 @@ def _threads():
 # Driving the processes
 # ---------------------------------------------------------------------------------------------------------
 
-def spawn(out, loop, variant, mode, timeout=900):
+def spawn(out, loop, variant, mode, timeout=900, after=TIMED_STEPS):
     folder = os.path.join(out, loop) if mode == "profile" else tempfile.mkdtemp(prefix=f"nufc-{loop}-")
     os.makedirs(folder, exist_ok=True)
     cmd = [sys.executable, os.path.abspath(__file__), "child", "--loop", loop, "--variant", variant, "--mode", mode,
-           "--dir", folder]
+           "--dir", folder, "--after", str(after)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if mode != "profile":
         shutil.rmtree(folder, ignore_errors=True)
@@ -312,6 +313,33 @@ def run(out, loops, rounds, variants):
         for _ in range(rounds):
             for variant in ["mistake"] + ([fix] if fix else []):
                 spawn(out, loop, variant, "time")
+    return 0
+
+
+def steps_figure(out, loops, processes, after):
+    """The CPU line's per-step clause: in each of `processes` fresh processes per loop, the report's title figure
+    against the mean of the `after` unprofiled steps the same process then ran (varlen: the mean over 32..512 of
+    a quadratic in the length fitted to them, the loop's mean step whatever lengths those steps drew)."""
+    os.makedirs(out, exist_ok=True)
+    rows = []
+    for _ in range(processes):
+        for loop in loops:
+            row = spawn(out, loop, "mistake", "profile", after=after)
+            title, ms = (row.get("top") or {}).get("title_ms"), row.get("ms") or []
+            mean = statistics.fmean(ms) if ms else None
+            if loop == "varlen" and ms:  # the loop's mean over its lengths (uniform 32..512): this process's fit
+                curve = fit([row])
+                mean = statistics.fmean(curve(t) for t in range(MIN_LEN, MAX_LEN + 1))
+            rows.append((loop, title, mean, statistics.median(ms) if ms else None, row.get("load")))
+            print(f"  {loop}: title {title} ms/step, the {len(ms)} steps after: mean {mean and round(mean, 2)}"
+                  f" -> {title / mean if title and mean else float('nan'):.3f}", flush=True)
+    print("| loop | title ms/step | mean of the steps after (varlen: their fit's, over 32..512) | median | "
+          "title / mean | within 10% | load |")
+    print("|---|--:|--:|--:|--:|---|--:|")
+    for loop, title, mean, median, load in rows:
+        ok = title and mean and abs(title / mean - 1) <= WITHIN_STEP
+        print(f"| {loop} | {title} | {mean:.2f} | {median:.2f} | {title / mean:.3f} | {'yes' if ok else 'no'} | "
+              f"{load:.2f} |" if title and mean else f"| {loop} | {title} | {mean} | | | no | |")
     return 0
 
 
@@ -485,13 +513,22 @@ def main(argv=None):
     c.add_argument("--variant", default="mistake")
     c.add_argument("--mode", choices=("profile", "time"), required=True)
     c.add_argument("--dir", required=True)
+    c.add_argument("--after", type=int, default=TIMED_STEPS)
+    f = sub.add_parser("steps", help="the per-step figure: profile each loop in fresh processes, each then timing "
+                       "AFTER more steps; the report's title against their mean")
+    f.add_argument("out")
+    f.add_argument("--loops", default=",".join(LOOPS))
+    f.add_argument("--processes", type=int, default=3)
+    f.add_argument("--after", type=int, default=200)
     a = p.parse_args(argv)
     sys.path.insert(0, ROOT)
     if a.cmd == "inprocess":
         inprocess(a.loop, a.fix, a.blocks, a.steps)
         return 0
     if a.cmd == "child":
-        return child(a.loop, a.variant, a.mode, a.dir) or 0
+        return child(a.loop, a.variant, a.mode, a.dir, a.after) or 0
+    if a.cmd == "steps":
+        return steps_figure(a.out, a.loops.split(","), a.processes, a.after)
     if a.cmd == "run":
         return run(a.out, a.loops.split(","), a.rounds, dict(x.split("=", 1) for x in a.fix))
     if a.cmd == "time":

@@ -173,6 +173,7 @@ def per_tensor_optimizer(tl, ctx, found):
     n = tl.n
     per_step = len(outer) / n
     calls = Counter(str(op.get("name", "")) for op in outer)
+    ctx["optimizer_calls"] = {name: c / n for name, c in calls.items()}  # lines' CPU rules: the update's own loop
     per_tensor = [name for name, c in calls.items() if name.endswith("_") and c % (n * tensors) == 0]
     if (per_step < PER_TENSOR_OPS * tensors or not per_tensor
             or any(str(op.get("name", "")).startswith(("aten::_foreach_", "aten::_fused_")) for op in inside)):

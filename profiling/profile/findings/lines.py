@@ -508,7 +508,7 @@ def _cpu_rule(kind):
             return None
         by_line = recorded(tl.meta, placer.eager)
         tensors = len(tl.meta.get("parameters") or ())
-        optimizer = any(f["kind"] == "per_tensor_optimizer" for f in found)
+        update = ctx.get("optimizer_calls") or {}  # per_tensor_optimizer's: the optimizer's own calls a step
         scale = min(1.0, ctx["unprofiled"] / ctx["step"]) if ctx.get("unprofiled") else 1.0
         for row in (ctx.get("lines") or {}).get("rows") or ():
             if len(row.get("lines") or ()) != 1 or row["ms_per_step"] < MIN_SHARE * ctx["step"]:
@@ -516,9 +516,12 @@ def _cpu_rule(kind):
             key = (row["lines"][0]["file"], row["lines"][0]["line"])
             line = by_line.get(key)
             recognized = mechanism(line, tensors, tl.n, cpu=True) if line and not _framework_entry(tl, line) else None
-            if not recognized or recognized[0] != kind or optimizer and ".step(" in line.text:
+            if not recognized or recognized[0] != kind:
                 continue
             body, times = loop(line.ops)
+            if all(body.count(o) * times <= update.get(o, 0) for o in body):
+                continue  # the optimizer's own loop over its tensors (its `.step(` line, or a line that runs the
+                          # whole step), which per_tensor_optimizer prices: not a loop of this line's own
             if kind == "python_loop" and layer_stack(tl, key, body, times):
                 continue  # a stack of layers, each with weights of its own (cpu.layer_stack): no loop to vectorize
             ms = row["ms_per_step"] * scale * (1 - 1 / times)

@@ -233,7 +233,8 @@ def _recorded(s):
     line = (f"Recorded by {'this profiler (live capture)' if live else how['by']}"
             + (": " + ", ".join(on) if on else "") + (("; without " if on else " without ") + ", ".join(off)
                                                        if off and not live else "") + "; unprofiled step: "
-            + {"trace": "measured before the profiled steps", "given": "given (--unprofiled-ms)"}.get(
+            + {"trace": "measured before the profiled steps", "around": "measured before and after the profiled steps",
+               "given": "given (--unprofiled-ms)"}.get(
                 how.get("unprofiled"), "none, so the profiled step could not be checked (give it: --unprofiled-ms)"))
     if how.get("stacks") and not how.get("unprofiled") and s.get("kind") != "cpu":
         line += "; Python stacks slow the host, so GPU idle is not priced"

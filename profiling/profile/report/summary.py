@@ -308,7 +308,8 @@ def recorded(trace, ix, unprofiled_given=False, operators=None):
         "memory": bool(trace.get("profile_memory")) or memory,
         "modules": bool(trace.get("with_modules")) or modules,
         "flops": bool(trace.get("with_flops")) or any("flops" in (op.get("args") or {}) for op in ix.cpu_ops[:2000]),
-        "unprofiled": "given" if unprofiled_given else ("trace" if num(unprofiled) and unprofiled > 0 else None),
+        "unprofiled": "given" if unprofiled_given else (("around" if (meta or {}).get("timed_after") else "trace")
+                                                         if num(unprofiled) and unprofiled > 0 else None),
         "ops": _ops_joined(dict(meta, operators=operators or meta.get("operators")), ix.one_off) if live else None,
     }
 

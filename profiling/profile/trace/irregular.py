@@ -79,6 +79,37 @@ def timed(each):
     return sum(kept) / len(kept), rows
 
 
+# The Profiler times the steps after the window too, until the mean of every timed step is known within MEAN_ERROR
+# of it (its standard error) and the steps after agree with those before (`drifted`): a loop of 32 to 512 tokens
+# a step (issue #56) timed steps of 30 to 150 ms, whose five-step means missed the loop's by up to a fifth; on a
+# shared 2-core host, five steps of a 9 ms loop timed at 17-20 ms and the 200 after the profile at 9-10
+MEAN_ERROR = 0.03
+DRIFT = 0.1   # the steps after the window this far from those before, and beyond their own noise: the pace changed
+
+
+def mean_error(each):
+    """The standard error of the timed steps' mean over that mean, the outliers `timed` leaves out left out; 0.0
+    for fewer than MIN_STEPS."""
+    out, _ = outliers(each)
+    if len(out) >= 2 and len(out) >= PERIODIC_SHARE * len(each):
+        out = []
+    kept = [ms for i, ms in enumerate(each) if i not in out]
+    if len(kept) < MIN_STEPS or sum(kept) <= 0:
+        return 0.0
+    return statistics.stdev(kept) / len(kept) ** 0.5 / statistics.fmean(kept)
+
+
+def drifted(before, after):
+    """Whether the steps timed after the window ran at another pace than those before it: their means (outliers
+    left out) DRIFT apart or more, and more than twice the standard error of their difference; never for fewer
+    than MIN_STEPS on either side (no error to judge it by)."""
+    if len(before) < MIN_STEPS or len(after) < MIN_STEPS:
+        return False
+    a, b = timed(before)[0], timed(after)[0]
+    se = ((mean_error(before) * a) ** 2 + (mean_error(after) * b) ** 2) ** 0.5
+    return abs(b - a) > max(DRIFT * (a + b) / 2, 2 * se)
+
+
 def notes(meta):
     """The header's notes: timed steps left out, a loop that ended before the profile was done."""
     out = []
@@ -88,6 +119,20 @@ def notes(meta):
         out.append(f"timed step {r.get('step')} of {len(each) or '?'} took {r.get('ms'):.1f} ms against a median "
                    f"of {r.get('median_ms'):.1f} ms (a checkpoint save, an eval, a logging burst?): left out of "
                    "the unprofiled step time")
+    after = meta.get("timed_after")
+    if isinstance(after, dict) and isinstance(after.get("after"), int) and after.get("before_ms") and (
+            after["after"] > after.get("before", 0) or after.get("drifted") or after.get("left_out")):
+        before, n, gone = after.get("before"), after["after"], after.get("left_out") or 0
+        a, b = after["before_ms"], after.get("after_ms")
+        why = (f": the pace changed between them ({a:.1f} ms/step before, {b:.1f} after: the machine's load?), so "
+               "the mean takes in more of the run" if after.get("drifted") and b else
+               ", as their spread asked (inputs whose size changes between steps, a noisy host)" if n > before
+               else "")
+        out.append(f"unprofiled step: {before} steps timed before the window and {n} after it{why}"
+                   + (f" ({gone} left out before them: they ran on batches a DataLoader's workers had prefetched "
+                      "while the trace was written)" if gone else "")
+                   + f"; the mean of all {before + n}, known within ±{100 * (after.get('error') or 0):.0f}% "
+                   "(its standard error)")
     settling = [r for r in meta.get("settling") or () if isinstance(r, list) and r]
     if settling:
         out.append(f"the step time still rose through the first {len(settling)} round(s) of timed steps ("
