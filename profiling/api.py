@@ -62,9 +62,10 @@ model as usual):
                             with micro_batch the largest micro-batch predicted to fit
                             (profiling/profile/capture/memory.py, gpu_memory.py)
     timed_steps more        unprofiled, timed as before the window; more of them, one round at a time, while
-                            the mean of all the timed steps is not known within 3% (inputs whose size changes
-                            every step, a noisy host) or the steps after the window ran at another pace than
-                            those before it (a loaded host's): up to max_timed_steps (200) in all and 30 s.
+                            the mean is not known within 3% (inputs whose size changes every step, a noisy
+                            host): up to max_timed_steps (200) in all and 30 s. Where the steps after the window
+                            ran at another pace than those before it (still warming up, a burst of the host's
+                            load), the mean is theirs alone.
                             Never in a several-process run; max_timed_steps=timed_steps: none. The report is
                             written after them; a loop that ends meanwhile gets it with the steps timed so far
 
@@ -174,6 +175,7 @@ class Profiler:
         self.model = model
         self.steps, self.done, self.result, self._window, self._guard = 0, False, None, None, None
         self._each, self._held = [], None  # the timed steps' ms; the window's trace while more are timed after it
+        self._loader = False  # whether a DataLoader's workers fed the window (`_after`)
         self._settling = 0  # timing rounds restarted because the step time was still rising
         # wait for the steady state (SETTLE_ROUNDS, the window's _settle) on CUDA only: a CPU step's time swings
         # by 1.5x on a loaded 2-core host, which read as still rising would outrun a loop of fixed length
@@ -400,11 +402,13 @@ class Profiler:
         trace (written as it is if the Profiler is dropped or the program exits first), the watchdog watches on."""
         self._window = None
         # the trace's objects out of the collector's walks while the steps are timed (held, they slowed a CPU
-        # loop's steps by a fifth); not where the program froze objects of its own, which unfreeze would free
+        # loop's steps by a fifth); put back after them unless objects were frozen already (the program's own, or
+        # an image's at start-up: 375 on the H200s' python3), which unfreeze would hand back to the collector
+        # (frozen, the trace's objects are still freed when it is dropped: it holds no reference cycle)
         frozen = not gc.get_freeze_count()
-        if frozen:
-            gc.freeze()
-        self._held = (trace, t_end, time.perf_counter(), frozen)
+        gc.freeze()
+        self._held, self._minimum = (trace, t_end, time.perf_counter(), frozen), None
+        self._loader = any("_MultiProcessingDataLoaderIter" in str(e.get("name", "")) for e in trace["traceEvents"])
         if self._guard is not None:
             self._guard.detach()
             _guards.discard(self._guard)
@@ -415,23 +419,29 @@ class Profiler:
 
     def _timed_enough(self):
         """Whether the timing after the window is done, asked once a round of timed steps (timed_steps of them):
-        one round at least, then until the mean of every timed step is known within irregular.MEAN_ERROR and
-        the steps after the window agree with those before it (irregular.drifted: a loaded host's pace changed
-        between them, so the mean takes in more of the run), or max_timed_steps are timed, or MORE_S spent."""
+        one round at least, then until the mean of the steps it uses (`_used`) is known within
+        irregular.MEAN_ERROR, or max_timed_steps are timed, or MORE_S spent."""
         from profiling.profile.trace import irregular
         n, spent = len(self._marks) - 1, time.perf_counter() - self._held[2]
         if spent >= MORE_S or len(self._each) + n >= self.max_timed:
             return True
         if n % self.timed:
             return False
-        after = self._after()[1]
-        return (irregular.mean_error(self._each + after) <= irregular.MEAN_ERROR
-                and not irregular.drifted(self._each, after))
+        self._minimum = self._minimum or n  # the steps every loop is timed for after the window
+        return irregular.mean_error(self._used(self._after()[1])) <= irregular.MEAN_ERROR
+
+    def _used(self, after):
+        """The timed steps the unprofiled step is the mean of: all of them, or those after the window alone where
+        the pace changed between before and after (irregular.drifted: steps before still warming up, or a burst
+        of the host's load over them)."""
+        from profiling.profile.trace import irregular
+        return after if irregular.drifted(self._each, after) else self._each + after
 
     def _after(self):
-        """(steps left out, [ms]) of the steps timed after the window: the first ones that ran under
-        window.SETTLE_SHARE of the steps timed before it are left out (the pause for the trace's export let a
-        DataLoader's workers fill their queue, which those steps used up), SETTLE_STEPS of them at most."""
+        """(steps left out, [ms]) of the steps timed after the window: where a DataLoader's workers fed the window,
+        the first ones that ran under window.SETTLE_SHARE of the steps timed before it, until one came back to that
+        pace (the pause for the trace's export let the workers fill their queue, which those steps used up),
+        SETTLE_STEPS of them at most."""
         from profiling.profile.capture import window
         self._sync()
         marks = self._marks
@@ -441,7 +451,7 @@ class Profiler:
             each = [1e3 * (b - a) for a, b in zip(marks, marks[1:])]
         bar = window.SETTLE_SHARE * sum(self._each) / len(self._each)
         k = next((i for i, ms in enumerate(each) if ms >= bar), 0)  # none back at the pace before: none left out
-        k = k if k <= window.SETTLE_STEPS else 0
+        k = k if self._loader and k <= window.SETTLE_STEPS else 0
         return k, each[k:]
 
     def _release(self):
@@ -456,14 +466,15 @@ class Profiler:
             left_out, after = self._after()
         except Exception:  # noqa: BLE001 (a device error after the window: the report keeps the steps before it)
             left_out, after = 0, []
-        each = self._each + after
+        each = self._used(after) if after else self._each
         meta = trace["autoresearch"]
         meta["unprofiled_step_ms"], outliers = irregular.timed(each)
         meta["timed_step_ms_each"] = [round(x, 4) for x in each]
         meta.pop("timed_outliers", None)
         if outliers:
             meta["timed_outliers"] = outliers
-        meta["timed_after"] = {"before": len(self._each), "after": len(after), "left_out": left_out,
+        more = self._minimum is not None and len(self._marks) - 1 > self._minimum  # beyond what every loop gets
+        meta["timed_after"] = {"before": len(self._each), "after": len(after), "left_out": left_out, "more": more,
                                "error": round(irregular.mean_error(each), 4),
                                "before_ms": round(irregular.timed(self._each)[0], 4),
                                "after_ms": round(irregular.timed(after)[0], 4) if after else None,

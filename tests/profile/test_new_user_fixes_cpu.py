@@ -156,7 +156,8 @@ def test_the_steps_timed_after_the_window_are_in_the_per_step_figure(one_line):
     t, s = one_line
     meta = t["autoresearch"]
     after, each = meta["timed_after"], meta["timed_step_ms_each"]
-    assert after["before"] == 5 and len(each) == 5 + after["after"] and after["after"] > 5
+    assert after["before"] == 5 and after["after"] > 5 and not after["drifted"]  # random lengths: no change of pace
+    assert len(each) == 5 + after["after"]
     assert after["error"] <= 0.035 or len(each) + after["left_out"] >= 200  # known within 3%, or the cap
     assert s["unprofiled_step_ms"] == pytest.approx(statistics.fmean(each), rel=1e-6)  # every step: sizes vary
     md = to_markdown(s)

@@ -27,6 +27,8 @@ within 10% of the loop's measured mean step"), read for each loop:
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py time OUT --loop hf --variants mistake,compiled
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop varlen --fix fused  # one process
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop hf --fix nodropout
+    uv run python benchmarks/findings/live/new_user_fixes_cpu.py steps OUT --processes 3 --after 200  # the
+        # per-step figure alone: each loop profiled in fresh processes, each then timing 200 more steps
 
 `run` writes OUT/results.jsonl (a row per process: loop, variant, profiled or timed, the step times, the top
 findings) and OUT/<loop>/ (the profile's folder). OMP_NUM_THREADS is left as a new user leaves it (unset: torch's
@@ -49,7 +51,8 @@ LOOPS = ("hf", "unfused", "varlen")
 ROUNDS = 3            # mistake/fix rounds, alternated (the host drifts)
 TIMED_STEPS = 40      # unprofiled steps timed in a process, after WARMUP
 WARMUP = 5
-PROFILED_STEPS = 24   # steps the profiled process runs before its own timed ones (the default schedule takes 16-17)
+PROFILED_STEPS = 60   # steps the profiled process runs before its own timed ones (the default schedule takes 21-22, more
+                      # where the steps after the window are timed on)
 WITHIN_STEP = 0.10    # the acceptance's "within 10% of the loop's measured mean step"
 PRICE_RANGE = (0.5, 1.5)
 MIN_LEN, MAX_LEN = 32, 512

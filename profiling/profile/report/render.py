@@ -20,6 +20,7 @@ from tabulate import tabulate
 from profiling.profile.report.summary import diff, noise_ms
 from profiling.profile.trace.allocator import NO_CACHING
 from profiling.profile.trace import device_state, settings
+from profiling.profile.trace import irregular
 from profiling.profile.trace.traceio import num
 
 PART_LABELS = {
@@ -157,6 +158,13 @@ def _title(s, view, cpu):
     if cpu and num(u) and 0 < u < step:
         return (f"# Profile: {_ms(u)} ms/step (CPU, unprofiled; profiled {_ms(step)}: the operator times below "
                 "are the profiled ones)")
+    timed = s.get("unprofiled_steps") or 0
+    alike = next((c for c in s.get("checks") or () if c.get("name") == irregular.CHECK), {})
+    if num(u) and u > 0 and timed > s.get("steps", 0) and (alike.get("varies") or alike.get("result") ==
+                                                            irregular.NOT_ALIKE):
+        # sizes that change between steps: the loop's mean step is the many timed steps', not the few profiled
+        return (f"# Profile: {_ms(u)} ms/step" + (" (CPU, " if cpu else " (") + f"unprofiled: the mean of {timed} "
+                f"timed steps, whose sizes vary; the {s['steps']} profiled steps' own {_ms(step)}: the tables below)")
     title = f"# Profile: {_ms(view['step_ms'])} ms/step" + (" (CPU)" if cpu else "")
     if view is not s:
         title += f" (unprofiled; profiled {_ms(step)}: see the note under the step budget)"

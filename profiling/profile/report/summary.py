@@ -530,8 +530,9 @@ def _header(kind, meta, n, step_ms, each):
         "samples_per_step": samples if num(samples) else None,
         "samples_per_s": _r(samples / (step_ms / 1e3)) if num(samples) and step_ms > 0 else None,
         "mfu_percent": _r(mfu) if num(mfu) else None, **memory, "gpu_memory": _gpu_memory(meta),
-        "unprofiled_step_ms": meta.get("unprofiled_step_ms"), "device_state": meta.get("device_state"),
-        "settings": settings.summary(meta.get("settings")),
+        "unprofiled_step_ms": meta.get("unprofiled_step_ms"),
+        "unprofiled_steps": len(meta.get("timed_step_ms_each") or ()) or None,  # the timed steps behind it
+        "device_state": meta.get("device_state"), "settings": settings.summary(meta.get("settings")),
         "steps": n, "step_ms": _r(step_ms), "step_ms_each": [_r(x) for x in each],
     }
 

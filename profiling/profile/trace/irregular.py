@@ -79,10 +79,11 @@ def timed(each):
     return sum(kept) / len(kept), rows
 
 
-# The Profiler times the steps after the window too, until the mean of every timed step is known within MEAN_ERROR
-# of it (its standard error) and the steps after agree with those before (`drifted`): a loop of 32 to 512 tokens
-# a step (issue #56) timed steps of 30 to 150 ms, whose five-step means missed the loop's by up to a fifth; on a
-# shared 2-core host, five steps of a 9 ms loop timed at 17-20 ms and the 200 after the profile at 9-10
+# The Profiler times the steps after the window too, until the mean of the timed steps is known within MEAN_ERROR
+# of it (its standard error): a loop of 32 to 512 tokens a step (issue #56) timed steps of 30 to 150 ms, whose
+# five-step means missed the loop's by up to a fifth. Where the steps after ran at another pace than those before
+# (`drifted`), the mean is theirs alone: on a shared 2-core host, five steps of a 9 ms loop timed at 17-20 ms and
+# the 200 after the profile at 9-10
 MEAN_ERROR = 0.03
 DRIFT = 0.1   # the steps after the window this far from those before, and beyond their own noise: the pace changed
 
@@ -101,13 +102,15 @@ def mean_error(each):
 
 def drifted(before, after):
     """Whether the steps timed after the window ran at another pace than those before it: their means (outliers
-    left out) DRIFT apart or more, and more than twice the standard error of their difference; never for fewer
-    than MIN_STEPS on either side (no error to judge it by)."""
+    left out) DRIFT apart or more, and more than four standard errors of their difference, both sides' taken
+    from the spread of the steps after (the larger sample: five random lengths before the window are no measure
+    of their own spread); never for fewer than MIN_STEPS on either side."""
     if len(before) < MIN_STEPS or len(after) < MIN_STEPS:
         return False
     a, b = timed(before)[0], timed(after)[0]
-    se = ((mean_error(before) * a) ** 2 + (mean_error(after) * b) ** 2) ** 0.5
-    return abs(b - a) > max(DRIFT * (a + b) / 2, 2 * se)
+    spread = mean_error(after) * len(after) ** 0.5  # the steps' standard deviation over their mean
+    se = ((spread * a) ** 2 / len(before) + (spread * b) ** 2 / len(after)) ** 0.5
+    return abs(b - a) > max(DRIFT * (a + b) / 2, 4 * se)  # 3: five of 32-512 tokens read as a change (3.15)
 
 
 def notes(meta):
@@ -121,18 +124,20 @@ def notes(meta):
                    "the unprofiled step time")
     after = meta.get("timed_after")
     if isinstance(after, dict) and isinstance(after.get("after"), int) and after.get("before_ms") and (
-            after["after"] > after.get("before", 0) or after.get("drifted") or after.get("left_out")):
+            after.get("more", after["after"] > after.get("before", 0)) or after.get("drifted")
+            or after.get("left_out") or (after.get("error") or 0) > MEAN_ERROR):
         before, n, gone = after.get("before"), after["after"], after.get("left_out") or 0
         a, b = after["before_ms"], after.get("after_ms")
-        why = (f": the pace changed between them ({a:.1f} ms/step before, {b:.1f} after: the machine's load?), so "
-               "the mean takes in more of the run" if after.get("drifted") and b else
-               ", as their spread asked (inputs whose size changes between steps, a noisy host)" if n > before
-               else "")
+        drift = after.get("drifted") and b
+        why = (f": the pace changed between them ({a:.1f} ms/step before, {b:.1f} after: the steps before still "
+               "warming up, or the machine's load)" if drift else
+               ", as their spread asked (inputs whose size changes between steps, a noisy host)"
+               if after.get("more", n > before) else "")
         out.append(f"unprofiled step: {before} steps timed before the window and {n} after it{why}"
                    + (f" ({gone} left out before them: they ran on batches a DataLoader's workers had prefetched "
                       "while the trace was written)" if gone else "")
-                   + f"; the mean of all {before + n}, known within ±{100 * (after.get('error') or 0):.0f}% "
-                   "(its standard error)")
+                   + (f"; the mean of the {n} after it alone" if drift else f"; the mean of all {before + n}")
+                   + f", known within ±{100 * (after.get('error') or 0):.0f}% (its standard error)")
     settling = [r for r in meta.get("settling") or () if isinstance(r, list) and r]
     if settling:
         out.append(f"the step time still rose through the first {len(settling)} round(s) of timed steps ("
