@@ -321,7 +321,8 @@ class Profiler:
             warnings.warn(f"profiling: the loop ended after {steps} steps, before the profile was done: it "
                           f"takes {self.total_steps} (warmup_steps {self.warmup} + timed_steps {self.timed} + "
                           f"profiler_warmup_steps {self.profiler_warmup} + active_steps {self.active} + the "
-                          "shape, line-record and memory steps + timed_steps again); run more steps or lower those", stacklevel=3)
+                          "shape, line-record and memory steps + timed_steps again); run more steps or lower those",
+                          stacklevel=3)
         elif self.result is not None and cause is None and holding:
             pass  # nothing is missing: the report's notes say how many steps were timed after the window
         elif self.result is not None and cause is None:
@@ -394,6 +395,7 @@ class Profiler:
         return self._times_after() and bool(self._each)
 
     def _times_after(self):
+        """Whether this Profiler times steps after its window at all (the schedule's last round)."""
         alone = self.ranks is None or self.ranks.world_size == 1
         return alone and 0 < self.timed < self.max_timed
 

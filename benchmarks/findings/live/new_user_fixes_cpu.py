@@ -51,8 +51,8 @@ LOOPS = ("hf", "unfused", "varlen")
 ROUNDS = 3            # mistake/fix rounds, alternated (the host drifts)
 TIMED_STEPS = 40      # unprofiled steps timed in a process, after WARMUP
 WARMUP = 5
-PROFILED_STEPS = 60   # steps the profiled process runs before its own timed ones (the default schedule takes 21-22, more
-                      # where the steps after the window are timed on)
+PROFILED_STEPS = 60   # steps the profiled process runs before its own timed ones (the default schedule takes
+                      # 21-22, more where the steps after the window are timed on)
 WITHIN_STEP = 0.10    # the acceptance's "within 10% of the loop's measured mean step"
 PRICE_RANGE = (0.5, 1.5)
 MIN_LEN, MAX_LEN = 32, 512

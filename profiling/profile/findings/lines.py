@@ -519,7 +519,7 @@ def _cpu_rule(kind):
             if not recognized or recognized[0] != kind:
                 continue
             body, times = loop(line.ops)
-            if all(body.count(o) * times <= update.get(o, 0) for o in body):
+            if body and all(body.count(o) * times <= update.get(o, 0) for o in body):
                 continue  # the optimizer's own loop over its tensors (its `.step(` line, or a line that runs the
                           # whole step), which per_tensor_optimizer prices: not a loop of this line's own
             if kind == "python_loop" and layer_stack(tl, key, body, times):
