@@ -87,6 +87,7 @@ import warnings
 import weakref
 from typing import NamedTuple
 
+from profiling.errors import UserError
 from profiling.profile.trace import whose
 from profiling.profile.trace.join import OPS
 
@@ -528,6 +529,7 @@ class Profiler:
         return meta
 
     def _finish(self, trace, t_end):
+        from profiling.profile.report import folder
         from profiling.profile.report.folder import save
         self._window = None
         self._unguard()
@@ -536,6 +538,9 @@ class Profiler:
         try:
             report, folder, summary = save(trace, self.ranks, reference, self.top, self.out_dir)
             self.result = ProfileResult(report, summary, folder, time.perf_counter() - t_end)
+        except UserError as e:  # a trace the report cannot read (a CPU-only loop under a CUDA capture recorded no
+            # work: found on an H200): said, and the loop goes on; save() wrote the trace before reading it
+            _say(f"no report: {e}; the trace is in the newest folder under {self.out_dir or folder.profile_dir()}")
         finally:
             self.done = True
             _restore(self._started_provenance)

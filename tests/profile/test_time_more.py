@@ -158,3 +158,20 @@ def test_several_ranks_are_never_timed_after(tmp_path):
 def test_max_timed_steps_below_timed_steps_is_refused(tmp_path):
     with pytest.raises(ValueError, match="max_timed_steps must be at least timed_steps"):
         profiling.Profiler(None, out_dir=tmp_path, timed_steps=5, max_timed_steps=3)
+
+
+def test_a_trace_the_report_cannot_read_never_stops_the_loop(tmp_path, monkeypatch, capsys):
+    # a CPU-only loop under a CUDA capture records no work (an H200): the report's UserError is said, not raised
+    from profiling.errors import UserError
+    from profiling.profile.report import folder
+
+    def unreadable(*args, **kwargs):
+        raise UserError("trace: no device events and no CPU operators; nothing to summarize")
+
+    monkeypatch.setattr(folder, "save", unreadable)
+    prof = profiling.Profiler(None, out_dir=tmp_path, **dict(FAST, max_timed_steps=5))
+    for _ in range(prof.total_steps):
+        torch.ones(64).mul(2).sum()
+        prof.step()  # never raises
+    assert prof.done and prof.report is None
+    assert "profiling: no report: trace: no device events" in capsys.readouterr().err
