@@ -88,7 +88,9 @@ class Window:
         self.warmup, self.active, self.metadata = warmup, active, metadata
         self.steady_ms, self.settled, self.t_step, self.t_open = steady_ms, 0, None, time.perf_counter()
         self.cuda = cuda = torch.cuda.is_available()
-        self.device_only = cuda and ops == "device"
+        # the device only where the loop has tensors on it: a CPU-only loop on a machine with CUDA gets its
+        # operators recorded (device-only, its window held no work at all: found on an H200)
+        self.device_only = cuda and ops == "device" and torch.cuda.memory_allocated() > 0
         self.marks, self.mark = [], torch.cuda.Event() if self.device_only else None  # step edges (join.add_steps)
         if self.mark is not None:
             self.mark.record()  # created now, outside the window: each step's record is then one runtime call
