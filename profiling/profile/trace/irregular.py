@@ -68,12 +68,17 @@ PERIODIC_SHARE = 1 / 3   # slow steps this common are the loop's own pattern, no
                          # workers on an H100 ResNet-18 gave steps of 211, 44, 214, 32, 208, 30, ... ms
 
 
+def _left_out(each):
+    """(the indices of the timed steps `timed` leaves out, their median): the outliers, unless slow steps are
+    PERIODIC_SHARE of the timed ones or more (the loop's pattern)."""
+    out, median = outliers(each)
+    return ([] if len(out) >= 2 and len(out) >= PERIODIC_SHARE * len(each) else out), median
+
+
 def timed(each):
     """(the mean ms of the timed steps the outliers left out, [{"step": 1-based, "ms", "median_ms"}]); slow steps
     PERIODIC_SHARE of the timed ones or more are the loop's pattern and stay in the mean."""
-    out, median = outliers(each)
-    if len(out) >= 2 and len(out) >= PERIODIC_SHARE * len(each):
-        out = []
+    out, median = _left_out(each)
     kept = [ms for i, ms in enumerate(each) if i not in out]
     rows = [{"step": i + 1, "ms": round(each[i], 3), "median_ms": round(median, 3)} for i in out]
     return sum(kept) / len(kept), rows
@@ -91,9 +96,7 @@ DRIFT = 0.1   # the steps after the window this far from those before, and beyon
 def mean_error(each):
     """The standard error of the timed steps' mean over that mean, the outliers `timed` leaves out left out; 0.0
     for fewer than MIN_STEPS."""
-    out, _ = outliers(each)
-    if len(out) >= 2 and len(out) >= PERIODIC_SHARE * len(each):
-        out = []
+    out, _ = _left_out(each)
     kept = [ms for i, ms in enumerate(each) if i not in out]
     if len(kept) < MIN_STEPS or sum(kept) <= 0:
         return 0.0
@@ -114,7 +117,8 @@ def drifted(before, after):
 
 
 def notes(meta):
-    """The header's notes: timed steps left out, a loop that ended before the profile was done."""
+    """The header's notes: timed steps left out, the steps timed after the window where more than a round ran
+    or the pace changed, a loop that ended before the profile was done."""
     out = []
     rows = [r for r in meta.get("timed_outliers") or () if isinstance(r, dict) and not meta.get("steps_vary")]
     each = meta.get("timed_step_ms_each") or ()
