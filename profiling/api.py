@@ -78,6 +78,7 @@ import torch; creating a Profiler does.
 """
 import atexit
 import contextlib
+import functools
 import gc
 import os
 import sys
@@ -339,8 +340,8 @@ class Profiler:
         from profiling.profile.capture import watchdog
         self._window = self._open_window()
         self._watchdog = None if self._own_loop else watchdog.Watchdog(self._pace, self._stopped, self._watch_frames)
-        self._guard = weakref.finalize(self, _left_open, self._window, self.out_dir, self.ranks,
-                                       self._started_provenance, self._watchdog)
+        self._guard = weakref.finalize(self, _left, functools.partial(_keep, self._window, self.out_dir, self.ranks),
+                                       "before the profile was done", self._started_provenance, self._watchdog)
         _guards.add(self._guard)
         _hook_exit()
         if self._watchdog is not None:
@@ -415,7 +416,8 @@ class Profiler:
         if self._guard is not None:
             self._guard.detach()
             _guards.discard(self._guard)
-        self._guard = weakref.finalize(self, _left_held, trace, self.out_dir, self.ranks, self._started_provenance,
+        self._guard = weakref.finalize(self, _left, functools.partial(_keep_trace, trace, self.out_dir, self.ranks),
+                                       "while it timed the steps after the profiled ones", self._started_provenance,
                                        self._watchdog, frozen)
         _guards.add(self._guard)
         self._start_timing()
@@ -469,7 +471,8 @@ class Profiler:
             left_out, after = self._after()
         except Exception:  # noqa: BLE001 (a device error after the window: the report keeps the steps before it)
             left_out, after = 0, []
-        each = self._used(after) if after else self._each
+        drift = bool(after) and irregular.drifted(self._each, after)
+        each = after if drift else self._each + after  # `_used`'s choice
         meta = trace["autoresearch"]
         meta["unprofiled_step_ms"], outliers = irregular.timed(each)
         meta["timed_step_ms_each"] = [round(x, 4) for x in each]
@@ -481,7 +484,7 @@ class Profiler:
                                "error": round(irregular.mean_error(each), 4),
                                "before_ms": round(irregular.timed(self._each)[0], 4),
                                "after_ms": round(irregular.timed(after)[0], 4) if after else None,
-                               "drifted": bool(after) and irregular.drifted(self._each, after)}
+                               "drifted": drift}
         return trace, t_end + time.perf_counter() - began
 
     def _sync(self):
@@ -572,40 +575,25 @@ def _at_exit():
         guard()
 
 
-def _left_open(window, out_dir, ranks, started_provenance, dog):
-    """A Profiler whose window is open is dropped or outlived by the interpreter: stop it, keep the trace."""
-    if dog is not None:
-        dog.stop()
-    _guards.difference_update([g for g in list(_guards) if not g.alive])
-    try:
-        _keep(window, out_dir, ranks, f"{_gone()} before the profile was done")
-    except Exception as e:  # noqa: BLE001 (never change how the run ends)
-        _say(f"could not save what it recorded ({type(e).__name__}: {e})")
-    finally:
-        _restore(started_provenance)
-
-
-def _left_held(trace, out_dir, ranks, started_provenance, dog, frozen):
-    """A Profiler timing the steps after its window is dropped or outlived by the interpreter: write the trace."""
+def _left(keep, what, started_provenance, dog, frozen=False):
+    """A Profiler whose window is open (or whose trace is held while the steps after it are timed) is dropped or
+    outlived by the interpreter: stop it and keep the trace, `keep(how)` (`_keep` or `_keep_trace` bound to it)."""
     if dog is not None:
         dog.stop()
     if frozen:
         gc.unfreeze()
     _guards.difference_update([g for g in list(_guards) if not g.alive])
+    if _exiting:
+        error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
+        cause = "the program exited" + (f" on {_cause(type(error), error)}" if error is not None else "")
+    else:
+        cause = "the Profiler was dropped"
     try:
-        _keep_trace(trace, out_dir, ranks, f"{_gone()} while it timed the steps after the profiled ones")
+        keep(f"{cause} {what}")
     except Exception as e:  # noqa: BLE001 (never change how the run ends)
         _say(f"could not save what it recorded ({type(e).__name__}: {e})")
     finally:
         _restore(started_provenance)
-
-
-def _gone():
-    """Why a guard runs, in words: the interpreter's exit (with its uncaught exception) or the Profiler dropped."""
-    if _exiting:
-        error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
-        return "the program exited" + (f" on {_cause(type(error), error)}" if error is not None else "")
-    return "the Profiler was dropped"
 
 
 def _keep(window, out_dir, ranks, how):
