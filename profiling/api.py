@@ -83,6 +83,7 @@ import gc
 import os
 import sys
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -341,7 +342,8 @@ class Profiler:
         self._window = self._open_window()
         self._watchdog = None if self._own_loop else watchdog.Watchdog(self._pace, self._stopped, self._watch_frames)
         self._guard = weakref.finalize(self, _left, functools.partial(_keep, self._window, self.out_dir, self.ranks),
-                                       "before the profile was done", self._started_provenance, self._watchdog)
+                                       "before the profile was done", self._started_provenance, self._watchdog,
+                                       threading.get_ident())
         _guards.add(self._guard)
         _hook_exit()
         if self._watchdog is not None:
@@ -418,7 +420,7 @@ class Profiler:
             _guards.discard(self._guard)
         self._guard = weakref.finalize(self, _left, functools.partial(_keep_trace, trace, self.out_dir, self.ranks),
                                        "while it timed the steps after the profiled ones", self._started_provenance,
-                                       self._watchdog, frozen)
+                                       self._watchdog, threading.get_ident(), frozen)
         _guards.add(self._guard)
         self._start_timing()
 
@@ -570,14 +572,24 @@ def _hook_exit():
 def _at_exit():
     """The interpreter is exiting with a window still open (the loop stopped or raised, nothing closed it):
     torch.profiler left running then ends the process with a segmentation fault (DESIGN.md pitfall 14)."""
+    from profiling.profile.capture import watchdog
     _exiting.append(True)
     for guard in list(_guards):
         guard()
+    watchdog.run_later()  # what a finalizer on another thread left for the loop's thread
 
 
-def _left(keep, what, started_provenance, dog, frozen=False):
+def _left(keep, what, started_provenance, dog, thread, frozen=False):
     """A Profiler whose window is open (or whose trace is held while the steps after it are timed) is dropped or
-    outlived by the interpreter: stop it and keep the trace, `keep(how)` (`_keep` or `_keep_trace` bound to it)."""
+    outlived by the interpreter: stop it and keep the trace, `keep(how)` (`_keep` or `_keep_trace` bound to it),
+    on `thread`, the loop's."""
+    if not _exiting and threading.get_ident() != thread:
+        # the collector freed it on another thread (wherever an allocation ran the collector: the stack
+        # sampler's, say), where torch.profiler cannot be stopped (its state is its thread's) nor the sampler
+        # joined: before, the trace was lost and the half-stopped profiler crashed the process at exit
+        from profiling.profile.capture import watchdog
+        watchdog.later(thread, functools.partial(_left, keep, what, started_provenance, dog, thread, frozen))
+        return
     if dog is not None:
         dog.stop()
     if frozen:

@@ -192,6 +192,21 @@ def dropped(steps, end, out):
     plain_loop(steps, end, out)
 
 
+def collected_elsewhere(steps, end, out):
+    """The same Profiler in a reference cycle, so that the collector frees it, and the collector run on another
+    thread (as it runs wherever an allocation triggers it: the stack sampler's thread, found by a crash at exit);
+    the main thread then goes on with Python for a while."""
+    gc.disable()  # the collection happens on the other thread, not at the next allocation here
+    prof = plain_loop(steps, end, out)
+    prof.cycle = prof
+    del prof
+    collector = threading.Thread(target=gc.collect)
+    collector.start()
+    collector.join()
+    gc.enable()
+    sum(range(100_000))
+
+
 def load(name):
     """An example script (examples/NAME.py) as a module; its framework loads only in its main()."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", f"{name}.py"))
@@ -268,10 +283,11 @@ def framework_form(framework, profiled):
     return form
 
 
-FORMS = {"none": no_profiler, "loop": plain_loop, "with": with_block, "drop": dropped, "open": left_open,
+FORMS = {"none": no_profiler, "loop": plain_loop, "with": with_block, "drop": dropped, "elsewhere": collected_elsewhere,
+         "open": left_open,
          "hf": framework_form("hf", True), "hf-none": framework_form("hf", False),
          "lightning": framework_form("lightning", True), "lightning-none": framework_form("lightning", False)}
-BASELINES = {"loop": "none", "with": "none", "drop": "none", "hf": "hf-none", "lightning": "lightning-none"}
+BASELINES = {"loop": "none", "with": "none", "drop": "none", "elsewhere": "none", "hf": "hf-none", "lightning": "lightning-none"}
 # The framework forms' cases run with the callback cases in CI: max_steps ending in the default schedule's
 # first profiled step (10) and in its shape step (15), and raising there (the whole 1-20: --matrix).
 CI_COUNTS, ENDS = (10, 15), ("done", "raise")

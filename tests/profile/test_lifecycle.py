@@ -64,6 +64,18 @@ def test_ending_inside_and_around_the_window_exits_as_without_the_profiler(tmp_p
     assert not (tmp_path / "profiles" / "loop-9-done").exists()  # no profiled step: nothing written
 
 
+def test_a_profiler_the_collector_frees_on_another_thread_is_closed_on_the_loops(tmp_path):
+    # found by a crash at exit (-11) under load: the collector, run by an allocation on the stack sampler's
+    # thread, freed a dropped Profiler there; stopping torch.profiler failed on that thread ("cannot join
+    # current thread", "Can't disable Kineto profiler when it's not running"), the trace was lost
+    codes = matrix(tmp_path, "elsewhere,none", "10", "done")
+    assert not worker.problems(codes, tmp_path)
+    log = (tmp_path / "elsewhere-10-done.log").read_text()
+    assert "could not save" not in log and "Leaked callback" not in log, log
+    assert "the Profiler was dropped before the profile was done: the 1 profiled step recorded is in" in log
+    assert len(list((tmp_path / "profiles" / "elsewhere-10-done").glob("*/trace.json.gz"))) == 1
+
+
 # The HF Trainer and Lightning forms at 10 and 15 steps run in CI with the callbacks' cases (one import of
 # each framework): tests/test_callbacks.py::test_max_steps_and_raising_in_the_default_window.
 

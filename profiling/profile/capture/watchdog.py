@@ -28,6 +28,7 @@ Only a loop on the main thread can be closed so (CPython runs pending calls ther
 window closes at exit as before. The thread costs the loop nothing: it never takes the main thread's time
 unless the loop has stopped, and each step() only notes the time and its caller's frames.
 """
+import contextlib
 import ctypes
 import dis
 import functools
@@ -257,10 +258,35 @@ def _exiting():
 _live = weakref.WeakSet()   # the watchdogs running (a pending call finds its own among them)
 
 
+_later = []   # (thread id, call): what a finalizer on another thread left for the loop's thread (`later`)
+
+
+def later(thread, call):
+    """Run `call` on the thread `thread` instead of this one: at the main thread's next check (a pending call)
+    where that is the main thread, else at exit (`run_later`, from the exit hook)."""
+    _later.append((thread, call))
+    if _ADD_PENDING is not None and thread == threading.main_thread().ident:
+        _ADD_PENDING(_PENDING, None)
+
+
+def run_later(thread=None):
+    """Run what `later` left for `thread` (None: all of it, at exit), each call's failure its own."""
+    for item in [x for x in list(_later) if thread is None or x[0] == thread]:
+        with contextlib.suppress(ValueError):
+            _later.remove(item)
+            try:
+                item[1]()
+            except Exception:  # noqa: BLE001 (the call says its own failures)
+                pass
+
+
 def _run_pending(_):
-    """The pending call, on the main thread between two bytecodes: fire each running watchdog. Never raises
-    (an exception here would appear in the user's code); a Ctrl-C that lands in it is given back."""
+    """The pending call, on the main thread between two bytecodes: what `later` left for it, then fire each
+    running watchdog. Never raises (an exception here would appear in the user's code); a Ctrl-C that lands
+    in it is given back."""
     try:
+        if _later and not _exiting():  # at exit the exit hook runs them, before torch's own
+            run_later(threading.get_ident())
         for dog in list(_live):
             dog.fire()
     except KeyboardInterrupt:
