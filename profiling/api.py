@@ -79,8 +79,9 @@ import torch; creating a Profiler does.
 import atexit
 import contextlib
 import functools
-import gc
+import marshal
 import os
+import pickle
 import sys
 import tempfile
 import threading
@@ -407,27 +408,24 @@ class Profiler:
         """Keep the window's trace while the steps after it are timed (`_time_more`); the guard now keeps the
         trace (written as it is if the Profiler is dropped or the program exits first), the watchdog watches on."""
         self._window = None
-        # the trace's objects out of the collector's walks while the steps are timed (held, they slowed a CPU
-        # loop's steps by a fifth); put back after them unless objects were frozen already (the program's own, or
-        # an image's at start-up: 375 on the H200s' python3), which unfreeze would hand back to the collector
-        # (frozen, the trace's objects are still freed when it is dropped: it holds no reference cycle)
-        frozen = not gc.get_freeze_count()
-        gc.freeze()
-        self._held, self._minimum = (trace, t_end, time.perf_counter(), frozen), None
         self._loader = any("_MultiProcessingDataLoaderIter" in str(e.get("name", "")) for e in trace["traceEvents"])
+        trace = _pack(trace)
+        self._held, self._minimum = (trace, t_end, time.perf_counter()), None
         if self._guard is not None:
             self._guard.detach()
             _guards.discard(self._guard)
         self._guard = weakref.finalize(self, _left, functools.partial(_keep_trace, trace, self.out_dir, self.ranks),
                                        "while it timed the steps after the profiled ones", self._started_provenance,
-                                       self._watchdog, threading.get_ident(), frozen)
+                                       self._watchdog, threading.get_ident())
         _guards.add(self._guard)
         self._start_timing()
 
     def _timed_enough(self):
         """Whether the timing after the window is done, asked once a round of timed steps (timed_steps of them):
-        one round at least, then until the mean of the steps it uses (`_used`) is known within
-        irregular.MEAN_ERROR, or max_timed_steps are timed, or MORE_S spent."""
+        one round at least, then until the mean of every timed step is known within irregular.MEAN_ERROR and the
+        steps after the window ran at the pace of those before it (irregular.drifted: else no short sample is
+        the loop's pace, a burst of the host's load over one side or steps before still warming up: the timing
+        goes on, and the longer side weighs more), or max_timed_steps are timed, or MORE_S spent."""
         from profiling.profile.trace import irregular
         n, spent = len(self._marks) - 1, time.perf_counter() - self._held[2]
         if spent >= MORE_S or len(self._each) + n >= self.max_timed:
@@ -435,14 +433,9 @@ class Profiler:
         if n % self.timed:
             return False
         self._minimum = self._minimum or n  # the steps every loop is timed for after the window
-        return irregular.mean_error(self._used(self._after()[1])) <= irregular.MEAN_ERROR
-
-    def _used(self, after):
-        """The timed steps the unprofiled step is the mean of: all of them, or those after the window alone where
-        the pace changed between before and after (irregular.drifted: steps before still warming up, or a burst
-        of the host's load over them)."""
-        from profiling.profile.trace import irregular
-        return after if irregular.drifted(self._each, after) else self._each + after
+        after = self._after()[1]
+        return (irregular.mean_error(self._each + after) <= irregular.MEAN_ERROR
+                and not irregular.drifted(self._each, after))
 
     def _after(self):
         """(steps left out, [ms]) of the steps timed after the window: where a DataLoader's workers fed the window,
@@ -465,16 +458,15 @@ class Profiler:
         """(the held trace, t_end) with every timed step in its unprofiled step time; t_end moved on by the
         timing, so that `seconds_after` counts the report's own work only."""
         from profiling.profile.trace import irregular
-        trace, t_end, began, frozen = self._held
+        trace, t_end, began = self._held
         self._held = None
-        if frozen:
-            gc.unfreeze()
+        trace = _unpack(trace)
         try:
             left_out, after = self._after()
         except Exception:  # noqa: BLE001 (a device error after the window: the report keeps the steps before it)
             left_out, after = 0, []
         drift = bool(after) and irregular.drifted(self._each, after)
-        each = after if drift else self._each + after  # `_used`'s choice
+        each = self._each + after
         meta = trace["autoresearch"]
         meta["unprofiled_step_ms"], outliers = irregular.timed(each)
         meta["timed_step_ms_each"] = [round(x, 4) for x in each]
@@ -507,7 +499,7 @@ class Profiler:
         from profiling.profile.trace import hardware
         device = torch.cuda.get_device_name() if self.cuda else "cpu"
         n = self.ranks.world_size if self.ranks else 1
-        meta = dict(device=device, torch=torch.__version__, peak_flops=hardware.peak_flops(device) if self.cuda
+        meta = dict(device=device, torch=str(torch.__version__), peak_flops=hardware.peak_flops(device) if self.cuda
                     else None, unprofiled_step_ms=self.unprofiled_ms,
                     peak_memory_mb=torch.cuda.max_memory_allocated() / 1024**2 if self.cuda else None,
                     parameters=self.parameters, compiled_before_profiler=self.compiled_before,
@@ -579,7 +571,7 @@ def _at_exit():
     watchdog.run_later()  # what a finalizer on another thread left for the loop's thread
 
 
-def _left(keep, what, started_provenance, dog, thread, frozen=False):
+def _left(keep, what, started_provenance, dog, thread):
     """A Profiler whose window is open (or whose trace is held while the steps after it are timed) is dropped or
     outlived by the interpreter: stop it and keep the trace, `keep(how)` (`_keep` or `_keep_trace` bound to it),
     on `thread`, the loop's."""
@@ -588,12 +580,10 @@ def _left(keep, what, started_provenance, dog, thread, frozen=False):
         # sampler's, say), where torch.profiler cannot be stopped (its state is its thread's) nor the sampler
         # joined: before, the trace was lost and the half-stopped profiler crashed the process at exit
         from profiling.profile.capture import watchdog
-        watchdog.later(thread, functools.partial(_left, keep, what, started_provenance, dog, thread, frozen))
+        watchdog.later(thread, functools.partial(_left, keep, what, started_provenance, dog, thread))
         return
     if dog is not None:
         dog.stop()
-    if frozen:
-        gc.unfreeze()
     _guards.difference_update([g for g in list(_guards) if not g.alive])
     if _exiting:
         error = getattr(sys, "last_value", None)  # an uncaught exception, already printed
@@ -621,11 +611,37 @@ def _keep(window, out_dir, ranks, how):
 def _keep_trace(trace, out_dir, ranks, how):
     """Write a trace that ended early, alone (`research profile` makes its report later), and say where."""
     from profiling.profile.report import folder
+    trace = _unpack(trace)
     path = folder.save_trace(trace, ranks, out_dir)
     n = (trace["autoresearch"].get("ended_early") or {}).get("active_steps")  # None: every profiled step
     steps = "profiled steps" if n is None else f"{n} profiled step{'s' * (n != 1)}"
     _say(f"{how}: the {steps} recorded {'is' if n == 1 else 'are'} in {path}; `research profile {path}` reads "
          f"{'it' if n == 1 else 'them'}")
+
+
+def _pack(trace):
+    """The trace held while the steps after the window are timed, as bytes: its hundreds of thousands of objects
+    out of the garbage collector's walks, which slowed a CPU loop's timed steps by a fifth (103.6 against 85.5
+    ms), and the collector left as the loop has it (freezing every object instead made those steps faster than
+    the loop's own: 74.6 against 78-94 ms). pickle where marshal cannot write a value of it (a str subclass,
+    say); the trace as it is where neither can."""
+    try:
+        return marshal.dumps(trace)
+    except ValueError:
+        try:
+            return _Pickled(pickle.dumps(trace, pickle.HIGHEST_PROTOCOL))
+        except Exception:  # noqa: BLE001 (held as it is: slower timed steps, nothing lost)
+            return trace
+
+
+class _Pickled(bytes):
+    """A trace `_pack` pickled."""
+
+
+def _unpack(trace):
+    if isinstance(trace, _Pickled):
+        return pickle.loads(trace)
+    return marshal.loads(trace) if isinstance(trace, bytes) else trace
 
 
 def _say(text):

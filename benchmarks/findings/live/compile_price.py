@@ -10,7 +10,8 @@ process:
     2. the model's forward compiled (torch.compile, default mode): warm-up, then a profile of it (its kernels);
     3. BLOCKS alternated blocks of STEPS steps, eager then compiled, each between two syncs (one process, so a
        host whose pace drifts between processes moves both alike): ms/step of each block; for the conv net, the
-       same again with the model and its input in channels_last (conv_layout's remedy).
+       same again with the model and its input in channels_last (conv_layout's remedy); with --graphs, a third
+       form in each round, the forward compiled with mode="reduce-overhead" (CUDA graphs).
 
     python3 benchmarks/findings/live/compile_price.py run OUT [--cases ...]   # the GPU
     uv run python benchmarks/findings/live/compile_price.py report OUT        # anywhere: the table
@@ -88,7 +89,7 @@ def hf_bert(dev, small):
 CASES = {f.__name__: f for f in (resnet50, vit_small, hf_gpt2, hf_bert)}
 
 
-def one(case, out, small):
+def one(case, out, small, graphs=False):
     import torch
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -140,12 +141,22 @@ def one(case, out, small):
     row["compile_s"] = round(time.perf_counter() - t, 1)
     block(WARMUP)
     row["compiled_top"] = profile("compiled")
+    graphed = None
+    if graphs and dev == "cuda":  # CUDA graphs too (mode="reduce-overhead"): the launches replayed at once
+        graphed = torch.compile(eager, mode="reduce-overhead")
+        model.forward = graphed
+        t = time.perf_counter()
+        block(WARMUP)
+        row["graphed_compile_s"], row["graphed_ms"] = round(time.perf_counter() - t, 1), []
     row["eager_ms"], row["compiled_ms"] = [], []
     for _ in range(BLOCKS):
         model.forward = eager
         row["eager_ms"].append(block())
         model.forward = compiled
         row["compiled_ms"].append(block())
+        if graphed is not None:
+            model.forward = graphed
+            row["graphed_ms"].append(block())
     if hasattr(model, "channels_last"):  # a conv net: channels_last too, eager and compiled (it recompiles)
         model.channels_last()
         opt[0] = adamw()  # its state in the parameters' new layout (fused AdamW takes one layout)
@@ -161,11 +172,12 @@ def one(case, out, small):
     return row
 
 
-def run(out, cases, timeout, small):
+def run(out, cases, timeout, small, graphs=False):
     os.makedirs(out, exist_ok=True)
     for case in cases:
         t = time.perf_counter()
-        cmd = [sys.executable, os.path.abspath(__file__), "one", case, out] + (["--small"] if small else [])
+        cmd = [sys.executable, os.path.abspath(__file__), "one", case, out] + (["--small"] if small else []) + (
+            ["--graphs"] if graphs else [])
         try:
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
             lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
@@ -225,17 +237,20 @@ def main(argv=None):
     r.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     r.add_argument("--timeout", type=float, default=240, help="seconds a case's process may run")
     r.add_argument("--small", action="store_true", help="tiny sizes: a check of the script on a CPU")
+    r.add_argument("--graphs", action="store_true", help='CUDA graphs too (mode="reduce-overhead"), timed in the '
+                   "same alternation")
     o = sub.add_parser("one", help=argparse.SUPPRESS)
     o.add_argument("case", choices=list(CASES))
     o.add_argument("out")
     o.add_argument("--small", action="store_true")
+    o.add_argument("--graphs", action="store_true")
     t = sub.add_parser("report", help="the table of prices against gains, from a run's folder")
     t.add_argument("out")
     a = p.parse_args(argv)
     if a.cmd == "run":
-        run(a.out, a.cases, a.timeout, a.small)
+        run(a.out, a.cases, a.timeout, a.small, a.graphs)
     elif a.cmd == "one":
-        print(json.dumps(one(a.case, a.out, a.small)))
+        print(json.dumps(one(a.case, a.out, a.small, a.graphs)))
     else:
         report(a.out)
     return 0

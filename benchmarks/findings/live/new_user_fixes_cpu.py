@@ -27,8 +27,9 @@ within 10% of the loop's measured mean step"), read for each loop:
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py time OUT --loop hf --variants mistake,compiled
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop varlen --fix fused  # one process
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop hf --fix nodropout
-    uv run python benchmarks/findings/live/new_user_fixes_cpu.py steps OUT --processes 3 --after 200  # the
-        # per-step figure alone: each loop profiled in fresh processes, each then timing 200 more steps
+    uv run python benchmarks/findings/live/new_user_fixes_cpu.py steps OUT --processes 3 --after 200 --before 200
+        # the per-step figure alone: each loop profiled in fresh processes, each timing 200 more steps before
+        # the profile and 200 after it
 
 `run` writes OUT/results.jsonl (a row per process: loop, variant, profiled or timed, the step times, the top
 findings) and OUT/<loop>/ (the profile's folder). OMP_NUM_THREADS is left as a new user leaves it (unset: torch's
@@ -51,6 +52,7 @@ LOOPS = ("hf", "unfused", "varlen")
 ROUNDS = 3            # mistake/fix rounds, alternated (the host drifts)
 TIMED_STEPS = 40      # unprofiled steps timed in a process, after WARMUP
 WARMUP = 5
+HF_WARMUP = 3         # the Profiler's own warm-up steps (its default), which the HF callback's options move
 PROFILED_STEPS = 60   # steps the profiled process runs before its own timed ones (the default schedule takes
                       # 21-22, more where the steps after the window are timed on)
 WITHIN_STEP = 0.10    # the acceptance's "within 10% of the loop's measured mean step"
@@ -81,8 +83,9 @@ def hf_parts(variant):
     return GPT2LMHeadModel(config), extras
 
 
-def hf_run(variant, steps, folder, profiled):
-    """The HF loop run for `steps` steps; [ms of each step] from on_step_end to on_step_end, the profile's folder."""
+def hf_run(variant, steps, folder, profiled, before=0):
+    """The HF loop run for `steps` steps; [ms of each step] from on_step_end to on_step_end, the profile's folder;
+    `before`: steps the profiler leaves alone before its own warm-up (timed here like the others)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
     import profiling
@@ -100,7 +103,8 @@ def hf_run(variant, steps, folder, profiled):
     args = TrainingArguments(output_dir=os.path.join(folder, "trainer"), max_steps=steps,
                              per_device_train_batch_size=batch, use_cpu=True, report_to="none",
                              save_strategy="no", seed=0, **extras)
-    callbacks = [Clock()] + ([profiling.HFCallback(out_dir=folder)] if profiled else [])
+    options = {"warmup_steps": HF_WARMUP + before} if before else {}
+    callbacks = [Clock()] + ([profiling.HFCallback(out_dir=folder, **options)] if profiled else [])
     Trainer(model=model, args=args, train_dataset=RandomTokens(steps * batch, seq_len, 2048),
             data_collator=default_data_collator, callbacks=callbacks).train()
     return [1e3 * (b - a) for a, b in zip(times, times[1:])], (callbacks[-1].folder if profiled else None)
@@ -218,8 +222,9 @@ def lengths_of(seed=0):
         yield rng.randint(MIN_LEN, MAX_LEN)
 
 
-def own_loop(loop, variant, steps, folder, profiled):
-    """The plain loops (unfused, varlen): [ms of each step], [length of each step], the profile's folder."""
+def own_loop(loop, variant, steps, folder, profiled, before=0):
+    """The plain loops (unfused, varlen): [ms of each step], [length of each step], the profile's folder, and the
+    same two lists of the `before` steps run (after WARMUP) before the profile."""
     import profiling
     seen = []
     lengths = lengths_of()
@@ -228,7 +233,13 @@ def own_loop(loop, variant, steps, folder, profiled):
     else:
         model, raw = varlen_parts(variant, lengths)
         step = lambda: seen.append(raw())  # noqa: E731
-    out = None
+    out, ahead = None, ([], [])
+    if before:  # the loop's own steps before the profile, timed as those after it
+        for _ in range(WARMUP):
+            step()
+        del seen[:]
+        ahead = (_timed(step, before), list(seen))
+        del seen[:]
     if profiled and loop == "unfused":
         prof = profiling.Profiler(model, samples_per_step=64, out_dir=folder)
         for _ in range(PROFILED_STEPS):
@@ -240,31 +251,42 @@ def own_loop(loop, variant, steps, folder, profiled):
         out = profiling.profile_steps(step, model, out_dir=folder).folder
     if profiled:  # the same process's unprofiled steps after the profile: WARMUP of them dropped, as unprofiled
         del seen[:]
+    return _timed(step, steps), seen, out, ahead
+
+
+def _timed(step, steps):
+    """[ms] of `steps` calls of step()."""
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
         times.append(1e3 * (time.perf_counter() - t0))
-    return times, seen, out
+    return times
 
 
-def child(loop, variant, mode, folder, after=TIMED_STEPS):
+def child(loop, variant, mode, folder, after=TIMED_STEPS, before=0):
     """One process's work: a JSON line on stdout (the step times, or the profile's folder); `after`: the steps
-    timed after the warm-up (after the profile, in a profiled process)."""
+    timed after the warm-up (after the profile, in a profiled process); `before`: in a profiled process, the
+    steps timed before the profile too."""
     profiled = mode == "profile"
     if variant == "threads1":  # cpu_threads' fix: the intra-op pool on one core (it changes nothing computed)
         import torch
         torch.set_num_threads(1)
     t0 = time.perf_counter()
-    if loop == "hf":  # the profiled Trainer runs on past its profile: its last TIMED_STEPS steps are timed
-        times, out = hf_run(variant, (PROFILED_STEPS if profiled else WARMUP) + after, folder, profiled)
-        times, seen = times[-after:], []
+    ahead = ([], [])
+    if loop == "hf":  # the profiled Trainer runs on past its profile: its last `after` steps are timed
+        times, out = hf_run(variant, (PROFILED_STEPS + before if profiled else WARMUP) + after, folder, profiled,
+                            before)
+        # before: the steps ahead of the profiler's own (its warm-up's, HF_WARMUP, left out), WARMUP left out
+        ahead, times, seen = (times[WARMUP:before], []), times[-after:], []
     else:
-        times, seen, out = own_loop(loop, variant, WARMUP + after, folder, profiled)
+        times, seen, out, ahead = own_loop(loop, variant, WARMUP + after, folder, profiled, before)
         times, seen = times[WARMUP:], seen[WARMUP:]
     row = {"loop": loop, "variant": variant, "mode": mode, "seconds": round(time.perf_counter() - t0, 1),
            "load": os.getloadavg()[0], "threads": _threads(), "folder": out,
            "ms": [round(t, 3) for t in times], "lengths": seen}
+    if before:
+        row.update(before_ms=[round(t, 3) for t in ahead[0]], before_lengths=ahead[1])
     print("RESULT " + json.dumps(row), flush=True)
 
 
@@ -277,11 +299,11 @@ def _threads():
 # Driving the processes
 # ---------------------------------------------------------------------------------------------------------
 
-def spawn(out, loop, variant, mode, timeout=900, after=TIMED_STEPS):
+def spawn(out, loop, variant, mode, timeout=900, after=TIMED_STEPS, before=0):
     folder = os.path.join(out, loop) if mode == "profile" else tempfile.mkdtemp(prefix=f"nufc-{loop}-")
     os.makedirs(folder, exist_ok=True)
     cmd = [sys.executable, os.path.abspath(__file__), "child", "--loop", loop, "--variant", variant, "--mode", mode,
-           "--dir", folder, "--after", str(after)]
+           "--dir", folder, "--after", str(after), "--before", str(before)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if mode != "profile":
         shutil.rmtree(folder, ignore_errors=True)
@@ -319,24 +341,26 @@ def run(out, loops, rounds, variants):
     return 0
 
 
-def steps_figure(out, loops, processes, after):
+def steps_figure(out, loops, processes, after, before=0):
     """The CPU line's per-step clause: in each of `processes` fresh processes per loop, the report's title figure
-    against the mean of the `after` unprofiled steps the same process then ran (varlen: the mean over 32..512 of
-    a quadratic in the length fitted to them, the loop's mean step whatever lengths those steps drew)."""
+    against the mean of the `after` unprofiled steps the same process then ran, and the `before` it ran before
+    the profile (varlen: the mean over 32..512 of a quadratic in the length fitted to them, the loop's mean step
+    whatever lengths those steps drew)."""
     os.makedirs(out, exist_ok=True)
     rows = []
     for _ in range(processes):
         for loop in loops:
-            row = spawn(out, loop, "mistake", "profile", after=after)
-            title, ms = (row.get("top") or {}).get("title_ms"), row.get("ms") or []
+            row = spawn(out, loop, "mistake", "profile", after=after, before=before)
+            title = (row.get("top") or {}).get("title_ms")
+            ms = (row.get("before_ms") or []) + (row.get("ms") or [])
             mean = statistics.fmean(ms) if ms else None
             if loop == "varlen" and ms:  # the loop's mean over its lengths (uniform 32..512): this process's fit
-                curve = fit([row])
+                curve = fit([{"ms": ms, "lengths": (row.get("before_lengths") or []) + row["lengths"]}])
                 mean = statistics.fmean(curve(t) for t in range(MIN_LEN, MAX_LEN + 1))
             rows.append((loop, title, mean, statistics.median(ms) if ms else None, row.get("load")))
-            print(f"  {loop}: title {title} ms/step, the {len(ms)} steps after: mean {mean and round(mean, 2)}"
+            print(f"  {loop}: title {title} ms/step, the {len(ms)} steps timed: mean {mean and round(mean, 2)}"
                   f" -> {title / mean if title and mean else float('nan'):.3f}", flush=True)
-    print("| loop | title ms/step | mean of the steps after (varlen: their fit's, over 32..512) | median | "
+    print("| loop | title ms/step | mean of the steps before and after (varlen: their fit's, over 32..512) | median | "
           "title / mean | within 10% | load |")
     print("|---|--:|--:|--:|--:|---|--:|")
     for loop, title, mean, median, load in rows:
@@ -517,21 +541,23 @@ def main(argv=None):
     c.add_argument("--mode", choices=("profile", "time"), required=True)
     c.add_argument("--dir", required=True)
     c.add_argument("--after", type=int, default=TIMED_STEPS)
+    c.add_argument("--before", type=int, default=0)
     f = sub.add_parser("steps", help="the per-step figure: profile each loop in fresh processes, each then timing "
                        "AFTER more steps; the report's title against their mean")
     f.add_argument("out")
     f.add_argument("--loops", default=",".join(LOOPS))
     f.add_argument("--processes", type=int, default=3)
     f.add_argument("--after", type=int, default=200)
+    f.add_argument("--before", type=int, default=0, help="steps timed before the profile too, in the mean")
     a = p.parse_args(argv)
     sys.path.insert(0, ROOT)
     if a.cmd == "inprocess":
         inprocess(a.loop, a.fix, a.blocks, a.steps)
         return 0
     if a.cmd == "child":
-        return child(a.loop, a.variant, a.mode, a.dir, a.after) or 0
+        return child(a.loop, a.variant, a.mode, a.dir, a.after, a.before) or 0
     if a.cmd == "steps":
-        return steps_figure(a.out, a.loops.split(","), a.processes, a.after)
+        return steps_figure(a.out, a.loops.split(","), a.processes, a.after, a.before)
     if a.cmd == "run":
         return run(a.out, a.loops.split(","), a.rounds, dict(x.split("=", 1) for x in a.fix))
     if a.cmd == "time":

@@ -87,8 +87,9 @@ def timed(each):
 # The Profiler times the steps after the window too, until the mean of the timed steps is known within MEAN_ERROR
 # of it (its standard error): a loop of 32 to 512 tokens a step (issue #56) timed steps of 30 to 150 ms, whose
 # five-step means missed the loop's by up to a fifth. Where the steps after ran at another pace than those before
-# (`drifted`), the mean is theirs alone: on a shared 2-core host, five steps of a 9 ms loop timed at 17-20 ms and
-# the 200 after the profile at 9-10
+# (`drifted`), the timing goes on too: no side alone is the loop's pace (on a shared 2-core host, five steps of a 9
+# ms loop timed at 13.3 ms before the window, 8.4 after it, and the loop's 400 around them 11.3; taking the side
+# after alone missed the loop's mean by 26% there, by 29% and 32% in two more of nine processes)
 MEAN_ERROR = 0.03
 DRIFT = 0.1   # the steps after the window this far from those before, and beyond their own noise: the pace changed
 
@@ -134,13 +135,13 @@ def notes(meta):
         a, b = after["before_ms"], after.get("after_ms")
         drift = after.get("drifted") and b
         why = (f": the pace changed between them ({a:.1f} ms/step before, {b:.1f} after: the steps before still "
-               "warming up, or the machine's load)" if drift else
+               "warming up, or the machine's load), timed on" if drift else
                ", as their spread asked (inputs whose size changes between steps, a noisy host)"
                if after.get("more", n > before) else "")
         out.append(f"unprofiled step: {before} steps timed before the window and {n} after it{why}"
                    + (f" ({gone} left out before them: they ran on batches a DataLoader's workers had prefetched "
                       "while the trace was written)" if gone else "")
-                   + (f"; the mean of the {n} after it alone" if drift else f"; the mean of all {before + n}")
+                   + f"; the mean of all {before + n}"
                    + f", known within ±{100 * (after.get('error') or 0):.0f}% (its standard error)")
     settling = [r for r in meta.get("settling") or () if isinstance(r, list) and r]
     if settling:
