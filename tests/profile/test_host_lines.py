@@ -5,6 +5,8 @@ mistake profiled through profiling.Profiler, two profiled steps kept (tests/data
 whole. What their fixes recovered, timed unprofiled in fresh processes, is in
 benchmarks/findings/live/eager_mistakes_results.md.
 """
+import re
+
 import pytest
 
 from profiling.profile.findings.lines import LOOP_MIN, MAX_BODY, loop
@@ -243,3 +245,44 @@ def test_a_misaligned_head_is_its_shape_not_a_slow_device(data_summary):
     kinds = {f["kind"]: f for f in s["findings"]}
     assert "slow_device" not in kinds
     assert "pad the vocabulary 50257 to 50304" in kinds["misaligned_shapes"]["fix"]
+
+
+def test_a_launch_bound_loop_of_like_steps_is_told_cuda_graphs_priced_at_its_idle(data_summary):
+    """ResNet-50 (torchvision, 16 x 224^2, eager bf16) on an H200: 940 kernels a step, the host pacing the GPU.
+    Compiling in the default mode recovered nothing on this net (-2.1 to +0.3 ms/step), mode="reduce-overhead"
+    18.6 -> 4.9 (compile_price_results.md): the fix leads with CUDA graphs, priced at the idle between the
+    launches, which graphs remove, above conv_layout's channels_last (1.6 measured)."""
+    s = data_summary("h200-public-resnet50-eager")
+    top = s["findings"][0]
+    assert top["kind"] == "launch_bound" and top["fix"].startswith('CUDA graphs: torch.compile the model with mode=')
+    assert "CUDA graphs would replay the launches" in top["evidence"]
+    idle = re.search(r"GPU idle between kernels ([\d.]+) ms/step", top["evidence"])
+    assert abs(top["ms_per_step"] - float(idle.group(1))) < 0.06  # the whole idle, not compiling's ~1.0
+
+
+def test_host_work_a_finding_names_keeps_cuda_graphs_out_of_launch_bound(data_summary):
+    """An EMA taken through state_dict() every step (per_parameter_loop's): graphs would replay the model's launches,
+    not the EMA's, which keeps pacing the step; launch_bound stays priced by compiling, the mistake first."""
+    s = data_summary("h200-eager-ema-state-dict")
+    assert s["findings"][0]["kind"] == "per_parameter_loop"
+    bound = next(f for f in s["findings"] if f["kind"] == "launch_bound")
+    assert "reduce-overhead" not in bound["fix"] and "CUDA graphs would replay" not in bound["evidence"]
+
+
+def test_steps_that_differ_are_no_graphs_case():
+    from profiling.profile.findings import idle
+
+    class Tl:
+        meta, labels = {}, [["gemm"], ["gemm"]]
+        per_step = [[1, 2], [1, 2]]
+        ix = type("Ix", (), {"runtime": [{"name": "cudaLaunchKernel"}]})()
+
+    assert idle._graphs_fit(Tl())
+    Tl.per_step = [[1, 2], [1, 2, 3]]  # another shape, another kernel set: a graph replays one
+    assert not idle._graphs_fit(Tl())
+    Tl.per_step, Tl.meta = [[1, 2], [1, 2]], {"steps_vary": {"steps": [1, 2]}}
+    assert not idle._graphs_fit(Tl())
+    Tl.meta, Tl.ix.runtime = {}, [{"name": "cudaGraphLaunch"}]  # graphs already
+    assert not idle._graphs_fit(Tl())
+    Tl.ix.runtime, Tl.labels = [], [["communication"], ["gemm"]]  # a collective: not measured, not claimed
+    assert not idle._graphs_fit(Tl())
