@@ -86,7 +86,30 @@ def hf_bert(dev, small):
     return model, lambda m: m(input_ids=ids, labels=ids).loss, b * t
 
 
-CASES = {f.__name__: f for f in (resnet50, vit_small, hf_gpt2, hf_bert)}
+def mobilenet_v3(dev, small):
+    """torchvision's MobileNetV3-Small: depthwise convolutions, BatchNorm, hardswish, many tiny kernels."""
+    import torch
+    import torchvision
+    model = torchvision.models.mobilenet_v3_small(num_classes=100)
+    b, s = (2, 64) if small else (32, 224)
+    x, y = torch.randn(b, 3, s, s, device=dev), torch.randint(0, 100, (b,), device=dev)
+    return model, lambda m: torch.nn.functional.cross_entropy(m(x), y), None
+
+
+def hf_t5(dev, small):
+    """transformers' T5 at t5-small's config (an encoder-decoder, relative position buckets)."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+    ids0 = dict(decoder_start_token_id=0, pad_token_id=0)  # t5-small's (a bare config has no start token)
+    cfg = T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=2, d_kv=32, **ids0) if small else T5Config(**ids0)
+    model = T5ForConditionalGeneration(cfg)
+    b, t, u = (2, 32, 8) if small else (8, 128, 32)
+    ids = torch.randint(0, cfg.vocab_size, (b, t), device=dev)
+    labels = torch.randint(0, cfg.vocab_size, (b, u), device=dev)
+    return model, lambda m: m(input_ids=ids, labels=labels).loss, b * (t + u)
+
+
+CASES = {f.__name__: f for f in (resnet50, vit_small, hf_gpt2, hf_bert, mobilenet_v3, hf_t5)}
 
 
 def one(case, out, small, graphs=False):
