@@ -286,3 +286,15 @@ def test_steps_that_differ_are_no_graphs_case():
     assert not idle._graphs_fit(Tl())
     Tl.ix.runtime, Tl.labels = [], [["communication"], ["gemm"]]  # a collective: not measured, not claimed
     assert not idle._graphs_fit(Tl())
+
+
+def test_a_hand_written_norm_run_once_per_layer_is_no_loop(data_summary):
+    """HF T5 (t5-small's config, eager bf16, 8 x 128 tokens; benchmarks/findings/live/compile_price.py on an H200,
+    two steps kept): its RMSNorm, `self.weight * hidden_states` after two weightless lines, runs once per layer norm,
+    32 a step. Read before as a Python loop to vectorize at modeling_t5.py:65 (first, 12.6 ms/step), an edit no user
+    can make; each call scales by a norm weight of its own: a stack of layers. The step is the host's launches
+    (mode="reduce-overhead": 72.5 -> 10.1 ms/step): launch_bound leads with CUDA graphs."""
+    s = data_summary("h200-public-hf-t5-eager")
+    assert not [f for f in s["findings"] if f["kind"] in ("python_loop", "per_parameter_loop")], s["findings"][:2]
+    top = s["findings"][0]
+    assert top["kind"] == "launch_bound" and top["fix"].startswith("CUDA graphs: torch.compile the model")

@@ -116,6 +116,9 @@ WEIGHT_ARG = {"aten::linear": 1, "aten::addmm": 2, "aten::mm": 1, "aten::matmul"
               "aten::conv2d": 1, "aten::conv3d": 1, "aten::convolution": 1, "aten::batch_norm": 1,
               "aten::layer_norm": 2, "aten::group_norm": 2, "aten::embedding": 0}
 NORMS = ("aten::batch_norm", "aten::layer_norm", "aten::group_norm")  # their weight is one-dimensional
+# A hand-written norm's scale, `self.weight * x` (HF T5's RMSNorm, run once per layer norm: 32 a step in t5-small,
+# read as a Python loop before): an activation times a one-dimensional operand of a parameter's shape
+SCALES = ("aten::mul",)
 
 
 def layer_stack(tl, key, body, times):
@@ -137,12 +140,19 @@ def layer_stack(tl, key, body, times):
     for op in ops:
         name = str(op.get("name", ""))
         at = WEIGHT_ARG.get(name)
-        if at is None or name not in body or (placer.place(op, op)[0] or (None,))[0] != key:
+        if (at is None and name not in SCALES) or name not in body or (placer.place(op, op)[0] or (None,))[0] != key:
             continue
         if tuple(tl.chain(op)[1:2]) == (name,):
             continue  # the same operator inside itself (autocast's dispatch of aten::addmm): counted once
         dims = (op.get("args") or {}).get("Input Dims") or []
-        if at < len(dims) and isinstance(dims[at], list) and len(dims[at]) >= (1 if name in NORMS else 2):
+        if at is None:  # a scale: the one-dimensional operand beside an activation, where a parameter has its shape
+            # (the forward's: the backward multiplies by it again, on the same line)
+            one = [d for d in dims if isinstance(d, list) and len(d) == 1]
+            if len(dims) == 2 and len(one) == 1 and any(isinstance(d, list) and len(d) >= 2 for d in dims) \
+                    and shapes[tuple(one[0])] and not any("Backward" in c for c in tl.chain(op)):
+                used[tuple(one[0])] += 1
+                steps.add(None if cpu_run else tl.step_of(op["ts"]))
+        elif at < len(dims) and isinstance(dims[at], list) and len(dims[at]) >= (1 if name in NORMS else 2):
             used[tuple(sorted(dims[at]))] += 1
             steps.add(None if cpu_run else tl.step_of(op["ts"]))
     # per step: a CPU run's steps, or the device trace's steps whose operators are here (its timed steps may hold
