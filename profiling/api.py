@@ -63,9 +63,9 @@ model as usual):
                             (profiling/profile/capture/memory.py, gpu_memory.py)
     timed_steps more        unprofiled, timed as before the window; more of them, one round at a time, while
                             the mean is not known within 3% (inputs whose size changes every step, a noisy
-                            host): up to max_timed_steps (200) in all and 30 s. Where the steps after the window
-                            ran at another pace than those before it (still warming up, a burst of the host's
-                            load), the mean is theirs alone.
+                            host) or the steps after the window ran at another pace than those before it
+                            (still warming up, a burst of the host's load): up to max_timed_steps (200) in all
+                            and 30 s; the mean is of every timed step.
                             Never in a several-process run; max_timed_steps=timed_steps: none. The report is
                             written after them; a loop that ends meanwhile gets it with the steps timed so far
 
@@ -526,8 +526,7 @@ class Profiler:
         return meta
 
     def _finish(self, trace, t_end):
-        from profiling.profile.report import folder
-        from profiling.profile.report.folder import save
+        from profiling.profile.report.folder import profile_dir, save
         self._window = None
         self._unguard()
         reference = (self.reference, f"the profile {self.reference}") if isinstance(self.reference, str) \
@@ -537,7 +536,7 @@ class Profiler:
             self.result = ProfileResult(report, summary, folder, time.perf_counter() - t_end)
         except UserError as e:  # a trace the report cannot read (a CPU-only loop under a CUDA capture recorded no
             # work: found on an H200): said, and the loop goes on; save() wrote the trace before reading it
-            _say(f"no report: {e}; the trace is in the newest folder under {self.out_dir or folder.profile_dir()}")
+            _say(f"no report: {e}; the trace is in the newest folder under {self.out_dir or profile_dir()}")
         finally:
             self.done = True
             _restore(self._started_provenance)

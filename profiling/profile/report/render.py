@@ -19,8 +19,7 @@ from tabulate import tabulate
 
 from profiling.profile.report.summary import diff, noise_ms
 from profiling.profile.trace.allocator import NO_CACHING
-from profiling.profile.trace import device_state, settings
-from profiling.profile.trace import irregular
+from profiling.profile.trace import device_state, irregular, settings
 from profiling.profile.trace.traceio import num
 
 PART_LABELS = {
