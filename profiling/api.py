@@ -91,6 +91,7 @@ import weakref
 from typing import NamedTuple
 
 from profiling.errors import UserError
+from profiling.profile.capture import faults
 from profiling.profile.trace import whose
 from profiling.profile.trace.join import OPS
 
@@ -103,6 +104,8 @@ MORE_S = 30.0
 # and drains it in the first steps: an H100 ResNet-18 with 2 workers timed 28, 29, 92, 101, 93 ms, its steady
 # state ~100 ms): the timing starts again after them, at most this many times.
 SETTLE_ROUNDS = 3
+# A CPU run whose timed steps take this many page faults each (their median) has one's cost measured (~20 ms)
+FAULTS_TIMED = 100
 
 _guards = set()       # weakref.finalize of each open window's Profiler: what interpreter exit must close
 _exiting = []         # non-empty once the interpreter exits (a window then closes as "the program exited")
@@ -233,6 +236,7 @@ class Profiler:
             self._start_timing()
         elif start < self.steps <= start + self.timed:
             self._marks.append(self._mark())
+            self._faults.append(faults.count())
         if self.steps == start + self.timed:
             if self.timed and self._stop_timing() and self.settle and self._settling < SETTLE_ROUNDS:
                 self._settling += 1  # still rising: these were warm-up steps; time as many more
@@ -371,6 +375,7 @@ class Profiler:
     def _start_timing(self):
         self._sync()
         self._marks = [self._mark()]
+        self._faults = [faults.count()]
 
     def _stop_timing(self):
         """The unprofiled step time from the timed steps, outliers left out (profiling/profile/trace/irregular.py);
@@ -389,10 +394,24 @@ class Profiler:
         self.metadata.pop("timed_outliers", None)
         if self.timed_outliers:
             self.metadata["timed_outliers"] = self.timed_outliers
+        self._page_faults()
         rising = irregular.rising(each)
         if rising and self.settle:  # timed again after them (CUDA only): said in the report
             self.metadata.setdefault("settling", []).append([round(x, 2) for x in each])
         return rising
+
+    def _page_faults(self):
+        """The host's page faults in each timed step and, on a CPU run that takes FAULTS_TIMED a step, what one
+        costs here (capture/faults.py; findings/cpu.py's page_faults prices them)."""
+        self.metadata.pop("page_fault_us", None)
+        counts = self._faults
+        if None in counts:
+            return
+        each = [b - a for a, b in zip(counts, counts[1:])]
+        self.metadata["timed_step_faults_each"] = each
+        if not self.cuda and each and sorted(each)[len(each) // 2] >= FAULTS_TIMED:
+            import torch
+            self.metadata["page_fault_us"] = faults.cost_us(torch.get_num_threads())
 
     def _time_more(self):
         """Whether the steps after the window are timed too, before the report (`_timed_enough` says how many):

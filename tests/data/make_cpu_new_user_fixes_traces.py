@@ -19,6 +19,9 @@ threads spin against the other processes: a 16-block MLP recorded with two led w
   tokens a step, AdamW as CPU tensors get it: tensor by tensor) driven by `profile_steps(lambda: step(), ...)`
   from this script, so that one line of the user's code runs the forward, the backward and the update (the
   step's code lies outside this script's folder), with the default schedule: the steps timed after the window.
+- cpu-hf-gpt2-faults.trace.json.gz: the benchmark's hf loop itself (a 4-layer GPT-2 of width 128, 8 x 128
+  tokens a step, the Trainer's defaults) with profiling.HFCallback(active_steps=2): its timed steps' page faults
+  (glibc's malloc handing freed memory back every step) and what one costs on this host (capture/faults.py).
 
 Deterministic in shape (operator names and counts), not in timings. Each a few hundred KB at most.
 """
@@ -105,7 +108,13 @@ def one_line(tmp):
     _keep(tmp, "cpu-varlen-one-line-step.trace.json.gz")
 
 
-MAKERS = {"mlp": mlp, "hf": hf, "varlen": varlen, "one_line": one_line}
+def faults(tmp):
+    from benchmarks.findings.live.new_user_fixes_cpu import hf_run
+    hf_run("mistake", 30, tmp, profiled=True, before=0, options={"active_steps": 2})
+    _keep(tmp, "cpu-hf-gpt2-faults.trace.json.gz")
+
+
+MAKERS = {"mlp": mlp, "hf": hf, "varlen": varlen, "one_line": one_line, "faults": faults}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or MAKERS:

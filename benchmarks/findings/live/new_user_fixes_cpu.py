@@ -57,6 +57,7 @@ PROFILED_STEPS = 60   # steps the profiled process runs before its own timed one
                       # 21-22, more where the steps after the window are timed on)
 WITHIN_STEP = 0.10    # the acceptance's "within 10% of the loop's measured mean step"
 PRICE_RANGE = (0.5, 1.5)
+FAULTS = []           # the process's page faults after each step (the row's `faults`: its timed steps' median)
 MIN_LEN, MAX_LEN = 32, 512
 
 # ---------------------------------------------------------------------------------------------------------
@@ -83,12 +84,14 @@ def hf_parts(variant):
     return GPT2LMHeadModel(config), extras
 
 
-def hf_run(variant, steps, folder, profiled, before=0):
+def hf_run(variant, steps, folder, profiled, before=0, options=None):
     """The HF loop run for `steps` steps; [ms of each step] from on_step_end to on_step_end, the profile's folder;
-    `before`: steps the profiler leaves alone before its own warm-up (timed here like the others)."""
+    `before`: steps the profiler leaves alone before its own warm-up (timed here like the others); `options`: the
+    HFCallback's own (a schedule)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
     import profiling
+    from profiling.profile.capture import faults
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     from hf_trainer import RandomTokens
 
@@ -97,13 +100,14 @@ def hf_run(variant, steps, folder, profiled, before=0):
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             times.append(time.perf_counter())
+            FAULTS.append(faults.count())
 
     model, extras = hf_parts(variant)
     seq_len, batch = 128, 8
     args = TrainingArguments(output_dir=os.path.join(folder, "trainer"), max_steps=steps,
                              per_device_train_batch_size=batch, use_cpu=True, report_to="none",
                              save_strategy="no", seed=0, **extras)
-    options = {"warmup_steps": HF_WARMUP + before} if before else {}
+    options = dict({"warmup_steps": HF_WARMUP + before} if before else {}, **options or {})
     callbacks = [Clock()] + ([profiling.HFCallback(out_dir=folder, **options)] if profiled else [])
     Trainer(model=model, args=args, train_dataset=RandomTokens(steps * batch, seq_len, 2048),
             data_collator=default_data_collator, callbacks=callbacks).train()
@@ -256,11 +260,13 @@ def own_loop(loop, variant, steps, folder, profiled, before=0):
 
 def _timed(step, steps):
     """[ms] of `steps` calls of step()."""
+    from profiling.profile.capture import faults
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
         times.append(1e3 * (time.perf_counter() - t0))
+        FAULTS.append(faults.count())
     return times
 
 
@@ -284,7 +290,9 @@ def child(loop, variant, mode, folder, after=TIMED_STEPS, before=0):
         times, seen = times[WARMUP:], seen[WARMUP:]
     row = {"loop": loop, "variant": variant, "mode": mode, "seconds": round(time.perf_counter() - t0, 1),
            "load": os.getloadavg()[0], "threads": _threads(), "folder": out,
-           "ms": [round(t, 3) for t in times], "lengths": seen}
+           "ms": [round(t, 3) for t in times], "lengths": seen,
+           "faults": statistics.median(b - a for a, b in zip(FAULTS[-len(times) - 1:], FAULTS[-len(times):]))
+           if len(FAULTS) > len(times) else None}
     if before:
         row.update(before_ms=[round(t, 3) for t in ahead[0]], before_lengths=ahead[1])
     print("RESULT " + json.dumps(row), flush=True)
@@ -304,7 +312,8 @@ def spawn(out, loop, variant, mode, timeout=900, after=TIMED_STEPS, before=0):
     os.makedirs(folder, exist_ok=True)
     cmd = [sys.executable, os.path.abspath(__file__), "child", "--loop", loop, "--variant", variant, "--mode", mode,
            "--dir", folder, "--after", str(after), "--before", str(before)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    env = dict(os.environ, **MALLOC_ENV) if variant == "malloc" else None  # page_faults' fix: read at start-up
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     if mode != "profile":
         shutil.rmtree(folder, ignore_errors=True)
     line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("RESULT ")), None)
@@ -371,8 +380,12 @@ def steps_figure(out, loops, processes, after, before=0):
 
 
 # The fix's words -> the variant that applies them (checked in this order; the first that matches)
-FIXES = (("set_num_threads", "threads1"), ("fused=True", "fused"), ("foreach=True", "foreach"),
+FIXES = (("MALLOC_MMAP_THRESHOLD_", "malloc"), ("set_num_threads", "threads1"), ("fused=True", "fused"), ("foreach=True", "foreach"),
          ("dropout", "nodropout"), ("torch.compile", "compiled"), ("bucket", "bucketed"))
+
+
+# The `malloc` variant: page_faults' fix, glibc's thresholds in the child's environment (the values its fix names)
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "67108864"}
 
 
 def fix_variant(loop, findings):
@@ -561,6 +574,7 @@ def main(argv=None):
     if a.cmd == "run":
         return run(a.out, a.loops.split(","), a.rounds, dict(x.split("=", 1) for x in a.fix))
     if a.cmd == "time":
+        os.makedirs(a.out, exist_ok=True)
         for _ in range(a.rounds):
             for v in a.variants.split(","):
                 spawn(a.out, a.loop, v, "time")

@@ -12,6 +12,9 @@ A CPU run has no GPU to idle, no launches and no kernels: the GPU rules have no 
 - cpu_threads: GEMMs that took far longer than one core needs for their FLOPs (the intra-op threads waiting for
   cores: more threads than free cores, the machine's other processes); priced only as far as the unprofiled
   step can hold that wait, else it is the profiler's own threads competing for the cores (profiler_overhead).
+- page_faults: the host's minor page faults in each timed (unprofiled) step, at what one costs on this machine
+  (both measured by the Profiler: capture/faults.py): memory handed back to the OS after a step and faulted in
+  again in the next (glibc malloc's trim and mmap thresholds); the fix keeps it in the process.
 - the input pipeline: INPUT_PIPELINE, a rule of its own (another module), joins CPU_RULES there.
 - device_unused: the trace lists a GPU, yet the model's operators ran on the CPU (trace/device_work.beside_gpu):
   the model and its batches were never moved to the device; priced at the compute operators' time less what a
@@ -373,6 +376,38 @@ def cpu_threads(tl, ctx, found):
                    "small gains little from more threads")
 
 
+# glibc takes these thresholds from the environment at start-up (a fixed value also stops it moving them): 32 MiB,
+# the largest M_MMAP_THRESHOLD it accepts, so every chunk up to that size is reused from the heap, and a heap kept
+# up to twice that. Measured on the HF GPT-2 above: 29,265 faults a step at 128 KiB, 836 at these (issue #56).
+MMAP_THRESHOLD = 32 << 20
+TRIM_THRESHOLD = 64 << 20
+FAULTS_FIX = (f"keep freed memory in the process: start it with MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD} "
+              f"MALLOC_TRIM_THRESHOLD_={TRIM_THRESHOLD} in its environment (glibc; or preload jemalloc or tcmalloc, "
+              "which keep it too); the model computes the same")
+
+
+@rule("page_faults", needs=())
+def page_faults(tl, ctx, found):
+    """The timed steps' page faults (their median a step) at the cost of one measured on this host: the time
+    the step spends faulting in memory its previous step gave back."""
+    each, us = tl.meta.get("timed_step_faults_each"), tl.meta.get("page_fault_us")
+    if not each or not isinstance(us, (int, float)) or us <= 0:
+        return None
+    per_step = sorted(each)[len(each) // 2]
+    ms = per_step * us / 1e3
+    unprofiled = ctx.get("unprofiled") or ctx["step"]
+    if ms < MIN_SHARE * unprofiled:
+        return None
+    ms = min(ms, unprofiled / 2)  # never most of a step: its own work writes those pages too
+    evidence = (f"the {len(each)} timed (unprofiled) steps took {per_step:,} minor page faults each (median; "
+                f"{min(each):,}-{max(each):,}), {us:.2f} us a fault on this host (fresh pages written against the same "
+                f"pages again): {ms:.1f} ms/step of faulting in memory that the step before handed back to the OS: "
+                "glibc's malloc trims its heap and unmaps its large chunks once they are free, and the next step maps "
+                f"and zeroes them again (chunks over {MMAP_THRESHOLD >> 20} MiB stay mapped whatever the setting; "
+                "a dataset read through np.memmap faults too, and no allocator setting removes those)")
+    return finding("page_faults", ms, ctx, evidence, FAULTS_FIX)
+
+
 @rule("device_unused", needs=())
 def device_unused(tl, ctx, found):
     """The model ran on the CPU of a machine whose GPU the trace lists (meta["gpu_unused"]): its compute operators'
@@ -404,9 +439,9 @@ def device_unused(tl, ctx, found):
 
 # The input pipeline's CPU rule (the training thread in the DataLoader's next batch) is input.py's
 # cpu_input_bound, which findings.diagnose_cpu runs before these.
-CPU_RULES = (per_tensor_optimizer, eager_code, cpu_threads, device_unused)
+CPU_RULES = (per_tensor_optimizer, eager_code, cpu_threads, page_faults, device_unused)
 LABELS = {"per_tensor_optimizer": "an optimizer updating tensor by tensor",
           "per_parameter_loop": "a loop over the parameters", "python_loop": "a Python loop on one line",
           "eager_code": "eager elementwise chains (named, not priced) and dropout (an experiment)",
-          "cpu_threads": "threads waiting for cores",
+          "cpu_threads": "threads waiting for cores", "page_faults": "memory faulted in again every step",
           "input_pipeline": "the input pipeline", "device_unused": "a GPU left unused"}
