@@ -27,6 +27,7 @@ within 10% of the loop's measured mean step"), read for each loop:
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py time OUT --loop hf --variants mistake,compiled
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop varlen --fix fused  # one process
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop hf --fix nodropout
+    uv run python benchmarks/findings/live/new_user_fixes_cpu.py faultcost    # a page fault's cost to hf, one process
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py steps OUT --processes 3 --after 200 --before 200
         # the per-step figure alone: each loop profiled in fresh processes, each timing 200 more steps before
         # the profile and 200 after it
@@ -527,6 +528,45 @@ def inprocess(loop, fix, blocks, steps):
     return times
 
 
+def fault_cost(blocks, steps):
+    """What a page fault costs the hf loop, inside one process: glibc's thresholds switched (mallopt) between
+    128 KiB (every large chunk mapped and trimmed anew: many faults) and page_faults' fix (32 MiB / 64 MiB: few),
+    in alternated blocks of `steps` steps; the slope (ms a step over faults a step between them) against
+    capture/faults.py's probe with 1 thread and with the loop's threads, taken in the same process. Linux only.
+    Prints and returns the JSON row."""
+    import ctypes
+
+    import torch
+
+    from profiling.profile.capture import faults
+    libc, m_trim, m_mmap = ctypes.CDLL("libc.so.6"), -1, -3
+    _, step = hf_step_parts("mistake")
+    for _ in range(WARMUP):
+        step()
+    runs = {"low": [], "fix": []}
+    for b in range(blocks):
+        for mode in ("low", "fix") if b % 2 else ("fix", "low"):
+            mmap_t, trim_t = (128 << 10, 128 << 10) if mode == "low" else (32 << 20, 64 << 20)
+            assert libc.mallopt(m_mmap, mmap_t) == 1 and libc.mallopt(m_trim, trim_t) == 1
+            for _ in range(3):  # the heap settles to the new thresholds
+                step()
+            f0, t0 = faults.count(), time.perf_counter()
+            for _ in range(steps):
+                step()
+            runs[mode].append(((time.perf_counter() - t0) / steps * 1e3, (faults.count() - f0) / steps))
+    ms = {k: statistics.median(a for a, _ in v) for k, v in runs.items()}
+    fl = {k: statistics.median(b for _, b in v) for k, v in runs.items()}
+    threads = torch.get_num_threads()
+    row = {"loop": "hf", "blocks": {k: [[round(a, 2), round(b)] for a, b in v] for k, v in runs.items()},
+           "median_ms": ms, "median_faults": fl, "threads": threads,
+           "loop_us_per_fault": round((ms["low"] - ms["fix"]) / (fl["low"] - fl["fix"]) * 1e3, 3),
+           "probe_us_1_thread": [round(faults.cost_us(1), 3) for _ in range(3)],
+           "probe_us_loop_threads": [round(faults.cost_us(threads), 3) for _ in range(3)],
+           "load": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    print("RESULT " + json.dumps(row), flush=True)
+    return row
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -543,6 +583,10 @@ def main(argv=None):
     s = sub.add_parser("report", help="the table from OUT/results.jsonl")
     s.add_argument("out")
     s.add_argument("--again", action="store_true", help="each trace summarized again with today's code")
+    fc = sub.add_parser("faultcost", help="hf's cost of a page fault in one process (glibc's thresholds switched) "
+                        "against capture/faults.py's probe")
+    fc.add_argument("--blocks", type=int, default=8)
+    fc.add_argument("--steps", type=int, default=15)
     i = sub.add_parser("inprocess", help="the mistake and a fix alternated in blocks inside one process")
     i.add_argument("--loop", choices=LOOPS, required=True)
     i.add_argument("--fix", default="fused")
@@ -564,6 +608,9 @@ def main(argv=None):
     f.add_argument("--before", type=int, default=0, help="steps timed before the profile too, in the mean")
     a = p.parse_args(argv)
     sys.path.insert(0, ROOT)
+    if a.cmd == "faultcost":
+        fault_cost(a.blocks, a.steps)
+        return 0
     if a.cmd == "inprocess":
         inprocess(a.loop, a.fix, a.blocks, a.steps)
         return 0
