@@ -51,7 +51,8 @@ What the steps are, in order (the defaults: 3 + 5 + 1 + 5 + 1 + 1 + 5 = 21 steps
 model as usual):
     warmup_steps            untimed: compilation, autotuning, the allocator settling
     timed_steps             unprofiled, timed between two device syncs: the step time the report checks the
-                            profiled one against (or give `unprofiled_step_ms` and set timed_steps=0)
+                            profiled one against (or give `unprofiled_step_ms` and set timed_steps=0); their
+                            page faults counted too (on a CPU run with many, one's cost timed: ~20 ms)
     profiler_warmup_steps   under torch.profiler, not recorded (its own start-up)
     active_steps            the profiled window: kernels, operators, the host's Python stack every 2 ms, the
                             process's settings
@@ -401,15 +402,16 @@ class Profiler:
         return rising
 
     def _page_faults(self):
-        """The host's page faults in each timed step and, on a CPU run that takes FAULTS_TIMED a step, what one
-        costs here (capture/faults.py; findings/cpu.py's page_faults prices them)."""
+        """The host's page faults in each timed step and, on a Linux CPU run that takes FAULTS_TIMED a step (the
+        fix the finding names is glibc's), what one costs here (capture/faults.py; findings/cpu.py's page_faults)."""
         self.metadata.pop("page_fault_us", None)
         counts = self._faults
         if None in counts:
             return
         each = [b - a for a, b in zip(counts, counts[1:])]
         self.metadata["timed_step_faults_each"] = each
-        if not self.cuda and each and sorted(each)[len(each) // 2] >= FAULTS_TIMED:
+        many = bool(each) and sorted(each)[len(each) // 2] >= FAULTS_TIMED
+        if many and not self.cuda and sys.platform.startswith("linux"):
             import torch
             self.metadata["page_fault_us"] = faults.cost_us(torch.get_num_threads())
 

@@ -2,9 +2,9 @@
 
 A CPU loop whose memory is handed back to the OS at the end of a step faults it in again in the next: glibc's
 malloc trims its heap and unmaps its large chunks once they are free, below thresholds it raises as it sees
-larger frees (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD). A tiny GPT-2 under HF's Trainer on this project's 2-core CPU
-took 4,000-13,000 minor faults a step, 1.4 us each (measured by switching the thresholds inside one process:
-29,265 faults a step at 128 KiB, 836 at 32 MiB; 155 against 115 ms a step): 6-18 ms of a ~110 ms step.
+larger frees (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD). A tiny GPT-2 under HF's Trainer took 4,000-13,000 minor faults
+a step on this project's 2-core CPU, each costing the loop 0.9-1.6 us there and on an H200 machine's CPU (the
+thresholds switched inside one process: benchmarks/findings/live/new_user_fixes_cpu_results.md, run 8).
 findings/cpu.py's page_faults prices them from the two figures here.
 """
 import ctypes

@@ -398,7 +398,7 @@ def page_faults(tl, ctx, found):
     unprofiled = ctx.get("unprofiled") or ctx["step"]
     if ms < MIN_SHARE * unprofiled:
         return None
-    ms = min(ms, unprofiled / 2)  # never most of a step: its own work writes those pages too
+    ms = min(ms, unprofiled / 2)  # a bound, never reached by a loop measured: the step does work besides
     evidence = (f"the {len(each)} timed (unprofiled) steps took {per_step:,} minor page faults each (median; "
                 f"{min(each):,}-{max(each):,}), {us:.2f} us a fault on this host (fresh pages written against the same "
                 f"pages again): {ms:.1f} ms/step of faulting in memory that the step before handed back to the OS: "
