@@ -503,7 +503,7 @@ def train(run, train_step, flops_per_token):
             finish_step(*pending)
             pending = None
             print()
-            ran = run.profile(train_step, step, clock.times)  # the steady steps' time is the reference
+            ran = run.profile(train_step, step, clock)  # the steady steps' time is the reference
             step, excluded = step + ran, max(EXCLUDED_STEPS, step + ran)
             clock.restart()
             if run.profile_only:

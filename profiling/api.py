@@ -52,7 +52,7 @@ model as usual):
     warmup_steps            untimed: compilation, autotuning, the allocator settling
     timed_steps             unprofiled, timed between two device syncs: the step time the report checks the
                             profiled one against (or give `unprofiled_step_ms` and set timed_steps=0); their
-                            page faults counted too (on a CPU run with many, one's cost timed: ~20 ms)
+                            page faults counted too (on a CPU run with many, one's cost timed: ~10 ms)
     profiler_warmup_steps   under torch.profiler, not recorded (its own start-up)
     active_steps            the profiled window: kernels, operators, the host's Python stack every 2 ms, the
                             process's settings
@@ -105,8 +105,6 @@ MORE_S = 30.0
 # and drains it in the first steps: an H100 ResNet-18 with 2 workers timed 28, 29, 92, 101, 93 ms, its steady
 # state ~100 ms): the timing starts again after them, at most this many times.
 SETTLE_ROUNDS = 3
-# A CPU run whose timed steps take this many page faults each (their median) has one's cost measured (~20 ms)
-FAULTS_TIMED = 100
 
 _guards = set()       # weakref.finalize of each open window's Profiler: what interpreter exit must close
 _exiting = []         # non-empty once the interpreter exits (a window then closes as "the program exited")
@@ -402,18 +400,13 @@ class Profiler:
         return rising
 
     def _page_faults(self):
-        """The host's page faults in each timed step and, on a Linux CPU run that takes FAULTS_TIMED a step (the
-        fix the finding names is glibc's), what one costs here (capture/faults.py; findings/cpu.py's page_faults)."""
+        """The host's page faults in each timed step, and what one costs here where they are many (a CPU run:
+        capture/faults.py; findings/cpu.py's page_faults prices them)."""
+        import torch
         self.metadata.pop("page_fault_us", None)
         counts = self._faults
-        if None in counts:
-            return
-        each = [b - a for a, b in zip(counts, counts[1:])]
-        self.metadata["timed_step_faults_each"] = each
-        many = bool(each) and sorted(each)[len(each) // 2] >= FAULTS_TIMED
-        if many and not self.cuda and sys.platform.startswith("linux"):
-            import torch
-            self.metadata["page_fault_us"] = faults.cost_us(torch.get_num_threads())
+        each = None if None in counts else [b - a for a, b in zip(counts, counts[1:])]
+        self.metadata.update(faults.timed_meta(each, self.cuda, torch.get_num_threads()))
 
     def _time_more(self):
         """Whether the steps after the window are timed too, before the report (`_timed_enough` says how many):

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import prepare
 from profiling import runfile
 from profiling.errors import UserError
-from profiling.profile.capture import provenance, settings
+from profiling.profile.capture import faults, provenance, settings
 from profiling.profile.report import oom
 from profiling.profile.trace import hardware, irregular
 from profiling.research import experiments, gate, history
@@ -168,15 +168,17 @@ def unprofiled_reference(times):
 class StepClock:
     """Seconds per step without a host sync per step. A mark is taken right after each step is launched:
     on CUDA an event (the GPU's own time between step ends), on the CPU the host time (steps run
-    synchronously there, so the step is done when its launch returns). `times` holds every step's seconds."""
+    synchronously there, so the step is done when its launch returns). `times` holds every step's seconds,
+    `faults` the host's page faults between the same marks (the profile's page_faults finding on a CPU)."""
 
     def __init__(self, cuda):
         self.cuda = cuda
-        self.times = []
+        self.times, self.faults = [], []
         self.restart()
 
     def restart(self):
         self.last = self.mark()
+        self.counted = faults.count()
         if self.cuda:
             self.last.synchronize()
 
@@ -196,6 +198,8 @@ class StepClock:
             dt = mark - self.last
         self.last = mark
         self.times.append(dt)
+        counted, self.counted = self.counted, faults.count()
+        self.faults.append(None if counted is None else self.counted - counted)
         return dt
 
 
@@ -562,16 +566,17 @@ class Run:
         due = step >= last or len(steady_steps(times)) >= STEADY_STEPS
         return self.ranks.from_first(due) if self.ranks.world_size > 1 else due
 
-    def profile(self, train_step, first_step, step_times):
+    def profile(self, train_step, first_step, clock):
         """Profile --warmup-steps W + --active-steps A calls of train_step(step, 0.0) from first_step on, then
         one more that records the lines of the eager operators (profiling/profile/capture/eager_record.py), on CUDA one
         more for GPU memory (profiling/profile/capture/memory.py; DEVICE_BATCH_SIZE for what fits), and print
-        the report: the public API (profiling.profile_steps), timed by the training steps already run. Returns
+        the report: the public API (profiling.profile_steps), timed by the training steps already run (`clock`,
+        the loop's StepClock: their times and page faults). Returns
         the steps it ran, W + A + 1 (+ 1 on CUDA; - 1 with AUTORESEARCH_EAGER_LINES=0): they train the model
         like any other."""
         from profiling.api import profile_steps
         a, self.profiled = self.args, True
-        unprofiled_ms, steady, outliers = unprofiled_reference(step_times)
+        unprofiled_ms, steady, outliers = unprofiled_reference(clock.times)
         steps = itertools.count(first_step)
         model, n = dict(self.model_meta), self.ranks.world_size
         if n > 1:  # a rank's trace: its own GPU, its share of the step's tokens and FLOPs
@@ -580,6 +585,8 @@ class Run:
                     settings=settings.snapshot(self.train_py_settings()),
                     timed_step_ms_each=[round(x, 4) for x in steady],  # the reference's steps: the CPU's check
                     **({"timed_outliers": outliers} if outliers else {}),
+                    **faults.timed_meta(clock.faults[len(clock.faults) - len(steady):], self.cuda,
+                                        torch.get_num_threads()),  # the same steps' page faults
                     **model)  # tokens_per_step, micro_batches, flops_per_step, parameters
         result = profile_steps(
             lambda: train_step(next(steps), 0.0), None, warmup_steps=0, timed_steps=0,

@@ -16,6 +16,7 @@ import torch
 import prepare
 import train
 from profiling import cli, runfile, runner
+from profiling.profile.trace.traceio import load_trace
 from profiling.research import gate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +91,8 @@ def test_profile_only_prints_report_and_writes_three_files(tiny, capsys):
     assert sorted(os.listdir(latest)) == ["report.md", "summary.json", "trace.json.gz"]
     summary = json.loads((latest / "summary.json").read_text())
     assert summary["steps"] == 2
+    meta = load_trace(str(latest / "trace.json.gz"))["autoresearch"]  # the steps that timed the reference, and
+    assert len(meta["timed_step_faults_each"]) == len(meta["timed_step_ms_each"]) > 0  # their page faults
     assert (latest / "report.md").read_text().strip() in out  # the file is what was printed
     # a second profile diffs against the first, and `latest` moves on
     first = os.readlink(latest)

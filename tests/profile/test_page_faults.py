@@ -36,7 +36,7 @@ def test_an_hf_loops_faults_are_its_first_finding_priced_at_their_count_and_cost
     median = sorted(each)[len(each) // 2]
     assert top["ms_per_step"] == pytest.approx(median * us / 1e3, abs=0.01)
     assert f"{median:,} minor page faults each" in top["evidence"] and f"{us:.2f} us a fault" in top["evidence"]
-    assert "MALLOC_MMAP_THRESHOLD_=33554432" in top["fix"] and "MALLOC_TRIM_THRESHOLD_=67108864" in top["fix"]
+    assert "MALLOC_MMAP_MAX_=0" in top["fix"] and "MALLOC_TRIM_THRESHOLD_=1073741824" in top["fix"]
     assert "memory faulted in again every step" in s["not_run"]  # the CPU rules' one sentence
 
 
@@ -94,7 +94,7 @@ def _profile(step, tmp_path):
 def test_a_loop_that_maps_fresh_memory_every_step_is_told_so(tmp_path):
     prof = _profile(Fresh(), tmp_path)
     f = next(f for f in prof.summary["findings"] if f["kind"] == "page_faults")
-    assert f["ms_per_step"] > 0 and "MALLOC_MMAP_THRESHOLD_" in f["fix"]
+    assert f["ms_per_step"] > 0 and "MALLOC_MMAP_MAX_=0" in f["fix"]
     meta = load_trace(os.path.join(prof.folder, "trace.json.gz"))["autoresearch"]
     assert sorted(meta["timed_step_faults_each"])[2] >= Fresh.PAGES  # its pages, and whatever the step adds
 

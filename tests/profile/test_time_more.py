@@ -14,7 +14,13 @@ import profiling
 from profiling.profile.trace import irregular
 
 FAST = dict(warmup_steps=0, timed_steps=5, active_steps=2, memory=False)
-FROZEN = gc.get_freeze_count()  # objects frozen before (an image's start-up: the H200s'): the count left as it is
+
+
+@pytest.fixture
+def frozen():
+    """The collector's frozen objects as the test begins (an image's start-up froze some on the H200s; train.py, in
+    an earlier test of this worker, freezes its own): the Profiler leaves the count as it is."""
+    return gc.get_freeze_count()
 
 
 class Spread:
@@ -60,7 +66,7 @@ def test_drift_is_a_change_of_pace_beyond_the_steps_own_noise():
     assert not irregular.drifted([133.1, 61.4, 19.1, 40.5, 82.2], [93.6, 159.7, 144.9, 43.6, 70.0])
 
 
-def test_steps_too_spread_for_their_mean_are_timed_after_the_window(tmp_path, few):
+def test_steps_too_spread_for_their_mean_are_timed_after_the_window(tmp_path, few, frozen):
     prof, step, n = profiling.Profiler(None, out_dir=tmp_path, **FAST), Spread(), 0
     while not prof.done:
         step()
@@ -76,7 +82,7 @@ def test_steps_too_spread_for_their_mean_are_timed_after_the_window(tmp_path, fe
     assert prof.result.seconds_after < 1.0  # the timed steps are the loop's, not the report's cost
     # every timed step is a 5 or 60 ms sleep: the mean lies between, nearer the draw's half-and-half
     assert 15 < prof.summary["unprofiled_step_ms"] < 55
-    assert gc.get_freeze_count() == FROZEN  # the collector as the loop left it
+    assert gc.get_freeze_count() == frozen  # the collector as the loop left it
 
 
 def test_steady_steps_are_timed_one_round_after(tmp_path):
@@ -109,7 +115,7 @@ def test_a_change_of_pace_after_the_window_is_timed_on(tmp_path):
     assert "the pace changed between them" in prof.report and "timed on; the mean of all 40" in prof.report
 
 
-def test_a_loop_that_ends_while_timing_after_keeps_its_report(tmp_path, few, capsys):
+def test_a_loop_that_ends_while_timing_after_keeps_its_report(tmp_path, few, capsys, frozen):
     prof, step = profiling.Profiler(None, out_dir=tmp_path, **FAST), Spread()
     for _ in range(prof.total_steps + 6):  # the loop ends 6 steps after the first round after the window
         step()
@@ -122,24 +128,24 @@ def test_a_loop_that_ends_while_timing_after_keeps_its_report(tmp_path, few, cap
     if after["error"] > 0.03:  # the mean not pinned down by then: said
         assert f"5 steps timed before the window and {after['after']} after it" in prof.report
     assert "profiling:" not in capsys.readouterr().err  # nothing is missing: nothing to say
-    assert gc.get_freeze_count() == FROZEN
+    assert gc.get_freeze_count() == frozen
 
 
-def test_a_profiler_dropped_while_timing_after_writes_its_trace(tmp_path, few, capsys):
+def test_a_profiler_dropped_while_timing_after_writes_its_trace(tmp_path, few, capsys, frozen):
     def loop():
         prof, step = profiling.Profiler(None, out_dir=tmp_path, **FAST), Spread()
         while prof._held is None:
             step()
             prof.step()
         assert isinstance(prof._held[0], bytes)  # the held trace is out of the collector's walks
-        assert gc.get_freeze_count() == FROZEN  # and the loop's own objects in them, as without the profiler
+        assert gc.get_freeze_count() == frozen  # and the loop's own objects in them, as without the profiler
 
     loop()
     gc.collect()
     err = capsys.readouterr().err
     assert "the Profiler was dropped while it timed the steps after the profiled ones" in err
     assert list(tmp_path.rglob("*trace*")), err
-    assert gc.get_freeze_count() == FROZEN
+    assert gc.get_freeze_count() == frozen
 
 
 def test_several_ranks_are_never_timed_after(tmp_path):

@@ -313,7 +313,7 @@ def spawn(out, loop, variant, mode, timeout=900, after=TIMED_STEPS, before=0):
     os.makedirs(folder, exist_ok=True)
     cmd = [sys.executable, os.path.abspath(__file__), "child", "--loop", loop, "--variant", variant, "--mode", mode,
            "--dir", folder, "--after", str(after), "--before", str(before)]
-    env = dict(os.environ, **MALLOC_ENV) if variant == "malloc" else None  # page_faults' fix: read at start-up
+    env = dict(os.environ, **MALLOC_ENV[variant]) if variant in MALLOC_ENV else None  # read at start-up
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     if mode != "profile":
         shutil.rmtree(folder, ignore_errors=True)
@@ -381,12 +381,14 @@ def steps_figure(out, loops, processes, after, before=0):
 
 
 # The fix's words -> the variant that applies them (checked in this order; the first that matches)
-FIXES = (("MALLOC_MMAP_THRESHOLD_", "malloc"), ("set_num_threads", "threads1"), ("fused=True", "fused"), ("foreach=True", "foreach"),
+FIXES = (("MALLOC_MMAP_MAX_", "malloc"), ("set_num_threads", "threads1"), ("fused=True", "fused"), ("foreach=True", "foreach"),
          ("dropout", "nodropout"), ("torch.compile", "compiled"), ("bucket", "bucketed"))
 
 
-# The `malloc` variant: page_faults' fix, glibc's thresholds in the child's environment (the values its fix names)
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "67108864"}
+# The `malloc` variant: page_faults' fix, glibc's settings in the child's environment (the values its fix names;
+# run 8 timed the first fix's, MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864: `malloc32`)
+MALLOC_ENV = {"malloc": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1073741824"},
+              "malloc32": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "67108864"}}
 
 
 def fix_variant(loop, findings):

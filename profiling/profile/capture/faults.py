@@ -9,11 +9,25 @@ findings/cpu.py's page_faults prices them from the two figures here.
 """
 import ctypes
 import mmap
+import sys
 import threading
 import time
 
-PROBE_BYTES = 8 << 20   # fresh pages written once to time their faults: 2,048 pages of 4 KiB, shared by the threads
+PROBE_BYTES = 4 << 20   # fresh pages written once to time their faults: 1,024 pages of 4 KiB, shared by the threads
 PROBES = 3              # the least of this many
+MANY = 100              # faults a timed step (their median) from which one's cost is timed, on a Linux CPU run
+
+
+def timed_meta(each, cuda, threads):
+    """The trace metadata of the timed steps' faults (each step's count, in order): `timed_step_faults_each`,
+    and `page_fault_us` on a Linux CPU run whose median step takes MANY (the fix findings/cpu.py names is
+    glibc's; on a GPU the host's faults count only where the host bounds the step, which nothing here prices)."""
+    if not each or None in each:
+        return {}
+    meta = {"timed_step_faults_each": list(each)}
+    if not cuda and sys.platform.startswith("linux") and sorted(each)[len(each) // 2] >= MANY:
+        meta["page_fault_us"] = cost_us(threads)
+    return meta
 
 
 def count():

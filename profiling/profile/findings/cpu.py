@@ -376,14 +376,16 @@ def cpu_threads(tl, ctx, found):
                    "small gains little from more threads")
 
 
-# glibc takes these thresholds from the environment at start-up (a fixed value also stops it moving them): 32 MiB,
-# the largest M_MMAP_THRESHOLD it accepts, so every chunk up to that size is reused from the heap, and a heap kept
-# up to twice that. Measured on the HF GPT-2 above: 29,265 faults a step at 128 KiB, 836 at these (issue #56).
-MMAP_THRESHOLD = 32 << 20
-TRIM_THRESHOLD = 64 << 20
-FAULTS_FIX = (f"keep freed memory in the process: start it with MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD} "
-              f"MALLOC_TRIM_THRESHOLD_={TRIM_THRESHOLD} in its environment (glibc; or preload jemalloc or tcmalloc, "
-              "which keep it too); the model computes the same")
+# glibc takes these from the environment at start-up: no chunk mapped on its own (M_MMAP_MAX 0: chunks of any size
+# come from the heap, where freed ones are reused; a threshold, 32 MiB at most, leaves larger ones mapped anew each
+# time), and the heap's free top kept up to 1 GiB (M_TRIM_THRESHOLD). train.py on this project's 2-core CPU:
+# ~170,000 faults and ~550 ms a step by default, ~170,000 and ~550 with 32 MiB thresholds (its logits' chunks are
+# larger), ~0 and ~250 with these; the HF GPT-2 of new_user_fixes_cpu.py: 10,784 faults a step, the 32 MiB
+# thresholds recovered 14.2 ms of it (issue #56).
+TRIM_THRESHOLD = 1 << 30
+FAULTS_FIX = (f"keep freed memory in the process: start it with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_="
+              f"{TRIM_THRESHOLD} in its environment (glibc: every chunk from its heap, reused, up to 1 GiB of it kept "
+              "free; or preload jemalloc or tcmalloc); the model computes the same")
 
 
 @rule("page_faults", needs=())
@@ -402,9 +404,9 @@ def page_faults(tl, ctx, found):
     evidence = (f"the {len(each)} timed (unprofiled) steps took {per_step:,} minor page faults each (median; "
                 f"{min(each):,}-{max(each):,}), {us:.2f} us a fault on this host (fresh pages written against the same "
                 f"pages again): {ms:.1f} ms/step of faulting in memory that the step before handed back to the OS: "
-                "glibc's malloc trims its heap and unmaps its large chunks once they are free, and the next step maps "
-                f"and zeroes them again (chunks over {MMAP_THRESHOLD >> 20} MiB stay mapped whatever the setting; "
-                "a dataset read through np.memmap faults too, and no allocator setting removes those)")
+                "glibc's malloc unmaps its large chunks and trims its heap once they are free, and the next step maps "
+                "and zeroes them again (a dataset read through np.memmap faults too, and no allocator setting removes "
+                "those)")
     return finding("page_faults", ms, ctx, evidence, FAULTS_FIX)
 
 
