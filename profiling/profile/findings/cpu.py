@@ -379,7 +379,7 @@ def cpu_threads(tl, ctx, found):
 # glibc takes these from the environment at start-up: no chunk mapped on its own (M_MMAP_MAX 0: chunks of any size
 # come from the heap, where freed ones are reused; a threshold, 32 MiB at most, leaves larger ones mapped anew each
 # time), and the heap's free top kept up to 1 GiB (M_TRIM_THRESHOLD). train.py on this project's 2-core CPU:
-# ~170,000 faults and ~550 ms a step by default, ~170,000 and ~550 with 32 MiB thresholds (its logits' chunks are
+# ~170,000 faults and 450-550 ms a step by default, ~170,000 and ~550 with 32 MiB thresholds (its logits' chunks are
 # larger), ~0 and ~250 with these; the HF GPT-2 of new_user_fixes_cpu.py: 10,784 faults a step, the 32 MiB
 # thresholds recovered 14.2 ms of it (issue #56).
 TRIM_THRESHOLD = 1 << 30
