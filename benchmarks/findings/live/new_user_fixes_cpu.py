@@ -381,8 +381,8 @@ def steps_figure(out, loops, processes, after, before=0):
 
 
 # The fix's words -> the variant that applies them (checked in this order; the first that matches)
-FIXES = (("MALLOC_MMAP_MAX_", "malloc"), ("set_num_threads", "threads1"), ("fused=True", "fused"), ("foreach=True", "foreach"),
-         ("dropout", "nodropout"), ("torch.compile", "compiled"), ("bucket", "bucketed"))
+FIXES = (("MALLOC_MMAP_MAX_", "malloc"), ("set_num_threads", "threads1"), ("fused=True", "fused"),
+         ("foreach=True", "foreach"), ("dropout", "nodropout"), ("torch.compile", "compiled"), ("bucket", "bucketed"))
 
 
 # The `malloc` variant: page_faults' fix, glibc's settings in the child's environment (the values its fix names;
@@ -532,7 +532,7 @@ def inprocess(loop, fix, blocks, steps):
 
 def fault_cost(blocks, steps):
     """What a page fault costs the hf loop, inside one process: glibc's thresholds switched (mallopt) between
-    128 KiB (every large chunk mapped and trimmed anew: many faults) and page_faults' fix (32 MiB / 64 MiB: few),
+    128 KiB (every large chunk mapped and trimmed anew: many faults) and 32 MiB / 64 MiB (`malloc32`'s: few),
     in alternated blocks of `steps` steps; the slope (ms a step over faults a step between them) against
     capture/faults.py's probe with 1 thread and with the loop's threads, taken in the same process. Linux only.
     Prints and returns the JSON row."""

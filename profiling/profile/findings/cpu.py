@@ -380,8 +380,8 @@ def cpu_threads(tl, ctx, found):
 # come from the heap, where freed ones are reused; a threshold, 32 MiB at most, leaves larger ones mapped anew each
 # time), and the heap's free top kept up to 1 GiB (M_TRIM_THRESHOLD). train.py on this project's 2-core CPU:
 # ~170,000 faults and 450-550 ms a step by default, ~170,000 and ~550 with 32 MiB thresholds (its logits' chunks are
-# larger), ~0 and ~250 with these; the HF GPT-2 of new_user_fixes_cpu.py: 10,784 faults a step, the 32 MiB
-# thresholds recovered 14.2 ms of it (issue #56).
+# larger), ~0 and ~250 with these; the HF GPT-2 of new_user_fixes_cpu.py on an H200 machine's CPU: ~11,000 faults
+# a step priced 16.0 ms, these recovered 25.2 (the 32 MiB thresholds 14.2; issue #56, run 8 of its results).
 TRIM_THRESHOLD = 1 << 30
 FAULTS_FIX = (f"keep freed memory in the process: start it with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_="
               f"{TRIM_THRESHOLD} in its environment (glibc: every chunk from its heap, reused, up to 1 GiB of it kept "
