@@ -52,7 +52,7 @@ model as usual):
     warmup_steps            untimed: compilation, autotuning, the allocator settling
     timed_steps             unprofiled, timed between two device syncs: the step time the report checks the
                             profiled one against (or give `unprofiled_step_ms` and set timed_steps=0); their
-                            page faults counted too (on a CPU run with many, one's cost timed: ~10 ms)
+                            page faults counted too (on a CPU run with many, one's cost timed: ~15 ms)
     profiler_warmup_steps   under torch.profiler, not recorded (its own start-up)
     active_steps            the profiled window: kernels, operators, the host's Python stack every 2 ms, the
                             process's settings

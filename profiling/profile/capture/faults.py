@@ -9,12 +9,14 @@ findings/cpu.py's page_faults prices them from the two figures here.
 """
 import ctypes
 import mmap
+import os
+import statistics
 import sys
 import threading
 import time
 
 PROBE_BYTES = 4 << 20   # fresh pages written once to time their faults: 1,024 pages of 4 KiB, shared by the threads
-PROBES = 3              # the least of this many
+PROBES = 5              # their median (run 8 took the least of 3 of 8 MiB: a busy machine slows either pass)
 MANY = 100              # faults a timed step (their median) from which one's cost is timed, on a Linux CPU run
 
 
@@ -42,11 +44,18 @@ def count():
 def cost_us(threads=1):
     """What one minor fault costs the step here, in us of wall time: anonymous pages mapped by this function
     (never malloc's, whose thresholds it would move) written twice by `threads` threads at once (the loop's
-    intra-op threads, which write a step's fresh tensors together), the first pass's extra time over the faults
-    it took; the least of PROBES (the machine's other work only adds). None where faults are not counted or none
-    were taken."""
-    each = [us for us in (_probe(max(1, threads)) for _ in range(PROBES)) if us is not None]
-    return min(each) if each else None
+    intra-op threads, at most one a core, which write a step's fresh tensors together), the first pass's extra
+    time over the faults it took; the median of PROBES. None where faults are not counted or none were taken."""
+    each = [us for us in (_probe(max(1, min(threads, _cores()))) for _ in range(PROBES)) if us is not None]
+    return statistics.median(each) if each else None
+
+
+def _cores():
+    """The cores this process may run on: more threads than these take their faults no faster."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _probe(threads):
