@@ -1,6 +1,6 @@
 """Memory faulted in again every step (findings/cpu.py page_faults): the Profiler counts the host's page faults in
 each timed step and, where they are many, times what one costs on this machine (capture/faults.py); the rule
-prices the two and names glibc's thresholds. A real CPU trace of the benchmark's HF GPT-2 (Trainer's defaults:
+prices the two and names glibc's settings that keep freed memory. A real CPU trace of the benchmark's HF GPT-2 (Trainer's defaults:
 4,000-13,000 faults a step on this project's 2-core host), and live Profilers whose step maps fresh memory."""
 import copy
 import ctypes
@@ -64,8 +64,11 @@ def test_a_faults_cost_is_measured_on_fresh_pages_of_its_own():
     assert us is not None and 0.01 < us < 1000
 
 
+A, C = torch.ones(256, 256), torch.empty(256, 256)
+
+
 def work():
-    torch.ones(256, 256).matmul(torch.ones(256, 256)).sum()  # the step's operators
+    torch.mm(A, A, out=C)  # the step's operator, writing memory it holds (a fresh 256 KiB could be mapped anew)
     time.sleep(0.01)
 
 
