@@ -25,6 +25,8 @@ within 10% of the loop's measured mean step"), read for each loop:
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py report OUT     # the table, each trace read again
                                                                                   # with today's code
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py time OUT --loop hf --variants mistake,compiled
+    uv run python benchmarks/findings/live/new_user_fixes_cpu.py time OUT --loop varlen --variants mistake,malloc \
+        --after 300                                                # each process's steps 0-299 after its warm-up
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop varlen --fix fused  # one process
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py inprocess --loop hf --fix nodropout
     uv run python benchmarks/findings/live/new_user_fixes_cpu.py faultcost    # a page fault's cost to hf, one process
@@ -292,8 +294,9 @@ def child(loop, variant, mode, folder, after=TIMED_STEPS, before=0):
     row = {"loop": loop, "variant": variant, "mode": mode, "seconds": round(time.perf_counter() - t0, 1),
            "load": os.getloadavg()[0], "threads": _threads(), "folder": out,
            "ms": [round(t, 3) for t in times], "lengths": seen,
-           "faults": statistics.median(b - a for a, b in zip(FAULTS[-len(times) - 1:], FAULTS[-len(times):]))
+           "faults_each": [b - a for a, b in zip(FAULTS[-len(times) - 1:], FAULTS[-len(times):])]
            if len(FAULTS) > len(times) else None}
+    row["faults"] = statistics.median(row["faults_each"]) if row["faults_each"] else None
     if before:
         row.update(before_ms=[round(t, 3) for t in ahead[0]], before_lengths=ahead[1])
     print("RESULT " + json.dumps(row), flush=True)
@@ -582,6 +585,7 @@ def main(argv=None):
     t.add_argument("--loop", choices=LOOPS, required=True)
     t.add_argument("--variants", default="mistake")
     t.add_argument("--rounds", type=int, default=ROUNDS)
+    t.add_argument("--after", type=int, default=TIMED_STEPS, help="steps timed a process, after its warm-up")
     s = sub.add_parser("report", help="the table from OUT/results.jsonl")
     s.add_argument("out")
     s.add_argument("--again", action="store_true", help="each trace summarized again with today's code")
@@ -626,7 +630,7 @@ def main(argv=None):
         os.makedirs(a.out, exist_ok=True)
         for _ in range(a.rounds):
             for v in a.variants.split(","):
-                spawn(a.out, a.loop, v, "time")
+                spawn(a.out, a.loop, v, "time", after=a.after)
         return 0
     report(a.out, a.again)
     return 0
