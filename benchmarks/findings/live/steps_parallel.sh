@@ -19,7 +19,7 @@ export CUDA_VISIBLE_DEVICES=""
 mapfile -t cpus < <(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | awk -F, '!seen[$2]++ {print $1}')
 if (( ${#cpus[@]} < 2 * copies + 3 )); then
     echo "steps_parallel.sh: ${#cpus[@]} physical cores, need $((2 * copies + 3)) for $copies copies and the control;" \
-         "pass fewer copies" >&2
+         "pass fewer copies, or run it on a machine of more cores" >&2
     exit 2
 fi
 pids=()
@@ -35,7 +35,7 @@ echo "control: cpus $pair" >> "$out/cpus.txt"
 (
     for loop in unfused unfused unfused varlen hf unfused unfused unfused varlen hf; do
         taskset -c "$pair" python3 "$script" child --loop "$loop" --mode time --dir "$(mktemp -d)" \
-            --after $((before + after)) | grep '^RESULT ' | sed 's/^RESULT //' >> "$out/control.jsonl"
+            --after $((before + after)) | sed -n 's/^RESULT //p' >> "$out/control.jsonl" || true  # a failed one: none
     done
 ) > "$out/control.log" 2>&1 &
 pids+=($!)
