@@ -382,6 +382,19 @@ def test_the_outlier_rule():
     assert mean == 10 and rows == [{"step": 3, "ms": 40, "median_ms": 10}]
 
 
+def test_slow_steps_as_common_as_a_pattern_are_kept_but_a_save_far_above_them_is_not():
+    """A third of the steps slow and alike: the loop's pattern (a DataLoader's workers), kept. A checkpoint save
+    among them, or among a loaded host's slow steps of a 1 ms loop, is still a one-off: these seven steps, timed
+    under load (tests/profile/test_lifecycle.py's saving loop), once read as a pattern and made the unprofiled
+    step 113 ms."""
+    assert irregular.left_out([30, 30, 100, 30, 100, 30, 100]) == ([], 30)
+    assert irregular.left_out([30, 30, 100, 30, 100, 30, 1000]) == ([6], 30)
+    each = [13.43, 0.39, 775.04, 1.18, 0.42, 2.44, 0.31]
+    mean, rows = irregular.timed(each)
+    assert [r["step"] for r in rows] == [3] and mean == pytest.approx(sum(each[:2] + each[3:]) / 6)
+    assert irregular.left_out([13.43, 775.04, 0.39, 0.42, 0.4, 0.41]) == ([1], 0.415)  # two slow: the far one
+
+
 def saving_loop(out, save_at, profile_save_at, tmp_path):
     """A real loop with a torch.save of a big tensor in one timed and one profiled step."""
     model, opt = tiny()

@@ -674,11 +674,12 @@ def _sampler_ms(meta):
 def _check_cpu_spread(name, step_ms, ref, timed, cpu_ops, sampler_ms=0.0, keep_all=False):
     """The CPU's step-time check: a CPU step drifts with the machine's load (a shared 2-core host: the same
     loop's timed steps 41-576 ms, tests/data/cpu-hf-gpt2-logging), so the profiled step is held to the range
-    of the timed (unprofiled) steps, outliers left out (irregular.outliers), STEP_TOLERANCE either side, plus
-    the profiler's fixed cost per operator and the host sampler's measured cost (`sampler_ms`) above it.
+    of the timed (unprofiled) steps, outliers left out as the unprofiled step leaves them (irregular.left_out),
+    STEP_TOLERANCE either side, plus the profiler's fixed cost per operator and the host sampler's measured
+    cost (`sampler_ms`) above it.
     `timed_ms`: that range, for the changes' noise floor.
     keep_all: steps whose sizes change by design (any device): every timed step is in the range."""
-    out, _ = ([], None) if keep_all else irregular.outliers(timed)
+    out, _ = ([], None) if keep_all else irregular.left_out(timed)
     kept = [ms for i, ms in enumerate(timed) if i not in out]
     low, high = min(kept), max(kept)
     cost = cpu_ops * CPU_US_PER_OP / 1e3 + sampler_ms
