@@ -84,8 +84,8 @@ def left_out(each):
 
 
 def timed(each):
-    """(the mean ms of the timed steps the outliers left out, [{"step": 1-based, "ms", "median_ms"}]); slow steps
-    PERIODIC_SHARE of the timed ones or more are the loop's pattern and stay in the mean."""
+    """(the mean ms of the timed steps, those `left_out` names left out, [{"step": 1-based, "ms", "median_ms"}]
+    of those): slow steps PERIODIC_SHARE of the timed ones or more are the loop's pattern and stay in the mean."""
     out, median = left_out(each)
     kept = [ms for i, ms in enumerate(each) if i not in out]
     rows = [{"step": i + 1, "ms": round(each[i], 3), "median_ms": round(median, 3)} for i in out]
