@@ -387,10 +387,7 @@ def loop_mean(loop, ms, lengths):
     every length 32..512 (uniform) of a quadratic in the length fitted to them. None without steps."""
     if not ms:
         return None
-    if loop != "varlen":
-        return statistics.fmean(ms)
-    curve = fit([{"ms": ms, "lengths": lengths}])
-    return statistics.fmean(curve(t) for t in range(MIN_LEN, MAX_LEN + 1))
+    return statistics.fmean(ms) if loop != "varlen" else over_lengths([{"ms": ms, "lengths": lengths}])
 
 
 # The fix's words -> the variant that applies them (checked in this order; the first that matches)
@@ -432,6 +429,12 @@ def fit(rows):
     return np.poly1d(np.polyfit(x, y, 2))
 
 
+def over_lengths(rows):
+    """The loop's mean step over every length MIN_LEN..MAX_LEN (uniform), from the fit of these rows' steps."""
+    curve = fit(rows)
+    return statistics.fmean(float(curve(t)) for t in range(MIN_LEN, MAX_LEN + 1))
+
+
 def summarize_loop(out, loop, rows, again):
     """One loop's figures: the report's step and top finding, the measured steps, the fix's gain."""
     prof = next(r for r in rows if r["mode"] == "profile" and r["loop"] == loop)
@@ -453,8 +456,7 @@ def summarize_loop(out, loop, rows, again):
          "top": first, "fix_variant": fix, "fix_rounds": fixed, "load": prof.get("load")}
     d["measured_ms"] = d["same_ms"] or d["rounds_ms"]
     if loop == "varlen":  # the loop's mean step: a fit of ms over the length, averaged over MIN_LEN..MAX_LEN
-        f = fit([prof] + timed.get("mistake", []))
-        d["measured_ms"] = statistics.mean(float(f(t)) for t in range(MIN_LEN, MAX_LEN + 1))
+        d["measured_ms"] = over_lengths([prof] + timed.get("mistake", []))
     if mistake and fixed:
         d["gain_ms"] = statistics.median(mistake) - statistics.median(fixed)
         d["ratio"] = first["ms_per_step"] / d["gain_ms"] if d["gain_ms"] > 0 else None
