@@ -28,6 +28,7 @@ FIRES = {
     "input_bound": "foreign/kineto-v100-resnet50-train.json.gz",
     "slow_convolution": "h100-host-convnext-fp32", "per_parameter_loop": "h200-eager-ema-state-dict",
     "python_loop": "h200-eager-item-per-sample", "host_tensor": "h200-eager-mask-on-host", "conv_layout": "foreign/tracelens-mi210-gpu-only-no-steps.json.gz",
+    "host_read": "h200-heldout-metric-on-cpu",
 }
 # rules whose finding a recorded setting turns into kind `setting` (findings/settings.py)
 SETTING = {"host_sync": "h100-plant33-anomaly_mode", "blocking_launch": "h100-plant33-launch_blocking",
@@ -55,6 +56,7 @@ def _strip_own_idle(t):
 STRIP = {  # evidence name -> how a trace comes without it
     "host_samples": lambda t: t.setdefault(META, {}).pop("host_samples", None),
     "sync_lines": lambda t: t.setdefault(META, {}).pop("syncs", None),
+    "line_records": lambda t: [t.setdefault(META, {}).pop(k, None) for k in ("provenance", "eager_lines")],
     "unprofiled": lambda t: t.setdefault(META, {}).pop("unprofiled_step_ms", None),
     "own_idle": _strip_own_idle,
     "settings": lambda t: t.setdefault(META, {}).pop("settings", None),
@@ -118,9 +120,9 @@ def test_each_rule_fires_on_its_trace_and_is_skipped_without_its_evidence(stripp
 
 @pytest.mark.parametrize("kind", sorted(FIRES))
 def test_without_samples_stacks_settings_or_unprofiled_step_no_rule_claims_a_line_or_a_setting(stripped, kind):
-    """A rule that can work from the events alone still fires, but names no line (no stack says it), no
-    setting (none recorded) and scales nothing to an unprofiled run (none measured)."""
-    for f in stripped(FIRES[kind], "host_samples", "sync_lines", "settings", "unprofiled")["findings"]:
+    """A rule that can work from the events alone still fires, but names no line (no stack or line record says
+    it), no setting (none recorded) and scales nothing to an unprofiled run (none measured)."""
+    for f in stripped(FIRES[kind], "host_samples", "sync_lines", "line_records", "settings", "unprofiled")["findings"]:
         assert "train.py:" not in f["evidence"], f
         assert f["kind"] != "setting" and "set in this run" not in f["evidence"], f
         assert "unprofiled run's share" not in f["evidence"], f

@@ -16,7 +16,7 @@ from profiling.profile.report.summary import META_KEY, summarize
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 ROOT = os.path.dirname(DATA.rsplit(os.sep, 1)[0])
 IDLE_RULES = {"host_sync", "graph_break", "blocking_launch", "alloc_churn", "cuda_sync", "launch_bound",
-              "gpu_waits_on_host", "per_parameter_loop", "python_loop", "host_tensor"}
+              "gpu_waits_on_host", "per_parameter_loop", "python_loop", "host_read", "host_tensor"}
 RECORDED = {"host_sync", "cuda_sync", "alloc_churn"}  # issue #48: they price what the trace records (a sync's own
                                                       # gap, at most the host's wait in it; a pageable copy's device
                                                       # time; the idle inside the allocator's calls), stacks or not

@@ -27,6 +27,17 @@ times the fix. The claim of the report's top finding is then held against what t
     cudnn_benchmark_varlen  a Conv1d net on a new input length every step with    cudnn.benchmark off
                             cudnn.benchmark=True
 
+Seven more are held out (`--cases heldout`): written after the rules were tuned on the twelve, never tuned
+against, each with the finding that would name it written down before its first run (HELD_OUT_EXPECTED):
+
+    randn_on_host           a denoiser's noise drawn on the CPU, then copied       torch.randn_like on the GPU
+    bool_mask_loss          padding dropped from the loss by boolean indexing      cross_entropy(ignore_index=-100)
+    metric_on_cpu           a numpy confusion matrix fed each step's predictions   index_put_ into a GPU tensor
+    manual_attention        causal attention written out (scores, mask, softmax)   F.scaled_dot_product_attention
+    clamp_grad_loop         p.grad.data.clamp_ per parameter (the DQN tutorial)    clip_grad_value_ (foreach)
+    onehot_smoothing        label smoothing through one_hot over 32k classes       cross_entropy(label_smoothing)
+    char_encode_in_step     each batch encoded from text, character by character   the text encoded once, on the GPU
+
     python3 benchmarks/findings/live/eager_mistakes.py run OUT [--cases ...]     # the GPU (one call)
     uv run python benchmarks/findings/live/eager_mistakes.py report OUT            # anywhere: the table
 
@@ -436,6 +447,202 @@ CASES = {f.__name__: f for f in (ema_state_dict, param_group_each, grad_norm_loo
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Held out: seven more mistakes, written after the rules above were tuned and never tuned against (the rules'
+# test of a model and a slowdown nobody planted for them). Each mistake's line carries `# MISTAKE`, so `report`
+# can say whether the top finding names it; HELD_OUT_EXPECTED, written before their first run, is the finding
+# kind that would name each one's mechanism.
+# ---------------------------------------------------------------------------------------------------------
+
+def randn_on_host(variant, dev):
+    """A denoiser's training step (diffusion tutorials): the noise drawn on the CPU, then copied."""
+    torch, nn, F = _torch()
+    torch.manual_seed(0)
+    dim, batch = 3 * 32 * 32, 512
+    model = nn.Sequential(nn.Linear(dim + 1, 2048), nn.SiLU(), nn.Linear(2048, 2048), nn.SiLU(),
+                          nn.Linear(2048, dim)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x0 = torch.randn(batch, dim, device=dev)
+
+    def step():
+        t = torch.rand(batch, 1, device=dev)
+        if variant == "mistake":
+            noise = torch.randn(x0.shape).to(dev)  # MISTAKE
+        else:
+            noise = torch.randn_like(x0)
+        xt = (1 - t).sqrt() * x0 + t.sqrt() * noise
+        with torch.autocast(dev, torch.bfloat16):
+            pred = model(torch.cat([xt, t], 1))
+        loss = F.mse_loss(pred.float(), noise)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, None
+
+
+def bool_mask_loss(variant, dev):
+    """Padding left out of the loss by boolean indexing (a size the host must read) where ignore_index does it."""
+    torch, _, F = _torch()
+    lm = Lm(dev)
+    y = lm.y.clone()
+    y[:, -lm.seq // 8:] = -100  # the padded tail of each sequence
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = lm.model(lm.x).float().view(-1, lm.vocab)
+        if variant == "mistake":
+            keep = y.view(-1) != -100
+            loss = F.cross_entropy(logits[keep], y.view(-1)[keep])  # MISTAKE
+        else:
+            loss = F.cross_entropy(logits, y.view(-1), ignore_index=-100)
+        lm.update(loss)
+    return step, lm.model, lm.batch * lm.seq
+
+
+def metric_on_cpu(variant, dev):
+    """A confusion matrix kept in numpy, each step's predictions copied to the host for it."""
+    torch, _, F = _torch()
+    import numpy as np
+    classes = 100
+    model, opt, x, y = _classifier(dev, classes=classes, batch=2048, width=1024)
+    confusion = {"host": np.zeros((classes, classes), dtype=np.int64),
+                 "device": torch.zeros(classes * classes, dtype=torch.int64, device=dev)}
+    ones = torch.ones(len(y), dtype=torch.int64, device=dev)  # (torch.bincount would sync: it reads its max)
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        pred = logits.argmax(-1)
+        if variant == "mistake":
+            np.add.at(confusion["host"], (y.cpu().numpy(), pred.cpu().numpy()), 1)  # MISTAKE
+        else:
+            confusion["device"].index_put_((y * classes + pred,), ones, accumulate=True)
+    return step, model, None
+
+
+def manual_attention(variant, dev):
+    """Causal attention written out (scores, mask, softmax, weighted sum), as tutorials teach it."""
+    torch, nn, F = _torch()
+    torch.manual_seed(0)
+    vocab, width, heads, depth, batch, seq = 8192, 768, 12, 6, 8, 1024
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.register_buffer("mask", torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq), persistent=False)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, heads, -1).permute(2, 0, 3, 1, 4)
+            if variant == "mistake":
+                att = (q @ k.transpose(-2, -1)) * (1.0 / (width // heads) ** 0.5)  # MISTAKE
+                att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))  # MISTAKE
+                y = F.softmax(att, dim=-1) @ v  # MISTAKE
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.out(y.transpose(1, 2).reshape(b, t, width))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2, self.attn = nn.LayerNorm(width), nn.LayerNorm(width), Attention()
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            x = x + self.attn(self.n1(x))
+            return x + self.mlp(self.n2(x))
+
+    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(depth)], nn.LayerNorm(width),
+                          nn.Linear(width, vocab)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
+    x = torch.randint(0, vocab, (batch, seq), device=dev)
+    y = torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, batch * seq
+
+
+def clamp_grad_loop(variant, dev):
+    """Gradients clipped by value in a loop over the parameters (PyTorch's DQN tutorial writes it so)."""
+    torch, _, _ = _torch()
+    lm = Lm(dev, **GPT2S)
+
+    def step():
+        lm.loss().backward()
+        if variant == "mistake":
+            for p in lm.model.parameters():
+                p.grad.data.clamp_(-1, 1)  # MISTAKE
+        else:
+            torch.nn.utils.clip_grad_value_(lm.model.parameters(), 1.0)
+        lm.opt.step()
+        lm.opt.zero_grad(set_to_none=True)
+    return step, lm.model, lm.batch * lm.seq
+
+
+def onehot_smoothing(variant, dev):
+    """Label smoothing written out with one_hot over a 32k vocabulary, where cross_entropy takes label_smoothing."""
+    torch, _, F = _torch()
+    lm = Lm(dev, depth=4, width=512, vocab=32768, batch=16, seq=256)
+    eps, v = 0.1, lm.vocab
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = lm.model(lm.x).float().view(-1, v)
+        if variant == "mistake":
+            target = F.one_hot(lm.y.view(-1), v).float() * (1 - eps) + eps / v  # MISTAKE
+            loss = -(target * F.log_softmax(logits, -1)).sum(-1).mean()  # MISTAKE
+        else:
+            loss = F.cross_entropy(logits, lm.y.view(-1), label_smoothing=eps)
+        lm.update(loss)
+    return step, lm.model, lm.batch * lm.seq
+
+
+def char_encode_in_step(variant, dev):
+    """A character model whose batch is encoded from text inside the step, character by character."""
+    torch, _, F = _torch()
+    g = torch.Generator().manual_seed(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyz .,;\n"
+    text = "".join(alphabet[i] for i in torch.randint(0, len(alphabet), (400_000,), generator=g).tolist())
+    stoi = {c: i for i, c in enumerate(alphabet)}
+    lm = Lm(dev, depth=6, width=384, vocab=len(alphabet), batch=32, seq=256)
+    data = torch.tensor([stoi[c] for c in text], device=dev)
+    span = torch.arange(lm.seq + 1, device=dev)
+
+    def encode(chunk):
+        return torch.tensor([stoi[c] for c in chunk])  # MISTAKE (called by the step's line below)
+
+    def step():
+        starts = torch.randint(0, len(text) - lm.seq - 1, (lm.batch,), generator=g)
+        if variant == "mistake":
+            rows = torch.stack([encode(text[i:i + lm.seq + 1]) for i in starts.tolist()]).to(dev)  # MISTAKE
+        else:
+            rows = data[starts.to(dev)[:, None] + span]
+        lm.x, lm.y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        lm.update(lm.loss())
+    return step, lm.model, lm.batch * lm.seq
+
+
+HELD_OUT = (randn_on_host, bool_mask_loss, metric_on_cpu, manual_attention, clamp_grad_loop, onehot_smoothing,
+            char_encode_in_step)
+HELD_OUT_EXPECTED = {"randn_on_host": "host_tensor", "bool_mask_loss": "host_sync", "metric_on_cpu": "host_sync",
+                     "manual_attention": "math_attention", "clamp_grad_loop": "per_parameter_loop",
+                     "onehot_smoothing": "eager_code", "char_encode_in_step": "host_tensor"}
+PLANTED = list(CASES)
+CASES.update((f.__name__, f) for f in HELD_OUT)
+MECHANISM.update(HELD_OUT_EXPECTED)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # One process: time a variant, profile the mistake
 # ---------------------------------------------------------------------------------------------------------
 
@@ -552,13 +759,27 @@ def ms_of(processes):
     return statistics.median(each) if each else None
 
 
+def mistake_lines(case):
+    """The line numbers in this file that a case marks `# MISTAKE` (the held-out cases mark theirs)."""
+    import inspect
+    source, first = inspect.getsourcelines(CASES[case])
+    return [first + i for i, text in enumerate(source) if "# MISTAKE" in text]
+
+
+def names_mistake(case, finding):
+    """Whether a finding's words name one of the case's `# MISTAKE` lines (file:line)."""
+    words = f"{finding.get('evidence', '')} {finding.get('fix', '')}"
+    return any(f"{os.path.basename(__file__)}:{n}" in words for n in mistake_lines(case))
+
+
 def report(out, timings=()):
     """The table: each case's gain against the report's top finding and the finding of its mistake (MECHANISM);
     where the run timed the model compiled with the mistake kept, what that recovered (launch_bound's remedy).
     `timings`: raw .jsonl files whose processes give the gains instead of OUT's (the traces stay OUT's)."""
     sys.path.insert(0, ROOT)
     from profiling.profile.report.ranks import summarize_path
-    lines = ["| case | mistake ms/step | fix ms/step | gain | top finding: claim (claim / gain) | the mistake's "
+    lines = ["| case | mistake ms/step | fix ms/step | gain | top finding: claim (claim / gain) [its line: names a "
+             "`# MISTAKE` line] | the mistake's "
              "finding (rank): claim (claim / gain) | compiled, mistake kept: recovered |",
              "|---|--:|--:|--:|---|---|--:|"]
     for case, r in rows(out, timings).items():
@@ -573,7 +794,8 @@ def report(out, timings=()):
         def said(f, gain=gain):
             return f"{f['kind']}: {f['ms_per_step']:.1f} ({f['ms_per_step'] / gain:.2f})" if f else "-"
         rank, line = next(((i + 1, f) for i, f in enumerate(found) if f["kind"] == MECHANISM[case]), (None, None))
-        lines.append(f"| {case} | {before:.1f} | {after:.1f} | {gain:.1f} | {said(found[0] if found else None)} | "
+        top = said(found[0] if found else None) + (" [its line]" if found and names_mistake(case, found[0]) else "")
+        lines.append(f"| {case} | {before:.1f} | {after:.1f} | {gain:.1f} | {top} | "
                      + (f"({rank}) {said(line)}" if line else "-")
                      + (f" | {before - compiled:.1f} |" if compiled is not None else " | |"))
     print("\n".join(lines))
@@ -584,7 +806,8 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="every case: the mistake timed and profiled, the fix timed")
     r.add_argument("out")
-    r.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    r.add_argument("--cases", nargs="+", choices=list(CASES) + ["heldout"], default=PLANTED,
+                   help="the cases (default: the twelve planted ones); heldout: the seven held out")
     r.add_argument("--timeout", type=float, default=150, help="seconds a process may run")
     r.add_argument("--budget", type=float, default=480, help="seconds after which no case starts")
     r.add_argument("--variants", nargs="+", choices=VARIANTS, default=["mistake", "fix"],
@@ -604,7 +827,8 @@ def main(argv=None):
                    "process of each case's variants in them), in place of OUT's results.jsonl")
     a = p.parse_args(argv)
     if a.cmd == "run":
-        run(a.out, a.cases, a.timeout, a.budget, a.variants, not a.no_profile, a.rounds)
+        cases = [c for name in a.cases for c in ([f.__name__ for f in HELD_OUT] if name == "heldout" else [name])]
+        run(a.out, cases, a.timeout, a.budget, a.variants, not a.no_profile, a.rounds)
     elif a.cmd == "one":
         print(json.dumps(one(a.case, a.variant, a.out, a.profile)))
     else:

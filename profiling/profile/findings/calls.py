@@ -18,6 +18,7 @@ with the findings contract's `rule(kind, needs)` (profiling/profile/findings/con
 from bisect import bisect_left, bisect_right
 from collections import Counter
 
+from profiling.profile.findings import lines
 from profiling.profile.findings.contract import finding, following, idle_ms, made_by, rule, scaled, top
 from profiling.profile.findings.idle import own_idle, own_labels, sync_price
 from profiling.profile.findings.settings import attribute
@@ -151,6 +152,8 @@ def cuda_sync(tl, ctx, found):
     own = own_idle(tl, ctx)
     synced = any(g.cause == "host_sync" for g in tl.gaps)  # host_sync's, named as a setting or not
     syncs, copies = [] if synced else cuda_calls.sync_calls(tl), cuda_calls.pageable_copies(tl)
+    # those of a line a line rule named (a tensor made on the host, a result read there): its fix removes them
+    syncs, copies = ([c for c in calls if not lines.named_line(tl, c["call"])] for calls in (syncs, copies))
     gaps = _open(cuda_calls.drained(tl, syncs + copies) if own else cuda_calls.drained(tl, syncs, to_step_end=False))
     slow = _pageable_excess(tl, copies) / ctx["n"] / 1e3
     waits = [c["call"] for c in (syncs + copies if own else syncs)]  # a pageable copy's call waits as a sync does

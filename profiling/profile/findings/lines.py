@@ -15,8 +15,12 @@ and what that line does, from the trace's own events:
                         foreach=False): one foreach or fused call over all the tensors does the same work
     python_loop         a block of a few operators repeated LOOP_MIN times or more in a row (per sample, per
                         time step, per head): the same work as one call over a stacked or batched tensor
+    host_read           the host reading the GPU's results every step, each read a sync: copies to the host
+                        (`.cpu()`, `.numpy()`, `.tolist()`, `.item()`), or a boolean mask's index (`x[mask]`:
+                        `aten::nonzero` reads the size of its result): kept on the device, read when needed
     host_tensor         operators that run on the host (they launch nothing) and a pageable host-to-device copy
-                        of what they made, every step: made once on the device, or kept there
+                        of what they made, every step: made once on the device, or kept there (random draws:
+                        drawn on the device, every step as now)
   A loop whose body spans several lines (a module called per head in a comprehension) shows as lines entered as
   many times a step, LOOP_MIN or more, between two visits of the first, whose caller (the next frame of the
   user's code outward in the host samples) gathers the loop's results (a comprehension, torch.cat, torch.stack,
@@ -50,7 +54,10 @@ MODULE_OPS = {"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::linear", "a
               "aten::embedding", "aten::batch_norm", "aten::layer_norm"}  # a model's forward: a loop over data, not
                                                                              # over the parameters
 SYNC_CALLS = ("aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero", "aten::cpu")
-HOST_COPY = "Pageable"  # a copy from pageable host memory (a tensor made on the host: `Memcpy HtoD (Pageable...`)
+RANDOM = {"aten::randn", "aten::rand", "aten::randint", "aten::randperm", "aten::normal", "aten::normal_",
+          "aten::uniform_", "aten::bernoulli", "aten::bernoulli_", "aten::multinomial", "aten::random_",
+          "aten::randn_like", "aten::rand_like", "aten::randint_like", "aten::exponential_"}  # random draws
+MASK_INDEX = ("aten::nonzero", "aten::masked_select")  # a boolean mask's index: its result's size read on the host
 VIEWS = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::empty", "aten::empty_strided", "aten::view",
          "aten::select", "aten::slice", "aten::detach", "aten::alias", "aten::lift_fresh", "aten::contiguous",
          "aten::unbind", "aten::as_strided", "aten::reshape", "aten::clone", "aten::_has_compatible_shallow_copy_type")
@@ -61,13 +68,16 @@ class Line:
     operators launched in the profiled steps (by the line's own operator that launched them), the pageable copies
     among them, and the GPU idle gaps that wait on it."""
 
-    __slots__ = ("calls", "copies", "gaps", "host_us", "key", "launched", "ops", "text", "visits", "wall_us")
+    __slots__ = ("calls", "copies", "gaps", "host_us", "key", "launched", "ops", "reads", "synced", "text", "visits",
+                 "wall_us")
 
     def __init__(self, key, text):
         self.key, self.text = key, text
         self.ops, self.gaps = [], []
         self.launched, self.copies, self.visits = Counter(), 0, []  # visits: (first, last) record index of each
                                                                       # run of the step's operators on this line
+        self.reads = 0  # its copies from the device to the host, in the profiled steps
+        self.synced = Counter()  # its runtime sync calls in the profiled steps, by the operator they ran in
         self.host_us = 0.0  # the host's time in the line's operators (the outermost ones, a backward's too)
         self.wall_us, self.calls = 0.0, 0  # the host's time on the way to the line's runtime calls, and those calls
                                            # (host_wall), in the profiled steps
@@ -94,7 +104,13 @@ def lines_of(tl):
                 if line is not None:
                     outer = top_of(op, tl.parent, memo)[0]  # the line's own call (None: a backward's)
                     line.launched[str(outer.get("name", "")) if outer else "backward"] += 1
-                    line.copies += HOST_COPY in str(e.get("name", ""))
+                    name = str(e.get("name", ""))
+                    line.copies += "HtoD" in name and "Pageable" in name  # `Memcpy HtoD (Pageable -> Device)`
+                    line.reads += "DtoH" in name
+        for sync, chain in tl.syncs:
+            line = _line(tl, placer, tl.enclosing(sync), sync, out)
+            if line is not None and chain:
+                line.synced[chain[0]] += 1
         for op in tl.ix.cpu_ops:  # the outermost operators of the profiled steps, on any thread
             if tl.parent.get(id(op)) is None and tl.step_of(op["ts"]) is not None:
                 line = _line(tl, placer, op, op, out)
@@ -225,19 +241,53 @@ def mechanism(line, tensors, n, cpu=False):
                         "group the parameters: one param group per distinct setting (lr, weight decay), not one per "
                         "tensor, so the optimizer's foreach or fused update runs over each group at once")
             return ("per_parameter_loop", f"{calls}: {each} ({tensors} tensors){launched}" + synced,
-                    _per_parameter_fix(line.text))
+                    _per_parameter_fix(line.text, body))
         return ("python_loop", f"{calls}: a Python loop" + (
             ", on the host (its operators launch no kernel)" if host else "") + launched + synced,
             _loop_fix(body, syncs, host))
+    read = None if cpu else _host_read(line, n)
+    if read is not None:
+        return read
     made = [o for o in dict.fromkeys(line.ops) if o not in line.launched and o not in VIEWS]
     if line.copies and made:
-        return ("host_tensor", f"{', '.join(f'`{o}`' for o in made[:3])} run on the host (they launch no kernel) and "
-                f"{line.copies / n:.0f} pageable host-to-device cop{'y' if line.copies == n else 'ies'} a step take "
-                "what they made to the GPU, every step",
+        drawn = [o for o in made if o in RANDOM]
+        return ("host_tensor", f"{', '.join(f'`{o}`' for o in (drawn or made)[:3])} run on the host (they launch no "
+                f"kernel) and {line.copies / n:.0f} pageable host-to-device cop{'y' if line.copies == n else 'ies'} "
+                "a step take what they made to the GPU, every step", RANDOM_FIX if drawn else
                 "make it on the device, once: a tensor that is the same every step as a buffer built at init "
                 "(register_buffer) or cached; data indexed per step kept on the GPU and indexed there "
                 "(device=... where it is created)")
     return None
+
+
+RANDOM_FIX = ("draw it on the device, every step as now: torch.randn(..., device=x.device) or torch.randn_like(x) "
+              "(rand, randint, normal_ alike): drawn once and kept, the same values would repeat every step, "
+              "which changes what the model learns; the GPU's generator draws other values than the CPU's, from "
+              "the same distribution")
+
+
+def _host_read(line, n):
+    """The host_read mechanism of a line that reads the GPU's results on the host every step (module docstring),
+    or None: a boolean mask's index (its size read by `aten::nonzero`, a sync) or copies to the host."""
+    masked = sum(line.synced[o] for o in MASK_INDEX)
+    if masked >= n:
+        return ("host_read", f"a boolean mask indexes a tensor (`x[mask]`): the size of its result is read on the "
+                f"host, {masked / n:.0f} sync{'s' if masked > n else ''} a step (`aten::nonzero`, each waits for "
+                "all the GPU was given), and the rows gathered (their gradient scattered back in the backward)",
+                "keep the shapes fixed: a loss that skips padding by its ignore_index (F.cross_entropy(..., "
+                "ignore_index=-100)) or by weights ((loss * mask).sum() / mask.sum()), elsewhere "
+                "torch.where(mask, x, 0): the same values, no size for the host to read")
+    if line.reads < n:
+        return None
+    scalar = any(o in ("aten::item", "aten::_local_scalar_dense") for o in line.ops)
+    return ("host_read", f"{line.reads / n:.0f} cop{'y' if line.reads == n else 'ies'} from the GPU to the host a "
+            "step (" + ("`.item()`" if scalar else "`.cpu()`, `.numpy()`, `.tolist()`") + "): each waits for all "
+            "the GPU was given, and the host's work on what it read runs while the GPU has nothing queued",
+            "keep it on the device and read it when it is needed: " + (
+                "accumulate the values in a GPU tensor (total += loss.detach()) and call .item() at the log step"
+                if scalar else "accumulate into a GPU tensor (a running sum; counts by index_put_(..., "
+                "accumulate=True) or scatter_add_) and copy it to the host once, where it is read (a log step, the "
+                "epoch's end)"))
 
 
 def recognize(tl, line, by_line, tensors, n):
@@ -268,9 +318,15 @@ def _launches_nothing(line):
     return body is not None and not set(body) & set(line.launched)
 
 
-def _per_parameter_fix(text):
+def _per_parameter_fix(text, body=()):
     if "clip_grad" in text:
         return "clip_grad_norm_(..., foreach=True): one norm over all the gradients"
+    if any(o.startswith(("aten::clamp", "aten::clip")) for o in body):
+        if "grad" in text:  # the gradients clipped by value, not the weights (a WGAN critic's clipping)
+            return ("torch.nn.utils.clip_grad_value_(model.parameters(), clip_value): one clamp over all the "
+                    "gradients (foreach), the same values")
+        return ("torch._foreach_clamp_min_(params, low) and torch._foreach_clamp_max_(params, high) under "
+                "torch.no_grad(): one clamp over all the tensors, the same values")
     if ".step(" in text:
         return "the optimizer with fused=True (Adam, AdamW, SGD) or foreach=True: one update over all the tensors"
     return ("one call over all the tensors instead of a Python loop over them: torch._foreach_* on the tensor lists "
@@ -335,6 +391,7 @@ def _line_rule(kind):
             ms = own + extra
             for g in gaps + later:
                 g.cause = kind
+            tl._named_lines = getattr(tl, "_named_lines", set()) | {o.key for o in lines}
             whose = "these lines'" if body else "this line's"
             evidence = (f"{line.label} `{line.text}`: {what}; the GPU waited on {whose} host work {own:.1f} ms/step "
                         f"({len(gaps) / n:.0f} idle gaps)" + (
@@ -362,6 +419,14 @@ def _same_mistake(tl, line, recognized, by_line, tensors, n):
         if theirs and theirs[0] == recognized[0] and theirs[2] == recognized[2]:
             out.append(other)
     return sorted(out, key=lambda o: o.key)
+
+
+def named_line(tl, call):
+    """Whether a runtime call (a sync, a copy) was made on a line that a finding of this module named: its fix
+    removes the call, so no later rule prices it again."""
+    named = getattr(tl, "_named_lines", None)
+    line = line_of(tl, tl.enclosing(call), call) if named else None
+    return line is not None and line.key in named
 
 
 def host_ms(tl, ctx, lines):
@@ -392,9 +457,9 @@ def _pool_fix(tl):
             "changes nothing the model computes)") if _pool(tl) else ""
 
 
-per_parameter_loop, python_loop, host_tensor = (_line_rule(k) for k in ("per_parameter_loop", "python_loop",
-                                                                        "host_tensor"))
-RULES = (per_parameter_loop, python_loop, host_tensor)
+per_parameter_loop, python_loop, host_read, host_tensor = (_line_rule(k) for k in (
+    "per_parameter_loop", "python_loop", "host_read", "host_tensor"))
+RULES = (per_parameter_loop, python_loop, host_read, host_tensor)
 
 
 GATHERS = ("torch.cat(", "torch.stack(", "sum(", " for ")  # a caller that gathers a loop's results
@@ -439,9 +504,10 @@ HOST_ROWS = 8  # lines the host-side view shows, most GPU idle first
 def host_table(tl):
     """The host side of the step by line of the user's code (summary `host_lines`; #56 item 1), or None without
     a line record: the lines the GPU waited on most, each with its kernel launches a step (its backward's on its
-    forward line), its host syncs a step (the recorded step's sync operators that launched a copy), the host's
-    time in its operators (forward and backward) and the GPU idle that waited on it, in the profiled steps (not
-    scaled to the unprofiled run). {rows: [{file, line, text, launches, syncs, host_ms, idle_ms, mechanism}],
+    forward line), its host syncs a step (the recorded step's sync operators that launched a copy, or the
+    runtime's sync calls made inside its operators where they are more), the host's time in its operators
+    (forward and backward) and the GPU idle that waited on it, in the profiled steps (not scaled to the
+    unprofiled run). {rows: [{file, line, text, launches, syncs, host_ms, idle_ms, mechanism}],
     rows_total, idle_ms: the idle placed on a line, of idle_total_ms}."""
     by_line = lines_of(tl)
     if not by_line:
@@ -452,7 +518,8 @@ def host_table(tl):
         recognized = None if _framework_entry(tl, line) else recognize(tl, line, by_line, tensors, n)
         return {"file": line.key[0], "line": line.key[1], "text": line.text,
                 "launches": round(sum(line.launched.values()) / n, 1),
-                "syncs": sum(o in SYNC_CALLS and o in line.launched for o in line.ops),
+                "syncs": max(sum(o in SYNC_CALLS and o in line.launched for o in line.ops),
+                             round(sum(line.synced.values()) / n, 1)),
                 "host_ms": round(line.host_us / n / 1e3, 2), "idle_ms": round(sum(g.us for g in line.gaps) / n / 1e3, 2),
                 "mechanism": recognized[0] if recognized else None}
     ranked = sorted(by_line.values(), key=lambda line: (-sum(g.us for g in line.gaps), -line.host_us))
@@ -476,9 +543,14 @@ def idle_lines(tl, gaps, k=2):
 def device_lines(tl, events, k=2):
     """'file:line (share%) `text`' of the lines whose operators launched most of these device events' time (a
     backward kernel on its forward operator's line), or ''."""
+    return ", ".join(f"{f}:{n} ({100 * share:.0f}%) `{text}`" for (f, n), share, text in device_shares(tl, events, k))
+
+
+def device_shares(tl, events, k=2):
+    """[((file, line), share of the events' time, the line's text)] of device_lines, most first."""
     placer = getattr(tl, "placer", None)
     if placer is None:
-        return ""
+        return []
     launches = getattr(tl, "_launch_of", None)
     if launches is None:
         launches = tl._launch_of = {id(e): launch for evs in tl.per_step for e, launch in evs}
@@ -493,7 +565,7 @@ def device_lines(tl, events, k=2):
             us[key] += e["dur"]
             texts[key] = placer.prov.text.get(key, "")
     total = sum(e["dur"] for e in events) or 1.0
-    return ", ".join(f"{f}:{n} ({100 * v / total:.0f}%) `{texts[(f, n)]}`" for (f, n), v in us.most_common(k))
+    return [(key, v / total, texts[key]) for key, v in us.most_common(k)]
 
 
 def _cpu_rule(kind):
