@@ -585,10 +585,10 @@ def math_attention(tl, ctx, found):
                                                  "peak: no fused attention call in this trace to measure)")
                 + f" take {target:.1f} ms" + (f" (were it causal: {target / 2:.1f} ms)" if kind.kind not in
                                               (CAUSAL, BIDIRECTIONAL) else ""))
-    where = lines.device_shares(tl, events, k=3)  # the user's lines that launched them (a backward's: its forward's)
-    if where:
+    launched = lines.device_shares(tl, events, k=3)  # the user's lines that launched them (a backward's: its forward's)
+    if launched:
         evidence += "; launched at " + ", ".join(f"{f}:{n} ({100 * share:.0f}%) `{text}`"
-                                                 for (f, n), share, text in where)
+                                                 for (f, n), share, text in launched)
     if kind.kind == CAUSAL:
         fix = ("use F.scaled_dot_product_attention(q, k, v, is_causal=True)" + (
             " (or train.py's window attention)" if trainer_is_train_py(tl.meta) else "")
@@ -609,8 +609,8 @@ def math_attention(tl, ctx, found):
     if kind.kind != CAUSAL and not _bias_in(tl):  # pitfall 19: a bias added to the scores is the model's
         fix += ("; a bias the model adds to the scores (T5's relative position bias, ALiBi) stays: pass it as SDPA's "
                 "float attn_mask (its memory-efficient backend adds it), never drop it")
-    if where:
-        fix = f"at {', '.join(f'{f}:{n}' for (f, n), _, _ in sorted(where))}: {fix}"
+    if launched:
+        fix = f"at {', '.join(f'{f}:{n}' for (f, n), _, _ in sorted(launched))}: {fix}"
     if kind.builder:  # a library builds the mask: its frame and its own remedy first, in the model's terms after
         library, where = kind.builder
         fix = (f"the attention mask is built by {library}, in {where}: " + LIBRARY_MATH_REMEDIES.get(
