@@ -100,3 +100,11 @@ def test_attention_written_out_names_its_lines(findings):
     assert "launched at eager_mistakes.py:543 (" in f["evidence"] and "`y = F.softmax(att, dim=-1) @ v" in f["evidence"]
     assert f["fix"].startswith("at eager_mistakes.py:541, eager_mistakes.py:542, eager_mistakes.py:543: use "
                                "F.scaled_dot_product_attention")
+
+
+def test_an_installed_models_attention_lines_are_evidence_not_a_place_to_edit(data_summary):
+    """T5-small from transformers (H100): its attention's kernels are launched at modeling_t5.py, a file of the
+    installed package; the finding names that line, its fix does not send the user there."""
+    f = next(f for f in data_summary("h100-host-t5-small")["findings"] if f["kind"] == "math_attention")
+    assert "launched at transformers/models/t5/modeling_t5.py:" in f["evidence"]
+    assert not f["fix"].startswith("at ") and "modeling_t5.py" not in f["fix"]

@@ -17,6 +17,7 @@
 Each rule takes (timeline, context, findings so far) and returns a finding or None. Rates are per operator
 call: a GEMM may run as several kernels (split-K and its reduction), its FLOPs count once.
 """
+import os
 from collections import Counter
 
 from profiling.profile.findings import convs, lines
@@ -40,6 +41,7 @@ from profiling.profile.tables.roofline import ATTENTION_OP, GEMM_OPS, attention_
 from profiling.profile.trace import device_state, hardware
 from profiling.profile.trace.classify import short_name
 from profiling.profile.trace.timeline import input_types
+from profiling.profile.trace.whose import MODEL_FILE
 
 LARGE_GEMM_FLOPS = 1e10    # GEMMs this big run near the device's rate when the device is healthy
 SLOW_DEVICE_FRACTION = 0.40  # large bf16 GEMMs below this share of peak: the device is slow (a healthy H100 here:
@@ -609,7 +611,8 @@ def math_attention(tl, ctx, found):
     if kind.kind != CAUSAL and not _bias_in(tl):  # pitfall 19: a bias added to the scores is the model's
         fix += ("; a bias the model adds to the scores (T5's relative position bias, ALiBi) stays: pass it as SDPA's "
                 "float attn_mask (its memory-efficient backend adds it), never drop it")
-    if launched:
+    if launched and not any(os.path.basename(f).startswith(MODEL_FILE) for (f, _), _, _ in launched):
+        # the user's own lines: an installed model's (transformers' modeling_*.py) are evidence, not a place to edit
         fix = f"at {', '.join(f'{f}:{n}' for (f, n), _, _ in sorted(launched))}: {fix}"
     if kind.builder:  # a library builds the mask: its frame and its own remedy first, in the model's terms after
         library, where = kind.builder
