@@ -38,6 +38,12 @@ against, each with the finding that would name it written down before its first 
     onehot_smoothing        label smoothing through one_hot over 32k classes       cross_entropy(label_smoothing)
     char_encode_in_step     each batch encoded from text, character by character   the text encoded once, on the GPU
 
+and three more, written after the first seven's fixes (the second batch):
+
+    sync_timing             torch.cuda.synchronize() around each step, to time it  CUDA events, read every 20 steps
+    eval_every_step         a validation batch's loss every step, for the log      every 50 steps
+    model_to_each_step      model.to(device) and model.train() inside the step     called once, before the loop
+
     python3 benchmarks/findings/live/eager_mistakes.py run OUT [--cases ...]     # the GPU (one call)
     uv run python benchmarks/findings/live/eager_mistakes.py report OUT            # anywhere: the table
 
@@ -632,11 +638,78 @@ def char_encode_in_step(variant, dev):
     return step, lm.model, lm.batch * lm.seq
 
 
+def sync_timing(variant, dev):
+    """Each step timed with torch.cuda.synchronize() around it, for a log of step times (the fix: CUDA events,
+    read once per 20 steps)."""
+    torch, _, _ = _torch()
+    lm = Lm(dev, **GPT2S)
+    times, events = [], []
+
+    def step():
+        if variant == "mistake":
+            if dev == "cuda":
+                torch.cuda.synchronize()  # MISTAKE
+            t = time.perf_counter()
+            lm.update(lm.loss())
+            if dev == "cuda":
+                torch.cuda.synchronize()  # MISTAKE
+            times.append(time.perf_counter() - t)
+        else:
+            start = end = None
+            if dev == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            lm.update(lm.loss())
+            if dev == "cuda":
+                end.record()
+                events.append((start, end))
+            if len(events) >= 20:  # read when the log needs them, long after they ran
+                times.extend(a.elapsed_time(b) for a, b in events[:-1])
+                del events[:-1]
+    return step, lm.model, lm.batch * lm.seq
+
+
+def eval_every_step(variant, dev):
+    """A validation batch's loss computed every step for the log (the fix: every 50 steps)."""
+    torch, _, _ = _torch()
+    lm = Lm(dev, **GPT2S)
+    x_val = torch.randint(0, lm.vocab, (lm.batch, lm.seq), device=dev)
+    y_val = torch.randint(0, lm.vocab, (lm.batch, lm.seq), device=dev)
+    seen, log = [0], []
+
+    def step():
+        lm.update(lm.loss())
+        seen[0] += 1
+        if variant == "mistake" or seen[0] % 50 == 0:
+            with torch.no_grad():
+                x, y = lm.x, lm.y
+                lm.x, lm.y = x_val, y_val
+                log.append(lm.loss())  # MISTAKE
+                lm.x, lm.y = x, y
+    return step, lm.model, lm.batch * lm.seq
+
+
+def model_to_each_step(variant, dev):
+    """model.to(device) and model.train() called inside the step, as some tutorials' loops do."""
+    torch, _, _ = _torch()
+    lm = Lm(dev, **GPT2S)
+
+    def step():
+        if variant == "mistake":
+            lm.model.to(dev)  # MISTAKE
+            lm.model.train()  # MISTAKE
+        lm.update(lm.loss())
+    return step, lm.model, lm.batch * lm.seq
+
+
 HELD_OUT = (randn_on_host, bool_mask_loss, metric_on_cpu, manual_attention, clamp_grad_loop, onehot_smoothing,
-            char_encode_in_step)
+            char_encode_in_step, sync_timing, eval_every_step, model_to_each_step)
 HELD_OUT_EXPECTED = {"randn_on_host": "host_tensor", "bool_mask_loss": "host_sync", "metric_on_cpu": "host_sync",
                      "manual_attention": "math_attention", "clamp_grad_loop": "per_parameter_loop",
-                     "onehot_smoothing": "eager_code", "char_encode_in_step": "host_tensor"}
+                     "onehot_smoothing": "eager_code", "char_encode_in_step": "host_tensor",
+                     # the second batch (2026-11-29, after the first batch's fixes)
+                     "sync_timing": "cuda_sync", "eval_every_step": "forward_without_backward",
+                     "model_to_each_step": "gpu_waits_on_host"}
 PLANTED = list(CASES)
 CASES.update((f.__name__, f) for f in HELD_OUT)
 MECHANISM.update(HELD_OUT_EXPECTED)
