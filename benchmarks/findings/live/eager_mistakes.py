@@ -27,7 +27,7 @@ times the fix. The claim of the report's top finding is then held against what t
     cudnn_benchmark_varlen  a Conv1d net on a new input length every step with    cudnn.benchmark off
                             cudnn.benchmark=True
 
-Seven more are held out (`--cases heldout`): written after the rules were tuned on the twelve, never tuned
+Ten more are held out (`--cases heldout`): written after the rules were tuned on the twelve, never tuned
 against, each with the finding that would name it written down before its first run (HELD_OUT_EXPECTED):
 
     randn_on_host           a denoiser's noise drawn on the CPU, then copied       torch.randn_like on the GPU
@@ -880,7 +880,7 @@ def main(argv=None):
     r = sub.add_parser("run", help="every case: the mistake timed and profiled, the fix timed")
     r.add_argument("out")
     r.add_argument("--cases", nargs="+", choices=list(CASES) + ["heldout"], default=PLANTED,
-                   help="the cases (default: the twelve planted ones); heldout: the seven held out")
+                   help="the cases (default: the twelve planted ones); heldout: the ten held out")
     r.add_argument("--timeout", type=float, default=150, help="seconds a process may run")
     r.add_argument("--budget", type=float, default=480, help="seconds after which no case starts")
     r.add_argument("--variants", nargs="+", choices=VARIANTS, default=["mistake", "fix"],
