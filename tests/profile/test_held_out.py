@@ -108,3 +108,15 @@ def test_an_installed_models_attention_lines_are_evidence_not_a_place_to_edit(da
     f = next(f for f in data_summary("h100-host-t5-small")["findings"] if f["kind"] == "math_attention")
     assert "launched at transformers/models/t5/modeling_t5.py:" in f["evidence"]
     assert not f["fix"].startswith("at ") and "modeling_t5.py" not in f["fix"]
+
+
+@pytest.mark.parametrize("text", ["scaler.step(opt)", "loss.backward()",
+                                  "torch.nn.utils.clip_grad_norm_(params, 1.0, error_if_nonfinite=True)"])
+def test_a_library_calls_own_read_is_no_host_read_of_the_line(text):
+    """GradScaler's step reads found_inf, a clip with error_if_nonfinite its norm: no read of the line's own to keep
+    on the device, so no host_read telling the user to accumulate it there."""
+    from profiling.profile.findings.lines import Line, mechanism
+    line = Line(("train.py", 30), text)
+    line.ops, line.reads = ["aten::_local_scalar_dense"], 4
+    line.launched.update({"aten::_local_scalar_dense": 4})
+    assert mechanism(line, tensors=10, n=4) is None

@@ -17,7 +17,8 @@ and what that line does, from the trace's own events:
                         time step, per head): the same work as one call over a stacked or batched tensor
     host_read           the host reading the GPU's results every step, each read a sync: copies to the host
                         (`.cpu()`, `.numpy()`, `.tolist()`, `.item()`), or a boolean mask's index (`x[mask]`:
-                        `aten::nonzero` reads the size of its result): kept on the device, read when needed
+                        `aten::nonzero` reads the size of its result): kept on the device, read when needed (not
+                        a library call's own read: a GradScaler's step, a clip, a backward)
     host_tensor         operators that run on the host (they launch nothing) and a pageable host-to-device copy
                         of what they made, every step: made once on the device, or kept there (random draws:
                         drawn on the device, every step as now)
@@ -58,6 +59,10 @@ RANDOM = {"aten::randn", "aten::rand", "aten::randint", "aten::randperm", "aten:
           "aten::uniform_", "aten::bernoulli", "aten::bernoulli_", "aten::multinomial", "aten::random_",
           "aten::randn_like", "aten::rand_like", "aten::randint_like", "aten::exponential_"}  # random draws
 MASK_INDEX = ("aten::nonzero", "aten::masked_select")  # a boolean mask's index: its result's size read on the host
+# a library call that reads the GPU on its own (GradScaler's step reads found_inf, a clip with error_if_nonfinite
+# its norm, a backward's hooks): no read of the line's own to keep on the device; the effect rules (host_sync,
+# cuda_sync) name what it costs
+LIBRARY_READS = re.compile(r"\.step\(|clip_grad|\.backward\(")
 VIEWS = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::empty", "aten::empty_strided", "aten::view",
          "aten::select", "aten::slice", "aten::detach", "aten::alias", "aten::lift_fresh", "aten::contiguous",
          "aten::unbind", "aten::as_strided", "aten::reshape", "aten::clone", "aten::_has_compatible_shallow_copy_type")
@@ -269,6 +274,8 @@ RANDOM_FIX = ("draw it on the device, every step as now: torch.randn(..., device
 def _host_read(line, n):
     """The host_read mechanism of a line that reads the GPU's results on the host every step (module docstring),
     or None: a boolean mask's index (its size read by `aten::nonzero`, a sync) or copies to the host."""
+    if LIBRARY_READS.search(line.text):
+        return None
     masked = sum(line.synced[o] for o in MASK_INDEX)
     if masked >= n:
         return ("host_read", f"a boolean mask indexes a tensor (`x[mask]`): the size of its result is read on the "
