@@ -376,6 +376,37 @@ def fp32(variant, dev):
     return step, lm.model, lm.batch * lm.seq
 
 
+def _attention_lm(attention, dev, vocab, width, depth, batch, seq, fused=False):
+    """(step, model, tokens per step) of a pre-norm transformer LM whose blocks use `attention` (a module class
+    taking no arguments), trained by AdamW under bf16 autocast on one random batch."""
+    torch, nn, F = _torch()
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2, self.attn = nn.LayerNorm(width), nn.LayerNorm(width), attention()
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            x = x + self.attn(self.n1(x))
+            return x + self.mlp(self.n2(x))
+
+    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(depth)], nn.LayerNorm(width),
+                          nn.Linear(width, vocab)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+    x = torch.randint(0, vocab, (batch, seq), device=dev)
+    y = torch.randint(0, vocab, (batch, seq), device=dev)
+
+    def step():
+        with torch.autocast(dev, torch.bfloat16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, model, batch * seq
+
+
 def mask_on_host(variant, dev):
     torch, nn, F = _torch()
     torch.manual_seed(0)
@@ -397,30 +428,7 @@ def mask_on_host(variant, dev):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             return self.out(y.transpose(1, 2).reshape(b, t, width))
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.n1, self.n2, self.attn = nn.LayerNorm(width), nn.LayerNorm(width), Attention()
-            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-        def forward(self, x):
-            x = x + self.attn(self.n1(x))
-            return x + self.mlp(self.n2(x))
-
-    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(depth)], nn.LayerNorm(width),
-                          nn.Linear(width, vocab)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randint(0, vocab, (batch, seq), device=dev)
-    y = torch.randint(0, vocab, (batch, seq), device=dev)
-
-    def step():
-        with torch.autocast(dev, torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step, model, batch * seq
+    return _attention_lm(Attention, dev, vocab, width, depth, batch, seq)
 
 
 def cudnn_benchmark_varlen(variant, dev):
@@ -552,30 +560,7 @@ def manual_attention(variant, dev):
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.out(y.transpose(1, 2).reshape(b, t, width))
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.n1, self.n2, self.attn = nn.LayerNorm(width), nn.LayerNorm(width), Attention()
-            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-        def forward(self, x):
-            x = x + self.attn(self.n1(x))
-            return x + self.mlp(self.n2(x))
-
-    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(depth)], nn.LayerNorm(width),
-                          nn.Linear(width, vocab)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
-    x = torch.randint(0, vocab, (batch, seq), device=dev)
-    y = torch.randint(0, vocab, (batch, seq), device=dev)
-
-    def step():
-        with torch.autocast(dev, torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step, model, batch * seq
+    return _attention_lm(Attention, dev, vocab, width, depth, batch, seq, fused=dev == "cuda")
 
 
 def clamp_grad_loop(variant, dev):
@@ -833,16 +818,16 @@ def ms_of(processes):
 
 
 def mistake_lines(case):
-    """The line numbers in this file that a case marks `# MISTAKE` (the held-out cases mark theirs)."""
+    """The source of the lines a case marks `# MISTAKE` (the held-out cases mark theirs), as reports quote them."""
     import inspect
-    source, first = inspect.getsourcelines(CASES[case])
-    return [first + i for i, text in enumerate(source) if "# MISTAKE" in text]
+    return [text.strip() for text in inspect.getsource(CASES[case]).splitlines() if "# MISTAKE" in text]
 
 
 def names_mistake(case, finding):
-    """Whether a finding's words name one of the case's `# MISTAKE` lines (file:line)."""
+    """Whether a finding's words quote one of the case's `# MISTAKE` lines (by their text, which a trace keeps
+    as recorded: their numbers move with any edit above them)."""
     words = f"{finding.get('evidence', '')} {finding.get('fix', '')}"
-    return any(f"{os.path.basename(__file__)}:{n}" in words for n in mistake_lines(case))
+    return any(f"`{text}`" in words for text in mistake_lines(case))
 
 
 def report(out, timings=()):
